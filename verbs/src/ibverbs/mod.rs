@@ -1,0 +1,1 @@
+//! The `ibverbs` provider (in progress).

@@ -1,0 +1,347 @@
+//! The provider traits: what a provider (`ibverbs`, `soft`) implements, and therefore the
+//! whole safe API of the verbs layer.
+//!
+//! Code above this layer is generic over `P: Provider` and calls the data path (`post_send`,
+//! `post_recv`, `poll`) through these traits: static dispatch, no `dyn`, no allocation.
+//! Objects keep their parents alive (a QP holds its PD's and CQs' handles), so drop order is
+//! never a safety question.
+
+use std::fmt::Debug;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::types::*;
+use crate::wr::{RecvWr, SendWr};
+
+/// A provider: a family of RDMA objects with the same semantics.
+pub trait Provider: Sized + Send + Sync + 'static + Debug {
+    /// An open device.
+    type Context: Context<Self>;
+    /// A protection domain.
+    type Pd: Pd<Self>;
+    /// A registered memory region.
+    type Mr: Mr;
+    /// A (type 2) memory window.
+    type Mw: Mw;
+    /// A completion queue.
+    type Cq: Cq;
+    /// A shared receive queue.
+    type Srq: Srq;
+    /// A queue pair.
+    type Qp: Qp<Self>;
+    /// A UD address handle.
+    type Ah: Send + Sync + Debug;
+    /// A connection-manager listener.
+    type Listener: Listener<Self>;
+    /// A connection request waiting for accept or reject.
+    type ConnRequest: ConnRequest<Self>;
+    /// An established connection's connection-manager side.
+    type Connection: Connection;
+
+    /// The provider's name (`ibverbs`, `soft`).
+    const NAME: &'static str;
+
+    /// The devices this provider can open. Empty (not an error) on a host without any.
+    fn devices() -> Result<Vec<DeviceInfo>>;
+
+    /// Opens the device called `name`.
+    fn open(name: &str) -> Result<Self::Context>;
+}
+
+/// An open device.
+pub trait Context<P: Provider>: Send + Sync + Debug {
+    /// Device name.
+    fn name(&self) -> &str;
+    /// Device capabilities.
+    fn query_device(&self) -> Result<DeviceAttr>;
+    /// Port attributes (ports count from 1).
+    fn query_port(&self, port: u8) -> Result<PortAttr>;
+    /// GID table entry.
+    fn query_gid(&self, port: u8, index: u32) -> Result<Gid>;
+    /// Allocates a protection domain.
+    fn alloc_pd(&self) -> Result<P::Pd>;
+    /// Creates a completion queue holding at least `depth` completions.
+    fn create_cq(&self, depth: u32) -> Result<P::Cq>;
+    /// The next asynchronous event, if one is pending. Never blocks.
+    fn poll_async_event(&self) -> Result<Option<AsyncEvent>>;
+    /// Listens for connections on `addr` (port 0 picks a free port; see
+    /// [`Listener::local_addr`]).
+    fn listen(&self, addr: SocketAddr) -> Result<P::Listener>;
+    /// Connects `qp` (RC or UC, in RESET or INIT, on this device) to the listener at `addr`,
+    /// sending `private_data`; blocks until the connection is established, rejected or `timeout`
+    /// runs out. On success the QP is in RTS. Control-plane only: never call it on a worker.
+    fn connect(
+        &self,
+        addr: SocketAddr,
+        qp: &mut P::Qp,
+        attr: &QpAttr,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<P::Connection>;
+
+    /// The endpoint a peer needs to connect to `qp` by hand (no connection manager).
+    fn endpoint(&self, qp: &P::Qp, port: u8, gid_index: u32) -> Result<Endpoint> {
+        let port_attr = self.query_port(port)?;
+        Ok(Endpoint {
+            qpn: qp.qp_num(),
+            psn: 0,
+            lid: port_attr.lid,
+            gid: self.query_gid(port, gid_index)?,
+        })
+    }
+}
+
+/// A protection domain: MRs, MWs, QPs, SRQs and AHs interact only within one.
+pub trait Pd<P: Provider>: Send + Sync + Debug {
+    /// Registers `len` bytes of fresh, zeroed, page-aligned memory owned by the region.
+    fn register(&self, len: usize, access: AccessFlags) -> Result<P::Mr>;
+
+    /// Registers the caller's memory.
+    ///
+    /// # Safety
+    /// `addr..addr+len` must be valid for reads and writes for as long as the region (and any
+    /// work request naming it) lives, and nothing may hold a Rust reference into it while the
+    /// device may write it.
+    unsafe fn register_raw(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<P::Mr>;
+
+    /// Allocates a type 2 memory window (bound with [`crate::SendOp::BindMw`]).
+    fn alloc_mw(&self) -> Result<P::Mw>;
+    /// Creates a shared receive queue.
+    fn create_srq(&self, attr: &SrqAttr) -> Result<P::Srq>;
+    /// Creates a queue pair in RESET.
+    fn create_qp(&self, attr: &QpInitAttr<'_, P>) -> Result<P::Qp>;
+    /// Creates a UD address handle.
+    fn create_ah(&self, attr: &AhAttr) -> Result<P::Ah>;
+}
+
+/// What [`Pd::create_qp`] takes.
+pub struct QpInitAttr<'a, P: Provider> {
+    /// Transport.
+    pub qp_type: QpType,
+    /// CQ of the send queue.
+    pub send_cq: &'a P::Cq,
+    /// CQ of the receive queue.
+    pub recv_cq: &'a P::Cq,
+    /// Shared receive queue, if receives come from one.
+    pub srq: Option<&'a P::Srq>,
+    /// Queue sizes and limits.
+    pub cap: QpCap,
+    /// Every send request asks for a completion, whatever its flags.
+    pub sq_sig_all: bool,
+}
+
+impl<P: Provider> std::fmt::Debug for QpInitAttr<'_, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QpInitAttr")
+            .field("qp_type", &self.qp_type)
+            .field("srq", &self.srq.is_some())
+            .field("cap", &self.cap)
+            .field("sq_sig_all", &self.sq_sig_all)
+            .finish()
+    }
+}
+
+/// A registered memory region.
+///
+/// Its bytes may change under the program at any time (peers write them), so it hands out no
+/// Rust references to them: copy in and out with [`Mr::write_at`] and [`Mr::read_at`], or take
+/// [`Mr::as_ptr`] and the responsibility that goes with it.
+pub trait Mr: Send + Sync + Debug {
+    /// Virtual address of the first byte.
+    fn addr(&self) -> u64;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Local key.
+    fn lkey(&self) -> u32;
+    /// Remote key.
+    fn rkey(&self) -> u32;
+    /// Access rights it was registered with.
+    fn access(&self) -> AccessFlags;
+
+    /// Whether the region is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Pointer to the first byte.
+    fn as_ptr(&self) -> *mut u8 {
+        self.addr() as *mut u8
+    }
+
+    /// The scatter/gather entry for `len` bytes at `offset`.
+    fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
+        check_range(self.len(), offset, len as usize)?;
+        Ok(Sge { addr: self.addr() + offset as u64, length: len, lkey: self.lkey() })
+    }
+
+    /// The remote location `offset` bytes in, for a peer.
+    fn remote(&self, offset: usize) -> RemoteAddr {
+        RemoteAddr { addr: self.addr() + offset as u64, rkey: self.rkey() }
+    }
+
+    /// The whole region as a peer sees it.
+    fn region(&self) -> RemoteRegion {
+        RemoteRegion { addr: self.addr(), len: self.len() as u64, rkey: self.rkey() }
+    }
+
+    /// Copies `data` into the region at `offset`.
+    fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        check_range(self.len(), offset, data.len())?;
+        // SAFETY: the range is inside the region, which stays mapped while `self` lives; the
+        // destination is never aliased by a Rust reference (the region hands out none).
+        unsafe { std::ptr::copy(data.as_ptr(), self.as_ptr().add(offset), data.len()) };
+        Ok(())
+    }
+
+    /// Copies bytes of the region at `offset` into `out`.
+    fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        check_range(self.len(), offset, out.len())?;
+        // SAFETY: as in `write_at`, with source and destination swapped.
+        unsafe { std::ptr::copy(self.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// The little-endian (host order) 8-byte word at `offset`, read atomically.
+    fn read_u64(&self, offset: usize) -> Result<u64> {
+        check_range(self.len(), offset, 8)?;
+        if (self.addr() + offset as u64) % 8 != 0 {
+            return Err(Error::InvalidArgument(format!("offset {offset} is not 8-byte aligned")));
+        }
+        // SAFETY: in range and 8-byte aligned; device atomics use the same word atomically.
+        let a = unsafe { std::sync::atomic::AtomicU64::from_ptr(self.as_ptr().add(offset).cast()) };
+        Ok(a.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Stores an 8-byte word at `offset` atomically.
+    fn write_u64(&self, offset: usize, v: u64) -> Result<()> {
+        check_range(self.len(), offset, 8)?;
+        if (self.addr() + offset as u64) % 8 != 0 {
+            return Err(Error::InvalidArgument(format!("offset {offset} is not 8-byte aligned")));
+        }
+        // SAFETY: as in `read_u64`.
+        let a = unsafe { std::sync::atomic::AtomicU64::from_ptr(self.as_ptr().add(offset).cast()) };
+        a.store(v, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+}
+
+fn check_range(total: usize, offset: usize, len: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= total => Ok(()),
+        _ => Err(Error::InvalidArgument(format!(
+            "range {offset}+{len} is outside the {total}-byte region"
+        ))),
+    }
+}
+
+/// A type 2 memory window.
+pub trait Mw: Send + Sync + Debug {
+    /// The rkey of the window's current binding (it changes at each bind).
+    fn rkey(&self) -> u32;
+}
+
+/// A completion queue.
+pub trait Cq: Send + Sync + Debug {
+    /// Moves up to `out.len()` completions into `out`; returns how many. Never blocks and never
+    /// allocates.
+    fn poll(&self, out: &mut [Wc]) -> Result<usize>;
+    /// Completions it holds at most.
+    fn depth(&self) -> u32;
+    /// A handle naming this CQ in [`AsyncElement::Cq`].
+    fn handle(&self) -> u64;
+}
+
+/// A shared receive queue.
+pub trait Srq: Send + Sync + Debug {
+    /// Posts receive requests; those before a refused one stay posted (see
+    /// [`Error::PostSrqRecv`]).
+    ///
+    /// # Safety
+    /// Every buffer named by the scatter lists must stay valid, and unread by Rust references,
+    /// until its completion has been polled (or the SRQ destroyed).
+    unsafe fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()>;
+    /// A handle naming this SRQ in [`AsyncElement::Srq`].
+    fn handle(&self) -> u64;
+}
+
+/// A queue pair.
+pub trait Qp<P: Provider>: Send + Debug {
+    /// QP number.
+    fn qp_num(&self) -> u32;
+    /// Transport.
+    fn qp_type(&self) -> QpType;
+    /// Current state (as last set or observed; a QP moved to ERR by the device reports it).
+    fn state(&self) -> QpState;
+    /// Sizes and limits it was created with.
+    fn cap(&self) -> QpCap;
+    /// Moves the QP to `attr.state`, taking from `attr` what that transition needs.
+    fn modify(&mut self, attr: &QpAttr) -> Result<()>;
+
+    /// Posts send requests as one batch (one doorbell). Those before a refused one stay
+    /// posted ([`Error::PostSend`] gives its index). Inline payloads are copied now.
+    ///
+    /// # Safety
+    /// Every buffer named by a non-inline gather/scatter list must stay valid, and free of Rust
+    /// references that conflict with the device's access, until the request's completion has
+    /// been polled (for an unsignalled request: until a later signalled one's completion).
+    unsafe fn post_send(&mut self, wrs: &[SendWr<'_, P>]) -> Result<()>;
+
+    /// Posts receive requests to this QP's own receive queue.
+    ///
+    /// # Safety
+    /// As [`Srq::post_recv`].
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()>;
+
+    /// RESET → INIT → RTR → RTS towards `dest` (RC/UC) or RESET → INIT → RTR → RTS (UD), with
+    /// `attr` for everything else.
+    fn connect_to(&mut self, dest: Endpoint, attr: &QpAttr) -> Result<()> {
+        for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            self.modify(&QpAttr { state, dest, ..*attr })?;
+        }
+        Ok(())
+    }
+}
+
+/// A connection-manager listener.
+pub trait Listener<P: Provider>: Send + Debug {
+    /// The address it listens on.
+    fn local_addr(&self) -> SocketAddr;
+    /// Waits up to `timeout` for the next connection request (zero: just look).
+    fn get_request(&mut self, timeout: Duration) -> Result<Option<P::ConnRequest>>;
+}
+
+/// A connection request, to accept with a QP or to reject.
+pub trait ConnRequest<P: Provider>: Send + Debug {
+    /// The connector's private data.
+    fn private_data(&self) -> &[u8];
+    /// The connector's address.
+    fn peer_addr(&self) -> SocketAddr;
+    /// Accepts with `qp` (same transport as the connector's, on the listener's device, in
+    /// RESET or INIT), answering `private_data`; the QP ends in RTS.
+    fn accept(self, qp: &mut P::Qp, attr: &QpAttr, private_data: &[u8]) -> Result<P::Connection>;
+    /// Rejects, answering `private_data`.
+    fn reject(self, private_data: &[u8]) -> Result<()>;
+}
+
+/// The connection-manager side of an established connection.
+pub trait Connection: Send + Debug {
+    /// The peer's private data (from its connect or accept).
+    fn peer_private_data(&self) -> &[u8];
+    /// The next connection event ([`CmEvent::Disconnected`] when the peer disconnects), waiting
+    /// up to `timeout`.
+    fn poll_event(&mut self, timeout: Duration) -> Result<Option<CmEvent>>;
+    /// Disconnects (the local QP moves to ERR and its outstanding requests flush).
+    fn disconnect(&mut self) -> Result<()>;
+}
+
+/// A connection-manager event on an established connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CmEvent {
+    /// The connection is up (reported once, after connect or accept).
+    Established,
+    /// The peer (or this side) disconnected.
+    Disconnected,
+    /// The device was removed.
+    DeviceRemoval,
+}
