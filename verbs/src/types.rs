@@ -30,8 +30,8 @@ impl AccessFlags {
 
     /// Verbs requires LOCAL_WRITE whenever REMOTE_WRITE or REMOTE_ATOMIC is asked for.
     pub fn is_valid_for_mr(self) -> bool {
-        !(self.intersects(Self::REMOTE_WRITE | Self::REMOTE_ATOMIC)
-            && !self.contains(Self::LOCAL_WRITE))
+        !self.intersects(Self::REMOTE_WRITE | Self::REMOTE_ATOMIC)
+            || self.contains(Self::LOCAL_WRITE)
     }
 }
 

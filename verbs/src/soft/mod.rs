@@ -1,1 +1,143 @@
-//! The `soft` provider (in progress).
+//! The `soft` provider: a userspace RDMA device with the semantics of a real one, for hosts
+//! without an RDMA NIC.
+//!
+//! Every context opened in a process is a port on one in-process fabric. The requester's post
+//! executes a work request the way both NICs would: one-sided operations check the key and
+//! copy to or from the target's registered memory (the target's CPU takes no part), atomics
+//! use 64-bit atomic instructions on the target word, sends consume the target's next receive
+//! and complete on both CQs. What a NIC does later (RNR retries after the timer, flushes after
+//! an error) happens in the requester's next poll of its send CQ.
+//!
+//! Semantics follow Soft-RoCE (rxe): the statuses, which side goes to ERR, what UC and UD lose
+//! silently. See `tests/` for the conformance suite that holds both providers to them.
+
+mod cm;
+mod context;
+mod cq;
+mod exec;
+mod fabric;
+mod mem;
+mod qp;
+
+pub use cm::{
+    SoftConnRequest, SoftConnection, SoftListener, MAX_ACCEPT_PRIVATE_DATA,
+    MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
+};
+pub use context::SoftContext;
+pub use cq::SoftCq;
+pub use mem::{SoftAh, SoftMr, SoftMw, SoftPd};
+pub use qp::{SoftQp, SoftSrq};
+
+use crate::error::{Error, Result};
+use crate::provider::{Provider, QpInitAttr};
+use crate::types::{AccessFlags, AhAttr, DeviceInfo, SrqAttr};
+
+/// The device limits of `soft`, in one place.
+pub mod limits {
+    use crate::types::Mtu;
+
+    /// Scatter/gather entries per work request.
+    pub const MAX_SGE: usize = 16;
+    /// Bytes a send may carry inline.
+    pub const MAX_INLINE: usize = 256;
+    /// Depth of a work queue or SRQ.
+    pub const MAX_QP_WR: u32 = 16384;
+    /// Depth of a CQ.
+    pub const MAX_CQE: u32 = 1 << 20;
+    /// Outstanding reads/atomics per QP.
+    pub const MAX_RD_ATOMIC: u32 = 128;
+    /// The port's MTU (UD messages are at most this long).
+    pub const MTU: Mtu = Mtu::Mtu4096;
+    /// Largest message.
+    pub const MAX_MSG: u32 = 1 << 31;
+
+    const _: () = assert!(MAX_INLINE <= u16::MAX as usize && MAX_SGE > 0);
+}
+
+/// The name of the one `soft` device.
+pub const DEVICE_NAME: &str = "soft0";
+
+/// The `soft` provider.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Soft;
+
+impl Provider for Soft {
+    type Context = SoftContext;
+    type Pd = SoftPd;
+    type Mr = SoftMr;
+    type Mw = SoftMw;
+    type Cq = SoftCq;
+    type Srq = SoftSrq;
+    type Qp = SoftQp;
+    type Ah = SoftAh;
+    type Listener = SoftListener;
+    type ConnRequest = SoftConnRequest;
+    type Connection = SoftConnection;
+
+    const NAME: &'static str = "soft";
+
+    fn devices() -> Result<Vec<DeviceInfo>> {
+        Ok(vec![DeviceInfo { name: DEVICE_NAME.to_owned(), guid: 0x50f7 }])
+    }
+
+    fn open(name: &str) -> Result<SoftContext> {
+        if name != DEVICE_NAME {
+            return Err(Error::NoSuchDevice {
+                name: name.to_owned(),
+                available: DEVICE_NAME.to_owned(),
+            });
+        }
+        Ok(SoftContext::new(name))
+    }
+}
+
+impl crate::Pd<Soft> for SoftPd {
+    fn register(&self, len: usize, access: AccessFlags) -> Result<SoftMr> {
+        SoftPd::check_access(len, access)?;
+        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096).map_err(|e| {
+            Error::RegMr { len, access, source: crate::error::invalid(e.to_string()) }
+        })?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            return Err(Error::RegMr { len, access, source: crate::error::errno(libc::ENOMEM) });
+        }
+        Ok(self.make_mr(p as u64, len, access, Some(layout)))
+    }
+
+    unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<SoftMr> {
+        SoftPd::check_access(len, access)?;
+        if addr.is_null() {
+            return Err(Error::RegMr {
+                len,
+                access,
+                source: crate::error::invalid("null address"),
+            });
+        }
+        Ok(self.make_mr(addr as u64, len, access, None))
+    }
+
+    fn alloc_mw(&self) -> Result<SoftMw> {
+        Ok(SoftMw::new(self))
+    }
+
+    fn create_srq(&self, attr: &SrqAttr) -> Result<SoftSrq> {
+        SoftSrq::new(self, attr)
+    }
+
+    fn create_qp(&self, attr: &QpInitAttr<'_, Soft>) -> Result<SoftQp> {
+        SoftQp::new(self, attr)
+    }
+
+    fn create_ah(&self, attr: &AhAttr) -> Result<SoftAh> {
+        SoftAh::new(self, attr)
+    }
+}
+
+#[cfg(test)]
+mod tests;

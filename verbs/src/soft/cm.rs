@@ -1,0 +1,329 @@
+//! The in-process connection manager of `soft`: the same listen / connect / accept / reject /
+//! disconnect exchange as rdma_cm, with a `SocketAddr` as the rendezvous name.
+//!
+//! Connect and accept are blocking calls of the control plane: the connector waits for the
+//! answer, the acceptor for the connector's "ready to use" (its QP in RTS), so both QPs are in
+//! RTS when either call returns.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use super::context::SoftContext;
+use super::fabric::Fabric;
+use super::qp::{QpShared, SoftQp};
+use super::Soft;
+use crate::error::{Error, Result};
+use crate::provider::{CmEvent, Qp};
+use crate::types::{Endpoint, QpAttr, QpState, QpType};
+
+/// Private data rdma_cm carries in a connect request, an accept and a reject (RDMA_PS_TCP).
+pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
+/// See [`MAX_CONNECT_PRIVATE_DATA`].
+pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
+/// See [`MAX_CONNECT_PRIVATE_DATA`].
+pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
+/// How long an acceptor waits for the connector's "ready to use".
+const ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn too_long(what: &str, len: usize, max: usize) -> Result<()> {
+    if len > max {
+        return Err(Error::InvalidArgument(format!(
+            "{len} bytes of {what} private data; at most {max}"
+        )));
+    }
+    Ok(())
+}
+
+/// A condition with its mutex.
+#[derive(Debug, Default)]
+struct Signal<T> {
+    value: Mutex<T>,
+    cv: Condvar,
+}
+
+impl<T> Signal<T> {
+    fn update(&self, f: impl FnOnce(&mut T)) {
+        f(&mut lock(&self.value));
+        self.cv.notify_all();
+    }
+
+    /// Waits until `ready` says yes or `deadline` passes; returns the guard either way.
+    fn wait_until(
+        &self,
+        deadline: Instant,
+        mut ready: impl FnMut(&T) -> bool,
+    ) -> MutexGuard<'_, T> {
+        let mut g = lock(&self.value);
+        while !ready(&g) {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            g = self.cv.wait_timeout(g, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        g
+    }
+}
+
+#[derive(Debug, Default)]
+enum Answer {
+    #[default]
+    Waiting,
+    Accepted {
+        qpn: u32,
+        private_data: Vec<u8>,
+        link: Arc<Link>,
+    },
+    Rejected(Vec<u8>),
+    Ready,
+    Abandoned,
+}
+
+#[derive(Debug)]
+struct Attempt {
+    from: SocketAddr,
+    qpn: u32,
+    qp_type: QpType,
+    private_data: Vec<u8>,
+    answer: Signal<Answer>,
+}
+
+/// Both ends' event queues.
+#[derive(Debug, Default)]
+struct Link {
+    sides: [Signal<VecDeque<CmEvent>>; 2],
+}
+
+/// A listener as connectors find it.
+#[derive(Debug, Default)]
+pub(crate) struct ListenerShared {
+    requests: Signal<VecDeque<Arc<Attempt>>>,
+}
+
+/// A listener of `soft`'s connection manager.
+#[derive(Debug)]
+pub struct SoftListener {
+    addr: SocketAddr,
+    shared: Arc<ListenerShared>,
+}
+
+impl SoftListener {
+    pub(crate) fn bind(_ctx: &SoftContext, addr: SocketAddr) -> Result<Self> {
+        let mut table = lock(&Fabric::get().listeners);
+        if table.contains_key(&addr) {
+            return Err(Error::Cm {
+                op: "rdma_bind_addr",
+                addr,
+                source: std::io::Error::from_raw_os_error(libc::EADDRINUSE),
+            });
+        }
+        let shared = Arc::new(ListenerShared::default());
+        table.insert(addr, shared.clone());
+        Ok(SoftListener { addr, shared })
+    }
+}
+
+impl Drop for SoftListener {
+    fn drop(&mut self) {
+        lock(&Fabric::get().listeners).remove(&self.addr);
+        let waiting: Vec<_> = lock(&self.shared.requests.value).drain(..).collect();
+        for a in waiting {
+            a.answer.update(|s| *s = Answer::Rejected(Vec::new()));
+        }
+    }
+}
+
+impl crate::Listener<Soft> for SoftListener {
+    fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn get_request(&mut self, timeout: Duration) -> Result<Option<SoftConnRequest>> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.shared.requests.wait_until(deadline, |q| !q.is_empty());
+        while let Some(a) = q.pop_front() {
+            if !matches!(*lock(&a.answer.value), Answer::Abandoned) {
+                return Ok(Some(SoftConnRequest { attempt: a }));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// A connection request of `soft`.
+#[derive(Debug)]
+pub struct SoftConnRequest {
+    attempt: Arc<Attempt>,
+}
+
+impl crate::ConnRequest<Soft> for SoftConnRequest {
+    fn private_data(&self) -> &[u8] {
+        &self.attempt.private_data
+    }
+
+    fn peer_addr(&self) -> SocketAddr {
+        self.attempt.from
+    }
+
+    fn accept(self, qp: &mut SoftQp, attr: &QpAttr, private_data: &[u8]) -> Result<SoftConnection> {
+        too_long("accept", private_data.len(), MAX_ACCEPT_PRIVATE_DATA)?;
+        let a = &self.attempt;
+        if qp.qp_type() != a.qp_type {
+            self.attempt.answer.update(|s| *s = Answer::Rejected(Vec::new()));
+            return Err(Error::InvalidArgument(format!(
+                "the connector's QP is {}, the accepting QP {}",
+                a.qp_type,
+                qp.qp_type()
+            )));
+        }
+        bring_up(qp, attr, a.qpn)?;
+        let link = Arc::new(Link::default());
+        let answer = Answer::Accepted {
+            qpn: qp.qp_num(),
+            private_data: private_data.to_vec(),
+            link: link.clone(),
+        };
+        a.answer.update(|s| *s = answer);
+        let g = a.answer.wait_until(Instant::now() + ACCEPT_TIMEOUT, |s| {
+            matches!(s, Answer::Ready | Answer::Abandoned)
+        });
+        if !matches!(*g, Answer::Ready) {
+            drop(g);
+            let _ = qp.modify(&QpAttr { state: QpState::Err, ..*attr });
+            return Err(Error::CmTimeout { op: "rdma_accept", addr: a.from });
+        }
+        Ok(SoftConnection::new(link, 1, a.private_data.clone(), &qp.shared))
+    }
+
+    fn reject(self, private_data: &[u8]) -> Result<()> {
+        too_long("reject", private_data.len(), MAX_REJECT_PRIVATE_DATA)?;
+        self.attempt.answer.update(|s| *s = Answer::Rejected(private_data.to_vec()));
+        Ok(())
+    }
+}
+
+/// RESET/INIT → INIT → RTR → RTS towards QP `dest_qpn`.
+fn bring_up(qp: &mut SoftQp, attr: &QpAttr, dest_qpn: u32) -> Result<()> {
+    if qp.state() == QpState::Reset {
+        qp.modify(&QpAttr { state: QpState::Init, ..*attr })?;
+    }
+    let dest = Endpoint { qpn: dest_qpn, ..attr.dest };
+    qp.modify(&QpAttr { state: QpState::Rtr, dest, ..*attr })?;
+    qp.modify(&QpAttr { state: QpState::Rts, dest, ..*attr })
+}
+
+/// Connects `qp` to the listener at `addr` (see [`crate::Context::connect`]).
+pub(crate) fn connect(
+    ctx: &SoftContext,
+    addr: SocketAddr,
+    qp: &mut SoftQp,
+    attr: &QpAttr,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<SoftConnection> {
+    too_long("connect", private_data.len(), MAX_CONNECT_PRIVATE_DATA)?;
+    if qp.qp_type() == QpType::Ud {
+        return Err(Error::InvalidArgument("UD QPs are not connected".into()));
+    }
+    if !matches!(qp.state(), QpState::Reset | QpState::Init) {
+        return Err(Error::InvalidArgument(format!(
+            "the QP is in {:?}; connect needs RESET or INIT",
+            qp.state()
+        )));
+    }
+    let Some(listener) = lock(&Fabric::get().listeners).get(&addr).cloned() else {
+        // What rdma_cm reports when no one listens on the port: a reject without private data.
+        return Err(Error::Rejected { addr, private_data: Vec::new() });
+    };
+    if qp.state() == QpState::Reset {
+        qp.modify(&QpAttr { state: QpState::Init, ..*attr })?;
+    }
+    let attempt = Arc::new(Attempt {
+        from: SocketAddr::new(IpAddr::V6(ctx.shared.gid.0.into()), 0),
+        qpn: qp.qp_num(),
+        qp_type: qp.qp_type(),
+        private_data: private_data.to_vec(),
+        answer: Signal::default(),
+    });
+    listener.requests.update(|q| q.push_back(attempt.clone()));
+    let mut g =
+        attempt.answer.wait_until(Instant::now() + timeout, |s| !matches!(s, Answer::Waiting));
+    match std::mem::take(&mut *g) {
+        Answer::Accepted { qpn, private_data, link } => {
+            if let Err(e) = bring_up(qp, attr, qpn) {
+                *g = Answer::Abandoned;
+                attempt.answer.cv.notify_all();
+                return Err(e);
+            }
+            *g = Answer::Ready;
+            attempt.answer.cv.notify_all();
+            Ok(SoftConnection::new(link, 0, private_data, &qp.shared))
+        }
+        Answer::Rejected(private_data) => Err(Error::Rejected { addr, private_data }),
+        _ => {
+            *g = Answer::Abandoned;
+            Err(Error::CmTimeout { op: "rdma_connect", addr })
+        }
+    }
+}
+
+/// The connection-manager side of an established `soft` connection.
+#[derive(Debug)]
+pub struct SoftConnection {
+    link: Arc<Link>,
+    side: usize,
+    peer_private_data: Vec<u8>,
+    qp: Weak<QpShared>,
+    disconnected: AtomicBool,
+}
+
+impl SoftConnection {
+    fn new(link: Arc<Link>, side: usize, peer_private_data: Vec<u8>, qp: &Arc<QpShared>) -> Self {
+        link.sides[side].update(|q| q.push_back(CmEvent::Established));
+        SoftConnection {
+            link,
+            side,
+            peer_private_data,
+            qp: Arc::downgrade(qp),
+            disconnected: AtomicBool::new(false),
+        }
+    }
+}
+
+impl crate::Connection for SoftConnection {
+    fn peer_private_data(&self) -> &[u8] {
+        &self.peer_private_data
+    }
+
+    fn poll_event(&mut self, timeout: Duration) -> Result<Option<CmEvent>> {
+        let mut q =
+            self.link.sides[self.side].wait_until(Instant::now() + timeout, |q| !q.is_empty());
+        Ok(q.pop_front())
+    }
+
+    fn disconnect(&mut self) -> Result<()> {
+        if self.disconnected.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        if let Some(qp) = self.qp.upgrade() {
+            qp.set_error();
+        }
+        for side in &self.link.sides {
+            side.update(|q| q.push_back(CmEvent::Disconnected));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SoftConnection {
+    fn drop(&mut self) {
+        let _ = crate::Connection::disconnect(self);
+    }
+}

@@ -1,0 +1,516 @@
+//! Queue pairs and shared receive queues of `soft`: creation, the state machine, receive
+//! queues, and the deferred work a poll runs (RNR retries, flushes). The execution of work
+//! requests is in [`super::exec`].
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Instant;
+
+use arrayvec::ArrayVec;
+use crossbeam_queue::ArrayQueue;
+
+use super::context::CtxShared;
+use super::cq::{CqShared, SoftCq};
+use super::exec::{Desc, Step};
+use super::fabric::Fabric;
+use super::limits;
+use super::mem::SoftPd;
+use super::Soft;
+use crate::error::{errno, invalid, Error, Result};
+use crate::provider::QpInitAttr;
+use crate::types::*;
+
+/// A posted receive.
+#[derive(Debug, Clone)]
+pub(crate) struct RecvEntry {
+    pub(crate) wr_id: u64,
+    pub(crate) sges: ArrayVec<Sge, { limits::MAX_SGE }>,
+}
+
+impl RecvEntry {
+    pub(crate) fn capacity(&self) -> u64 {
+        self.sges.iter().map(|s| u64::from(s.length)).sum()
+    }
+}
+
+/// A shared receive queue as QPs see it.
+#[derive(Debug)]
+pub(crate) struct SrqShared {
+    id: u64,
+    pd: u64,
+    max_sge: u32,
+    queue: ArrayQueue<RecvEntry>,
+}
+
+/// A shared receive queue of `soft`.
+#[derive(Debug, Clone)]
+pub struct SoftSrq {
+    pub(crate) shared: Arc<SrqShared>,
+}
+
+impl SoftSrq {
+    pub(crate) fn new(pd: &SoftPd, attr: &SrqAttr) -> Result<Self> {
+        if attr.max_wr == 0
+            || attr.max_wr > limits::MAX_QP_WR
+            || attr.max_sge as usize > limits::MAX_SGE
+        {
+            return Err(Error::CreateSrq {
+                max_wr: attr.max_wr,
+                source: invalid(format!(
+                    "max_wr must be 1..={} and max_sge at most {}",
+                    limits::MAX_QP_WR,
+                    limits::MAX_SGE
+                )),
+            });
+        }
+        Ok(SoftSrq {
+            shared: Arc::new(SrqShared {
+                id: Fabric::get().next_id(),
+                pd: pd.id,
+                max_sge: attr.max_sge,
+                queue: ArrayQueue::new(attr.max_wr as usize),
+            }),
+        })
+    }
+}
+
+impl crate::Srq for SoftSrq {
+    unsafe fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let s = &self.shared;
+        for (index, wr) in wrs.iter().enumerate() {
+            let fail = |source| Error::PostSrqRecv { index, source };
+            if wr.sgl.len() > s.max_sge as usize {
+                return Err(fail(invalid(format!(
+                    "{} SGEs, max_sge is {}",
+                    wr.sgl.len(),
+                    s.max_sge
+                ))));
+            }
+            let entry = RecvEntry { wr_id: wr.wr_id, sges: wr.sgl.iter().copied().collect() };
+            s.queue.push(entry).map_err(|_| fail(errno(libc::ENOMEM)))?;
+        }
+        Ok(())
+    }
+
+    fn handle(&self) -> u64 {
+        self.shared.id
+    }
+}
+
+use crate::wr::RecvWr;
+
+/// Where a QP's receives come from.
+#[derive(Debug)]
+pub(crate) enum RecvSource {
+    Own(Box<ArrayQueue<RecvEntry>>),
+    Srq(Arc<SrqShared>),
+}
+
+/// A send request waiting for its RNR timer.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub(crate) desc: Desc,
+    next_try: Instant,
+    rnr_left: u8,
+}
+
+/// The initiator side of a QP: what only its owner and its CQ's poll touch.
+#[derive(Debug, Default)]
+pub(crate) struct SendQueue {
+    peer: Weak<QpShared>,
+    pub(crate) peer_qpn: u32,
+    rnr_retry: u8,
+    pub(crate) pending: VecDeque<Pending>,
+}
+
+impl SendQueue {
+    /// The connected peer (RC/UC), found again by number if it was not there at RTR.
+    pub(crate) fn peer(&mut self) -> Option<Arc<QpShared>> {
+        if let Some(p) = self.peer.upgrade() {
+            return Some(p);
+        }
+        let p = Fabric::get().qp(self.peer_qpn)?;
+        self.peer = Arc::downgrade(&p);
+        Some(p)
+    }
+}
+
+/// A QP as the fabric sees it.
+#[derive(Debug)]
+pub(crate) struct QpShared {
+    pub(crate) qpn: u32,
+    pub(crate) qp_type: QpType,
+    pub(crate) pd: u64,
+    pub(crate) ctx: Arc<CtxShared>,
+    pub(crate) cap: QpCap,
+    pub(crate) sq_sig_all: bool,
+    state: AtomicU8,
+    pub(crate) rq: RecvSource,
+    pub(crate) send_cq: Arc<CqShared>,
+    pub(crate) recv_cq: Arc<CqShared>,
+    access: AtomicU32,
+    qkey: AtomicU32,
+    min_rnr_timer: AtomicU8,
+    pub(crate) mtu: AtomicU32,
+    sq: Mutex<SendQueue>,
+    /// Incoming messages dropped (UC/UD with no receive, UD qkey mismatch or oversize).
+    pub(crate) dropped: AtomicU64,
+}
+
+const STATES: [QpState; 7] = [
+    QpState::Reset,
+    QpState::Init,
+    QpState::Rtr,
+    QpState::Rts,
+    QpState::Sqd,
+    QpState::Sqe,
+    QpState::Err,
+];
+
+impl QpShared {
+    pub(crate) fn state(&self) -> QpState {
+        STATES[self.state.load(Ordering::Acquire) as usize]
+    }
+
+    fn set_state(&self, s: QpState) {
+        self.state.store(STATES.iter().position(|x| *x == s).unwrap_or(6) as u8, Ordering::Release);
+    }
+
+    /// Whether incoming messages are accepted (RTR or RTS).
+    pub(crate) fn receiving(&self) -> bool {
+        matches!(self.state(), QpState::Rtr | QpState::Rts)
+    }
+
+    pub(crate) fn access(&self) -> AccessFlags {
+        AccessFlags::from_bits_truncate(self.access.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn qkey(&self) -> u32 {
+        self.qkey.load(Ordering::Relaxed)
+    }
+
+    /// The RNR NAK timer this QP (as a receiver) asks senders to wait.
+    pub(crate) fn rnr_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(rnr_timer_us(self.min_rnr_timer.load(Ordering::Relaxed)))
+    }
+
+    pub(crate) fn sq(&self) -> MutexGuard<'_, SendQueue> {
+        self.sq.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the next posted receive.
+    pub(crate) fn pop_recv(&self) -> Option<RecvEntry> {
+        match &self.rq {
+            RecvSource::Own(q) => q.pop(),
+            RecvSource::Srq(s) => s.queue.pop(),
+        }
+    }
+
+    /// The PD whose keys a receive's SGEs use.
+    pub(crate) fn recv_pd(&self) -> u64 {
+        match &self.rq {
+            RecvSource::Own(_) => self.pd,
+            RecvSource::Srq(s) => s.pd,
+        }
+    }
+
+    /// Moves to ERR: posted receives flush now; deferred sends flush at the next poll (or
+    /// post) of their owner.
+    pub(crate) fn set_error(&self) {
+        self.set_state(QpState::Err);
+        self.flush_recv();
+        self.send_cq.note_work();
+    }
+
+    /// Completes every receive of the QP's own queue with a flush error.
+    pub(crate) fn flush_recv(&self) {
+        if let RecvSource::Own(q) = &self.rq {
+            while let Some(e) = q.pop() {
+                self.recv_cq.push(self.flush_wc(e.wr_id, WcOpcode::Recv));
+            }
+        }
+    }
+
+    pub(crate) fn flush_wc(&self, wr_id: u64, opcode: WcOpcode) -> Wc {
+        Wc { wr_id, status: WcStatus::WrFlushErr, opcode, qp_num: self.qpn, ..Wc::default() }
+    }
+
+    /// Finishes a send request: its completion when it asks for one or failed, and the move
+    /// to ERR (with the flush of everything queued behind it) on failure.
+    pub(crate) fn complete(
+        &self,
+        sq: &mut SendQueue,
+        desc: &Desc,
+        status: WcStatus,
+        byte_len: u32,
+    ) {
+        if status != WcStatus::Success || desc.signaled || self.sq_sig_all {
+            let opcode = desc.op.wc_opcode();
+            self.send_cq.push(Wc {
+                wr_id: desc.wr_id,
+                status,
+                opcode,
+                byte_len,
+                qp_num: self.qpn,
+                ..Wc::default()
+            });
+        }
+        if status != WcStatus::Success {
+            self.set_error();
+            self.flush_pending(sq);
+        }
+    }
+
+    fn flush_pending(&self, sq: &mut SendQueue) {
+        while let Some(p) = sq.pending.pop_front() {
+            self.send_cq.push(self.flush_wc(p.desc.wr_id, p.desc.op.wc_opcode()));
+        }
+    }
+
+    /// Runs one send request now, or queues it behind earlier ones / for its RNR timer.
+    pub(crate) fn submit(&self, sq: &mut SendQueue, desc: Desc) -> std::io::Result<()> {
+        if self.state() == QpState::Err {
+            self.flush_pending(sq);
+            self.send_cq.push(self.flush_wc(desc.wr_id, desc.op.wc_opcode()));
+            return Ok(());
+        }
+        if !sq.pending.is_empty() {
+            if sq.pending.len() >= self.cap.max_send_wr as usize {
+                return Err(errno(libc::ENOMEM));
+            }
+            let rnr_left = sq.rnr_retry;
+            sq.pending.push_back(Pending { desc, next_try: Instant::now(), rnr_left });
+            return Ok(());
+        }
+        match super::exec::execute(self, sq, &desc) {
+            Step::Done(status, len) => self.complete(sq, &desc, status, len),
+            Step::Rnr(wait) => {
+                if sq.rnr_retry == 0 {
+                    self.complete(sq, &desc, WcStatus::RnrRetryExcErr, 0);
+                } else {
+                    let rnr_left = sq.rnr_retry - 1;
+                    sq.pending.push_back(Pending {
+                        desc,
+                        next_try: Instant::now() + wait,
+                        rnr_left,
+                    });
+                    self.send_cq.note_work();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deferred work, run by a poll of the send CQ: flushes after an error, RNR retries whose
+    /// timer is due. Returns whether work remains.
+    pub(crate) fn progress(&self) -> bool {
+        let mut sq = self.sq();
+        if sq.pending.is_empty() {
+            return false;
+        }
+        if self.state() == QpState::Err {
+            self.flush_pending(&mut sq);
+            return false;
+        }
+        let now = Instant::now();
+        while let Some(front) = sq.pending.front() {
+            if front.next_try > now {
+                return true;
+            }
+            let Some(p) = sq.pending.pop_front() else { break };
+            match super::exec::execute(self, &mut sq, &p.desc) {
+                Step::Done(status, len) => self.complete(&mut sq, &p.desc, status, len),
+                Step::Rnr(wait) => {
+                    if p.rnr_left == 0 {
+                        self.complete(&mut sq, &p.desc, WcStatus::RnrRetryExcErr, 0);
+                    } else {
+                        // 7 means "retry forever".
+                        let rnr_left = if sq.rnr_retry == 7 { 7 } else { p.rnr_left - 1 };
+                        sq.pending.push_front(Pending {
+                            desc: p.desc,
+                            next_try: now + wait,
+                            rnr_left,
+                        });
+                        return true;
+                    }
+                }
+            }
+        }
+        !sq.pending.is_empty()
+    }
+}
+
+/// A queue pair of `soft`.
+#[derive(Debug)]
+pub struct SoftQp {
+    pub(crate) shared: Arc<QpShared>,
+    _pd: SoftPd,
+    _cqs: (SoftCq, SoftCq),
+}
+
+impl SoftQp {
+    pub(crate) fn new(pd: &SoftPd, attr: &QpInitAttr<'_, Soft>) -> Result<Self> {
+        let cap = attr.cap;
+        let fail = |msg: String| Error::CreateQp { qp_type: attr.qp_type, source: invalid(msg) };
+        if cap.max_send_wr == 0
+            || cap.max_send_wr > limits::MAX_QP_WR
+            || cap.max_recv_wr > limits::MAX_QP_WR
+        {
+            return Err(fail(format!("queue depths must be 1..={}", limits::MAX_QP_WR)));
+        }
+        if cap.max_send_sge as usize > limits::MAX_SGE
+            || cap.max_recv_sge as usize > limits::MAX_SGE
+        {
+            return Err(fail(format!("at most {} SGEs per request", limits::MAX_SGE)));
+        }
+        if cap.max_inline_data as usize > limits::MAX_INLINE {
+            return Err(fail(format!("at most {} bytes inline", limits::MAX_INLINE)));
+        }
+        let rq = match attr.srq {
+            Some(srq) => {
+                if srq.shared.pd != pd.id {
+                    return Err(fail("the SRQ belongs to another protection domain".into()));
+                }
+                RecvSource::Srq(srq.shared.clone())
+            }
+            None => RecvSource::Own(Box::new(ArrayQueue::new(cap.max_recv_wr.max(1) as usize))),
+        };
+        let shared = Fabric::get().add_qp(|qpn| {
+            Arc::new(QpShared {
+                qpn,
+                qp_type: attr.qp_type,
+                pd: pd.id,
+                ctx: pd.ctx.clone(),
+                cap,
+                sq_sig_all: attr.sq_sig_all,
+                state: AtomicU8::new(0),
+                rq,
+                send_cq: attr.send_cq.shared.clone(),
+                recv_cq: attr.recv_cq.shared.clone(),
+                access: AtomicU32::new(0),
+                qkey: AtomicU32::new(0),
+                min_rnr_timer: AtomicU8::new(12),
+                mtu: AtomicU32::new(limits::MTU.bytes()),
+                sq: Mutex::new(SendQueue::default()),
+                dropped: AtomicU64::new(0),
+            })
+        });
+        attr.send_cq.shared.register(&shared);
+        Ok(SoftQp { shared, _pd: pd.clone(), _cqs: (attr.send_cq.clone(), attr.recv_cq.clone()) })
+    }
+
+    /// Incoming messages this QP dropped (UD/UC with no receive posted, UD qkey mismatch).
+    pub fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        Fabric::get().remove_qp(self.shared.qpn);
+        self.shared.set_state(QpState::Reset);
+    }
+}
+
+impl crate::Qp<Soft> for SoftQp {
+    fn qp_num(&self) -> u32 {
+        self.shared.qpn
+    }
+
+    fn qp_type(&self) -> QpType {
+        self.shared.qp_type
+    }
+
+    fn state(&self) -> QpState {
+        self.shared.state()
+    }
+
+    fn cap(&self) -> QpCap {
+        self.shared.cap
+    }
+
+    fn modify(&mut self, attr: &QpAttr) -> Result<()> {
+        let qp = &self.shared;
+        let from = qp.state();
+        let fail = |msg: String| Error::ModifyQp {
+            qpn: qp.qpn,
+            from,
+            to: attr.state,
+            source: invalid(msg),
+        };
+        if !from.can_move_to(attr.state) {
+            return Err(fail(format!("{from:?} -> {:?} is not a valid transition", attr.state)));
+        }
+        match attr.state {
+            QpState::Reset => {
+                let mut sq = qp.sq();
+                sq.pending.clear();
+                if let RecvSource::Own(q) = &qp.rq {
+                    while q.pop().is_some() {}
+                }
+            }
+            QpState::Init => {
+                if attr.port != 1 {
+                    return Err(fail(format!("port {} does not exist", attr.port)));
+                }
+                qp.access.store(attr.access.bits(), Ordering::Relaxed);
+                qp.qkey.store(attr.qkey, Ordering::Relaxed);
+            }
+            QpState::Rtr => {
+                qp.min_rnr_timer.store(attr.min_rnr_timer, Ordering::Relaxed);
+                if qp.qp_type != QpType::Ud {
+                    qp.mtu.store(attr.path_mtu.bytes().min(limits::MTU.bytes()), Ordering::Relaxed);
+                    let mut sq = qp.sq();
+                    sq.peer_qpn = attr.dest.qpn;
+                    sq.peer = Weak::new();
+                    let _ = sq.peer();
+                }
+            }
+            QpState::Rts => {
+                qp.sq().rnr_retry = attr.rnr_retry.min(7);
+            }
+            QpState::Err => {
+                qp.set_error();
+                let mut sq = qp.sq();
+                qp.flush_pending(&mut sq);
+            }
+            QpState::Sqd | QpState::Sqe => {
+                return Err(fail(format!("the soft provider does not enter {:?}", attr.state)));
+            }
+        }
+        qp.set_state(attr.state);
+        Ok(())
+    }
+
+    unsafe fn post_send(&mut self, wrs: &[crate::SendWr<'_, Soft>]) -> Result<()> {
+        // SAFETY: the caller keeps every buffer valid until completion (this fn's contract).
+        unsafe { super::exec::post_send(&self.shared, wrs) }
+    }
+
+    unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let qp = &self.shared;
+        for (index, wr) in wrs.iter().enumerate() {
+            let fail = |source| Error::PostRecv { qpn: qp.qpn, index, source };
+            let RecvSource::Own(q) = &qp.rq else {
+                return Err(fail(invalid("the QP takes its receives from an SRQ")));
+            };
+            if qp.state() == QpState::Reset {
+                return Err(fail(invalid("the QP is in RESET")));
+            }
+            if wr.sgl.len() > qp.cap.max_recv_sge as usize {
+                return Err(fail(invalid(format!(
+                    "{} SGEs, max_recv_sge is {}",
+                    wr.sgl.len(),
+                    qp.cap.max_recv_sge
+                ))));
+            }
+            let entry = RecvEntry { wr_id: wr.wr_id, sges: wr.sgl.iter().copied().collect() };
+            q.push(entry).map_err(|_| fail(errno(libc::ENOMEM)))?;
+            if qp.state() == QpState::Err {
+                qp.flush_recv();
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,177 @@
+//! Unit tests of `soft`'s mechanics (the conformance suite in `tests/` covers the semantics).
+
+use super::*;
+use crate::*;
+
+struct Side {
+    _ctx: SoftContext,
+    pd: SoftPd,
+    cq: SoftCq,
+    qp: SoftQp,
+    mr: SoftMr,
+}
+
+fn side(ctx: SoftContext, qp_type: QpType) -> Side {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let attr = QpInitAttr::<Soft> {
+        qp_type,
+        send_cq: &cq,
+        recv_cq: &cq,
+        srq: None,
+        cap: QpCap::default(),
+        sq_sig_all: false,
+    };
+    let qp = pd.create_qp(&attr).unwrap();
+    let mr = pd.register(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ALL).unwrap();
+    Side { _ctx: ctx, pd, cq, qp, mr }
+}
+
+fn pair(qp_type: QpType, attr: QpAttr) -> (Side, Side) {
+    let mut a = side(Soft::open(DEVICE_NAME).unwrap(), qp_type);
+    let mut b = side(Soft::open(DEVICE_NAME).unwrap(), qp_type);
+    let (ea, eb) = (a._ctx.endpoint(&a.qp, 1, 0).unwrap(), b._ctx.endpoint(&b.qp, 1, 0).unwrap());
+    a.qp.connect_to(eb, &attr).unwrap();
+    b.qp.connect_to(ea, &attr).unwrap();
+    (a, b)
+}
+
+fn poll_one(cq: &SoftCq) -> Wc {
+    let mut wc = [Wc::default(); 1];
+    for _ in 0..1_000_000 {
+        if cq.poll(&mut wc).unwrap() == 1 {
+            return wc[0];
+        }
+        std::thread::yield_now();
+    }
+    panic!("no completion");
+}
+
+#[test]
+fn rc_write_read_atomics_send() {
+    let (mut a, b) = pair(QpType::Rc, QpAttr::default());
+    a.mr.write_at(0, b"hello, world").unwrap();
+    let sge = [a.mr.sge(0, 12).unwrap()];
+    // SAFETY: the regions outlive the completions polled below.
+    unsafe { a.qp.post_send(&[SendWr::new(1, SendOp::Write(b.mr.remote(100)), &sge)]).unwrap() };
+    assert_eq!(poll_one(&a.cq).status, WcStatus::Success);
+    let mut out = [0u8; 12];
+    b.mr.read_at(100, &mut out).unwrap();
+    assert_eq!(&out, b"hello, world");
+
+    let sge = [a.mr.sge(200, 12).unwrap()];
+    // SAFETY: as above.
+    unsafe { a.qp.post_send(&[SendWr::new(2, SendOp::Read(b.mr.remote(100)), &sge)]).unwrap() };
+    let wc = poll_one(&a.cq);
+    assert_eq!((wc.status, wc.opcode, wc.byte_len), (WcStatus::Success, WcOpcode::RdmaRead, 12));
+    a.mr.read_at(200, &mut out).unwrap();
+    assert_eq!(&out, b"hello, world");
+
+    b.mr.write_u64(512, 40).unwrap();
+    let sge = [a.mr.sge(1024, 8).unwrap()];
+    let faa = SendOp::FetchAdd { remote: b.mr.remote(512), add: 2 };
+    // SAFETY: as above.
+    unsafe { a.qp.post_send(&[SendWr::new(3, faa, &sge)]).unwrap() };
+    assert_eq!(poll_one(&a.cq).opcode, WcOpcode::FetchAdd);
+    assert_eq!((a.mr.read_u64(1024).unwrap(), b.mr.read_u64(512).unwrap()), (40, 42));
+}
+
+#[test]
+fn rnr_then_flush() {
+    let attr = QpAttr { rnr_retry: 0, ..QpAttr::default() };
+    let (mut a, b) = pair(QpType::Rc, attr);
+    let sge = [a.mr.sge(0, 8).unwrap()];
+    let wrs = [SendWr::new(1, SendOp::Send, &sge), SendWr::new(2, SendOp::Send, &sge)];
+    // SAFETY: the region outlives the completions polled below.
+    unsafe { a.qp.post_send(&wrs).unwrap() };
+    let wc = poll_one(&a.cq);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RnrRetryExcErr));
+    let wc = poll_one(&a.cq);
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::WrFlushErr));
+    assert_eq!(a.qp.state(), QpState::Err);
+    drop(b);
+}
+
+#[test]
+fn rnr_retry_succeeds_once_a_receive_is_posted() {
+    let attr = QpAttr { rnr_retry: 7, min_rnr_timer: 1, ..QpAttr::default() };
+    let (mut a, mut b) = pair(QpType::Rc, attr);
+    let sge = [a.mr.sge(0, 8).unwrap()];
+    // SAFETY: the regions outlive the completions polled below.
+    unsafe { a.qp.post_send(&[SendWr::new(1, SendOp::SendWithImm(7), &sge)]).unwrap() };
+    let mut wc = [Wc::default(); 4];
+    assert_eq!(a.cq.poll(&mut wc).unwrap(), 0);
+    let rsge = [b.mr.sge(0, 64).unwrap()];
+    // SAFETY: as above.
+    unsafe { b.qp.post_recv(&[RecvWr { wr_id: 9, sgl: &rsge }]).unwrap() };
+    let wc = poll_one(&a.cq);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+    let wc = poll_one(&b.cq);
+    assert_eq!((wc.wr_id, wc.opcode, wc.imm, wc.byte_len), (9, WcOpcode::Recv, Some(7), 8));
+    drop(b.pd);
+}
+
+#[test]
+fn bad_rkey_moves_both_sides_to_err() {
+    let (mut a, mut b) = pair(QpType::Rc, QpAttr::default());
+    let rsge = [b.mr.sge(0, 64).unwrap()];
+    // SAFETY: the regions outlive the completions polled below.
+    unsafe { b.qp.post_recv(&[RecvWr { wr_id: 5, sgl: &rsge }]).unwrap() };
+    let sge = [a.mr.sge(0, 8).unwrap()];
+    let bad = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() ^ 0x100 };
+    // SAFETY: as above.
+    unsafe {
+        a.qp.post_send(&[SendWr::new(1, SendOp::Write(bad), &sge).flags(SendFlags::empty())])
+            .unwrap()
+    };
+    assert_eq!(poll_one(&a.cq).status, WcStatus::RemAccessErr);
+    let wc = poll_one(&b.cq);
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::WrFlushErr));
+    assert_eq!((a.qp.state(), b.qp.state()), (QpState::Err, QpState::Err));
+}
+
+#[test]
+fn cm_connect_accept_disconnect() {
+    let server_ctx = Soft::open(DEVICE_NAME).unwrap();
+    let addr: std::net::SocketAddr = "10.9.9.9:4791".parse().unwrap();
+    let mut listener = server_ctx.listen(addr).unwrap();
+    let t = std::thread::spawn(move || {
+        let mut c = side(Soft::open(DEVICE_NAME).unwrap(), QpType::Rc);
+        let ctx = c._ctx.clone();
+        let conn = ctx.connect(
+            addr,
+            &mut c.qp,
+            &QpAttr::default(),
+            b"hi",
+            std::time::Duration::from_secs(5),
+        );
+        (
+            conn.map(|mut conn| {
+                let d = conn.peer_private_data().to_vec();
+                let first = conn.poll_event(std::time::Duration::ZERO).unwrap();
+                let second = conn.poll_event(std::time::Duration::from_secs(5)).unwrap();
+                (d, first, second)
+            }),
+            c.qp.state(),
+        )
+    });
+    let req = listener.get_request(std::time::Duration::from_secs(5)).unwrap().unwrap();
+    assert_eq!(req.private_data(), b"hi");
+    let mut s = side(server_ctx, QpType::Rc);
+    let mut conn = req.accept(&mut s.qp, &QpAttr::default(), b"welcome").unwrap();
+    assert_eq!(s.qp.state(), QpState::Rts);
+    assert_eq!(conn.poll_event(std::time::Duration::ZERO).unwrap(), Some(CmEvent::Established));
+    conn.disconnect().unwrap();
+    let (r, _) = t.join().unwrap();
+    let (d, first, second) = r.unwrap();
+    assert_eq!(d, b"welcome");
+    assert_eq!(first, Some(CmEvent::Established));
+    assert_eq!(second, Some(CmEvent::Disconnected));
+    let ctx = Soft::open(DEVICE_NAME).unwrap();
+    let mut c = side(ctx.clone(), QpType::Rc);
+    let none: std::net::SocketAddr = "10.9.9.9:1".parse().unwrap();
+    let r =
+        ctx.connect(none, &mut c.qp, &QpAttr::default(), b"", std::time::Duration::from_secs(1));
+    assert!(matches!(r, Err(Error::Rejected { .. })), "{r:?}");
+    drop(s.mr);
+}
