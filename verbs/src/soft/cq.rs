@@ -29,12 +29,16 @@ pub(crate) struct CqShared {
 }
 
 impl CqShared {
-    /// Adds a completion; on overflow the completion is lost and the context raises
-    /// `IBV_EVENT_CQ_ERR`, as a device does.
-    pub(crate) fn push(&self, wc: Wc) {
-        if self.queue.push(wc).is_err() && !self.overflowed.swap(true, Ordering::AcqRel) {
+    /// Adds a completion; on overflow the completion is lost, the context raises
+    /// `IBV_EVENT_CQ_ERR` (once), as a device does, and this returns false.
+    pub(crate) fn push(&self, wc: Wc) -> bool {
+        if self.queue.push(wc).is_ok() {
+            return true;
+        }
+        if !self.overflowed.swap(true, Ordering::AcqRel) {
             self.ctx.raise(AsyncEventKind::CqErr, AsyncElement::Cq(self.id));
         }
+        false
     }
 
     /// Notes that a QP on this CQ has deferred work for the next poll.

@@ -1,6 +1,7 @@
 //! The data path of `soft`: validating posted send requests and executing them against the
 //! target's registered memory, as the NIC of both sides would.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use arrayvec::ArrayVec;
 use super::fabric::{Fabric, KeyEntry, KeyTable};
 use super::limits::{MAX_INLINE, MAX_SGE};
 use super::mem::{MrShared, MwShared};
-use super::qp::{QpShared, SendQueue};
+use super::qp::{QpShared, RecvEntry, SendQueue};
 use super::Soft;
 use crate::error::{invalid, Error, Result};
 use crate::types::*;
@@ -62,6 +63,7 @@ impl Desc {
 }
 
 /// What executing a request came to.
+#[derive(Clone)]
 pub(crate) enum Step {
     /// Finished with this status and byte count.
     Done(WcStatus, u32),
@@ -79,15 +81,11 @@ unsafe fn admit(qp: &QpShared, wr: &SendWr<'_, Soft>) -> std::result::Result<Des
     if !matches!(state, QpState::Rts | QpState::Err) {
         return Err(invalid(format!("the QP is in {state:?}; sends need RTS")));
     }
-    let allowed = matches!(
-        (&wr.op, qp.qp_type),
-        (SendOp::Send | SendOp::SendWithImm(_), _)
-            | (SendOp::Write(_) | SendOp::WriteWithImm(..), QpType::Rc | QpType::Uc)
-            | (SendOp::BindMw { .. } | SendOp::LocalInv(_), QpType::Rc | QpType::Uc)
-            | (SendOp::Read(_) | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }, QpType::Rc)
-    );
-    if !allowed {
-        return Err(invalid(format!("{:?} is not allowed on a {} QP", wr.op, qp.qp_type)));
+    // As rdma-core's rxe provider: only a bind on a UD QP is refused here; other opcodes the
+    // transport lacks (read or atomics on UC, anything but send on UD) fail at execution with
+    // a local QP operation error, as the device's requester finds them.
+    if matches!(wr.op, SendOp::BindMw { .. }) && qp.qp_type == QpType::Ud {
+        return Err(invalid("memory windows are bound on RC or UC QPs"));
     }
     if wr.sgl.len() > qp.cap.max_send_sge as usize {
         return Err(invalid(format!(
@@ -153,9 +151,7 @@ unsafe fn admit(qp: &QpShared, wr: &SendWr<'_, Soft>) -> std::result::Result<Des
         if ud.ah.pd != qp.pd {
             return Err(invalid("the address handle belongs to another protection domain"));
         }
-        // A qkey with the high bit set means "use the QP's own qkey".
-        let qkey = if ud.qkey & 0x8000_0000 != 0 { qp.qkey() } else { ud.qkey };
-        desc.ud = Some((ud.ah.dgid, ud.qpn, qkey));
+        desc.ud = Some((ud.ah.dgid, ud.qpn, ud.qkey));
     }
     Ok(desc)
 }
@@ -227,8 +223,25 @@ unsafe fn copy_segs(
     }
 }
 
+/// Whether a transport carries an operation.
+fn transport_allows(t: QpType, op: &Op) -> bool {
+    match op {
+        Op::Send(_) => true,
+        Op::Write(..) | Op::BindMw { .. } => t != QpType::Ud,
+        Op::Read(_) | Op::CompSwap(..) | Op::FetchAdd(..) | Op::LocalInv(_) => t == QpType::Rc,
+    }
+}
+
 /// Runs one request. The requester's QP is `qp` (whose send queue `sq` the caller holds).
+///
+/// The order of the checks is rxe's: the requester's local gather list; the responder's QP
+/// (state, then the remote rights of the QP); for messages that consume a receive, the receive
+/// (RNR on RC when there is none); the rkey; the data; for reads and atomics, the local scatter
+/// list when the response arrives.
 pub(crate) fn execute(qp: &QpShared, sq: &mut SendQueue, d: &Desc) -> Step {
+    if !transport_allows(qp.qp_type, &d.op) {
+        return Step::Done(WcStatus::LocQpOpErr, 0);
+    }
     match &d.op {
         Op::BindMw { mw, mr, addr, len, access } => {
             return match mw.bind(mr, *addr, *len, *access, qp.pd, qp.qpn) {
@@ -253,55 +266,46 @@ pub(crate) fn execute(qp: &QpShared, sq: &mut SendQueue, d: &Desc) -> Step {
     let len = d.len();
     let len32 = len.min(u64::from(u32::MAX)) as u32;
     let reliable = qp.qp_type == QpType::Rc;
-    // What an unreliable transport does with a message the far side cannot take: lose it.
-    let lost = |t: Option<&QpShared>| {
-        if let Some(t) = t {
-            t.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        Step::Done(WcStatus::Success, len32)
-    };
-    let target = match (qp.qp_type, d.ud) {
-        (QpType::Ud, Some((dgid, qpn, qkey))) => match Fabric::get().qp(qpn) {
-            Some(t) if t.qp_type == QpType::Ud && t.ctx.gid == dgid && t.receiving() => {
-                if t.qkey() != qkey
-                    || len > u64::from(qp.mtu.load(std::sync::atomic::Ordering::Relaxed))
-                {
-                    return lost(Some(&t));
-                }
-                t
-            }
-            _ => return lost(None),
-        },
-        _ => match sq.peer() {
-            Some(t) if t.receiving() && t.qp_type == qp.qp_type => t,
-            // No one answers: a reliable transport retries until it gives up.
-            _ if reliable => return Step::Done(WcStatus::RetryExcErr, 0),
-            _ => return lost(None),
-        },
-    };
+    let sent = Step::Done(WcStatus::Success, len32);
     let keys = Fabric::get().keys();
-    // Local buffers first: a bad lkey fails before anything reaches the wire.
-    let local_write = matches!(d.op, Op::Read(_) | Op::CompSwap(..) | Op::FetchAdd(..));
+    // The gather list of sends and writes is read before anything goes on the wire.
     let inline_seg;
-    let src: Segs = match &d.inline {
-        Some(data) => {
+    let src: Segs = match (&d.inline, &d.op) {
+        (Some(data), _) => {
             inline_seg = [(data.as_ptr().cast_mut(), data.len())];
             inline_seg.iter().copied().collect()
         }
-        None => match resolve_local(&keys, &d.sges, local_write, qp.pd) {
+        (None, Op::Send(_) | Op::Write(..)) => match resolve_local(&keys, &d.sges, false, qp.pd) {
             Ok(s) => s,
             Err(st) => return Step::Done(st, 0),
         },
+        _ => Segs::new(),
     };
-    // A responder-detected error: RC NAKs it (both QPs end in ERR), UC/UD drop the message.
-    let nak = |st: WcStatus| {
-        if reliable {
-            target.set_error();
-            Step::Done(st, 0)
-        } else {
-            lost(Some(&target))
+    let target = match (qp.qp_type, d.ud) {
+        (QpType::Ud, Some((dgid, qpn, qkey))) => {
+            // Longer than the MTU: nothing is sent, and the send "succeeds" (IB C10-93.1.1).
+            if len > u64::from(qp.mtu.load(Ordering::Relaxed)) {
+                return sent;
+            }
+            match Fabric::get().qp(qpn) {
+                Some(t) if t.qp_type == QpType::Ud && t.ctx.gid == dgid && t.receiving() => {
+                    if t.qkey() != qkey {
+                        t.dropped.fetch_add(1, Ordering::Relaxed);
+                        return sent;
+                    }
+                    t
+                }
+                _ => return sent,
+            }
         }
+        _ => match sq.peer() {
+            Some(t) if t.receiving() && t.qp_type == qp.qp_type => t,
+            // Nobody answers: a reliable transport retries until it gives up.
+            _ if reliable => return Step::Done(WcStatus::RetryExcErr, 0),
+            _ => return sent,
+        },
     };
+    let r = Responder { qp, target: &target, keys: &keys, reliable, len, sent };
     let need = match d.op {
         Op::Write(..) => AccessFlags::REMOTE_WRITE,
         Op::Read(_) => AccessFlags::REMOTE_READ,
@@ -309,138 +313,181 @@ pub(crate) fn execute(qp: &QpShared, sq: &mut SendQueue, d: &Desc) -> Step {
         _ => AccessFlags::empty(),
     };
     if !target.access().contains(need) {
-        return nak(WcStatus::RemInvReqErr);
+        return r.class_c(WcStatus::RemInvReqErr);
     }
     match d.op {
-        Op::Send(imm) => deliver(qp, &target, &keys, &src, len, imm, WcOpcode::Recv, None),
-        Op::Write(remote, imm) => {
-            let dst = if len == 0 {
-                std::ptr::null_mut()
-            } else {
-                match keys.remote(remote.rkey, remote.addr, len, need, target.pd, target.qpn) {
-                    Ok(p) => p,
-                    Err(st) => return nak(st),
-                }
-            };
-            if imm.is_some() {
-                return deliver(
-                    qp,
-                    &target,
-                    &keys,
-                    &src,
-                    len,
-                    imm,
-                    WcOpcode::RecvRdmaWithImm,
-                    Some(dst),
-                );
-            }
-            // SAFETY: `dst` covers `len` bytes of a live region (resolved under the key lock,
-            // which deregistration needs for writing); `src` segments are live local buffers.
-            unsafe { copy_segs(&src, &[(dst, len as usize)], 0, len as usize) };
-            Step::Done(WcStatus::Success, len32)
-        }
+        Op::Send(imm) => r.send(&src, imm),
+        Op::Write(remote, imm) => r.write(&src, remote, imm),
         Op::Read(remote) => {
-            if len > 0 {
-                match keys.remote(remote.rkey, remote.addr, len, need, target.pd, target.qpn) {
-                    // SAFETY: as for writes, in the other direction.
-                    Ok(p) => unsafe { copy_segs(&[(p, len as usize)], &src, 0, len as usize) },
-                    Err(st) => return nak(st),
-                }
-            }
-            Step::Done(WcStatus::Success, len32)
-        }
-        Op::CompSwap(remote, _, _) | Op::FetchAdd(remote, _) => {
-            let p = match keys.remote(remote.rkey, remote.addr, 8, need, target.pd, target.qpn) {
-                Ok(p) if (p as usize) % 8 == 0 => p,
-                Ok(_) => return nak(WcStatus::RemInvReqErr),
-                Err(st) => return nak(st),
+            let p = match r.rkey(remote, len, need) {
+                Ok(p) => p,
+                Err(st) => return r.class_c(st),
             };
-            // SAFETY: `p` is 8-byte aligned and covers 8 bytes of a live region; every access
-            // to the word by the device is atomic.
-            let word = unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) };
-            use std::sync::atomic::Ordering::AcqRel;
+            let dst = match resolve_local(&keys, &d.sges, true, qp.pd) {
+                Ok(dst) => dst,
+                Err(_) => return Step::Done(WcStatus::LocProtErr, 0),
+            };
+            // SAFETY: `p` covers `len` bytes of a live region (resolved under the key table's
+            // read lock, which deregistration needs for writing); `dst` are live local buffers.
+            unsafe { copy_segs(&[(p, len as usize)], &dst, 0, len as usize) };
+            r.sent
+        }
+        Op::CompSwap(remote, ..) | Op::FetchAdd(remote, _) => {
+            let p = match r.rkey(remote, 8, need) {
+                Ok(p) => p,
+                Err(st) => return r.class_c(st),
+            };
+            // SAFETY: `p` covers 8 bytes of a live region and is 8-byte aligned (the remote
+            // address was checked at post, and regions are mapped at their own addresses); the
+            // device accesses the word only atomically.
+            let word = unsafe { AtomicU64::from_ptr(p.cast()) };
             let old = match d.op {
                 Op::CompSwap(_, cmp, swap) => word
-                    .compare_exchange(cmp, swap, AcqRel, std::sync::atomic::Ordering::Acquire)
+                    .compare_exchange(cmp, swap, Ordering::AcqRel, Ordering::Acquire)
                     .unwrap_or_else(|v| v),
-                Op::FetchAdd(_, add) => word.fetch_add(add, AcqRel),
+                Op::FetchAdd(_, add) => word.fetch_add(add, Ordering::AcqRel),
                 _ => 0,
             };
+            // The old value comes back in the response; a bad scatter list fails only then.
+            let dst = match resolve_local(&keys, &d.sges, true, qp.pd) {
+                Ok(dst) => dst,
+                Err(_) => return Step::Done(WcStatus::LocProtErr, 0),
+            };
             let bytes = old.to_ne_bytes();
-            // SAFETY: `src` are live local buffers with LOCAL_WRITE; 8 bytes were checked at post.
-            unsafe { copy_segs(&[(bytes.as_ptr().cast_mut(), 8)], &src, 0, 8) };
-            Step::Done(WcStatus::Success, len32)
+            // SAFETY: `dst` are live local buffers with LOCAL_WRITE, 8 bytes or more (checked
+            // at post).
+            unsafe { copy_segs(&[(bytes.as_ptr().cast_mut(), 8)], &dst, 0, 8) };
+            r.sent
         }
         Op::BindMw { .. } | Op::LocalInv(_) => Step::Done(WcStatus::LocQpOpErr, 0),
     }
 }
 
-/// Consumes the target's next receive for a send (or a write-with-immediate whose data goes
-/// to `write_to`) and completes it on the target's receive CQ.
-#[allow(clippy::too_many_arguments)]
-fn deliver(
-    qp: &QpShared,
-    target: &QpShared,
-    keys: &KeyTable,
-    src: &[(*mut u8, usize)],
+/// What the responder side of one message needs.
+struct Responder<'a> {
+    qp: &'a QpShared,
+    target: &'a QpShared,
+    keys: &'a KeyTable,
+    reliable: bool,
     len: u64,
-    imm: Option<u32>,
-    opcode: WcOpcode,
-    write_to: Option<*mut u8>,
-) -> Step {
-    let reliable = qp.qp_type == QpType::Rc;
-    let len32 = len.min(u64::from(u32::MAX)) as u32;
-    let Some(recv) = target.pop_recv() else {
-        if reliable {
-            return Step::Rnr(target.rnr_wait());
-        }
-        target.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return Step::Done(WcStatus::Success, len32);
-    };
-    let ud = qp.qp_type == QpType::Ud;
-    let grh = if ud { u64::from(GRH_BYTES) } else { 0 };
-    let mut wc = Wc {
-        wr_id: recv.wr_id,
-        status: WcStatus::Success,
-        opcode,
-        byte_len: (len + grh) as u32,
-        imm,
-        qp_num: target.qpn,
-        src_qp: qp.qpn,
-        grh: ud,
-        ..Wc::default()
-    };
-    let fail = |wc: Wc, recv_status: WcStatus, send_status: WcStatus| {
-        target.recv_cq.push(Wc { status: recv_status, byte_len: 0, imm: None, ..wc });
-        if reliable {
-            target.set_error();
-            Step::Done(send_status, 0)
+    /// The requester's outcome when the message went out fine (or was lost unseen).
+    sent: Step,
+}
+
+impl Responder<'_> {
+    /// An error the responder NAKs (class A/C): on RC the responder QP goes to ERR and the
+    /// requester sees `st`; UC and UD drop the message silently.
+    fn class_c(&self, st: WcStatus) -> Step {
+        if self.reliable {
+            self.target.set_error();
+            Step::Done(st, 0)
         } else {
-            Step::Done(WcStatus::Success, len32)
+            self.target.dropped.fetch_add(1, Ordering::Relaxed);
+            self.sent.clone()
         }
-    };
-    if let Some(dst) = write_to {
-        // SAFETY: see the plain write in `execute`.
-        unsafe { copy_segs(src, &[(dst, len as usize)], 0, len as usize) };
-        wc.grh = false;
-        target.recv_cq.push(wc);
-        return Step::Done(WcStatus::Success, len32);
     }
-    if len + grh > recv.capacity() {
-        return fail(wc, WcStatus::LocLenErr, WcStatus::RemInvReqErr);
+
+    /// The target memory of a one-sided operation.
+    fn rkey(&self, remote: RemoteAddr, len: u64, need: AccessFlags) -> Result<*mut u8, WcStatus> {
+        if len == 0 {
+            return Ok(std::ptr::null_mut()); // zero-length accesses skip the key check
+        }
+        let t = self.target;
+        self.keys.remote(remote.rkey, remote.addr, len, need, t.pd, t.qpn)
     }
-    let dst = match resolve_local(keys, &recv.sges, true, target.recv_pd()) {
-        Ok(d) => d,
-        Err(_) => return fail(wc, WcStatus::LocProtErr, WcStatus::RemOpErr),
-    };
-    if ud {
-        let zeros = [0u8; GRH_BYTES as usize];
-        // SAFETY: `dst` are live buffers of the target's PD with LOCAL_WRITE, holding at least
-        // len + 40 bytes (checked above).
-        unsafe { copy_segs(&[(zeros.as_ptr().cast_mut(), zeros.len())], &dst, 0, zeros.len()) };
+
+    /// The receive a send or write-with-immediate consumes, or what happens without one.
+    fn take_recv(&self) -> Result<RecvEntry, Step> {
+        match self.target.pop_recv() {
+            Some(r) => Ok(r),
+            None if self.reliable => Err(Step::Rnr(self.target.rnr_wait())),
+            None => {
+                self.target.dropped.fetch_add(1, Ordering::Relaxed);
+                Err(self.sent.clone())
+            }
+        }
     }
-    // SAFETY: as above; the payload goes after the GRH area.
-    unsafe { copy_segs(src, &dst, grh as usize, len as usize) };
-    target.recv_cq.push(wc);
-    Step::Done(WcStatus::Success, len32)
+
+    fn recv_wc(&self, recv: &RecvEntry, opcode: WcOpcode, byte_len: u64, imm: Option<u32>) -> Wc {
+        let ud = self.qp.qp_type == QpType::Ud;
+        Wc {
+            wr_id: recv.wr_id,
+            status: WcStatus::Success,
+            opcode,
+            byte_len: byte_len.min(u64::from(u32::MAX)) as u32,
+            imm,
+            qp_num: self.target.qpn,
+            src_qp: if ud { self.qp.qpn } else { 0 },
+            grh: ud,
+            ..Wc::default()
+        }
+    }
+
+    fn send(&self, src: &[(*mut u8, usize)], imm: Option<u32>) -> Step {
+        let recv = match self.take_recv() {
+            Ok(r) => r,
+            Err(step) => return step,
+        };
+        let grh = if self.qp.qp_type == QpType::Ud { u64::from(GRH_BYTES) } else { 0 };
+        let dst = match resolve_local(self.keys, &recv.sges, true, self.target.recv_pd()) {
+            Ok(d) if self.len + grh <= recv.capacity() => d,
+            // A receive too small or with a bad scatter list is a malformed WQE (class A): the
+            // receive fails with a local QP operation error and its QP goes to ERR, whatever
+            // the transport; an RC requester is told with a remote operational error.
+            _ => {
+                self.target.complete_recv(self.target.error_wc(recv.wr_id, WcStatus::LocQpOpErr));
+                self.target.set_error();
+                return if self.reliable {
+                    Step::Done(WcStatus::RemOpErr, 0)
+                } else {
+                    self.sent.clone()
+                };
+            }
+        };
+        if grh > 0 {
+            let zeros = [0u8; GRH_BYTES as usize];
+            // SAFETY: `dst` are live buffers of the target's PD with LOCAL_WRITE holding at
+            // least len + 40 bytes (checked above).
+            unsafe { copy_segs(&[(zeros.as_ptr().cast_mut(), zeros.len())], &dst, 0, zeros.len()) };
+        }
+        // SAFETY: as above; the payload goes after the GRH area.
+        unsafe { copy_segs(src, &dst, grh as usize, self.len as usize) };
+        self.target.complete_recv(self.recv_wc(&recv, WcOpcode::Recv, self.len + grh, imm));
+        self.sent.clone()
+    }
+
+    fn write(&self, src: &[(*mut u8, usize)], remote: RemoteAddr, imm: Option<u32>) -> Step {
+        // rxe takes the receive of a write-with-immediate before checking the key, except on
+        // UC without an SRQ, where a message with a bad key is dropped untouched.
+        let peek_key_first = !self.reliable && !self.target.has_srq();
+        let mut recv = None;
+        if imm.is_some() && !peek_key_first {
+            match self.take_recv() {
+                Ok(r) => recv = Some(r),
+                Err(step) => return step,
+            }
+        }
+        let dst = match self.rkey(remote, self.len, AccessFlags::REMOTE_WRITE) {
+            Ok(p) => p,
+            Err(st) => {
+                if let Some(r) = &recv {
+                    self.target.complete_recv(self.target.error_wc(r.wr_id, st));
+                }
+                return self.class_c(st);
+            }
+        };
+        if imm.is_some() && peek_key_first {
+            match self.take_recv() {
+                Ok(r) => recv = Some(r),
+                Err(step) => return step,
+            }
+        }
+        // SAFETY: `dst` covers `len` bytes of a live region (resolved under the key table's
+        // read lock); `src` are live local buffers (or the request's inline copy).
+        unsafe { copy_segs(src, &[(dst, self.len as usize)], 0, self.len as usize) };
+        if let Some(r) = &recv {
+            self.target.complete_recv(self.recv_wc(r, WcOpcode::RecvRdmaWithImm, self.len, imm));
+        }
+        self.sent.clone()
+    }
 }

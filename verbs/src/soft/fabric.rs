@@ -89,7 +89,9 @@ impl KeyTable {
     }
 
     /// Resolves a local SGE: the key must be a region of `pd` covering the range, with
-    /// LOCAL_WRITE when the device writes it.
+    /// LOCAL_WRITE when the device writes it. As in rxe, a key that does not resolve (unknown,
+    /// other PD, missing right) is a local QP operation error, a range outside the region a
+    /// local protection error.
     pub(crate) fn local(
         &self,
         lkey: u32,
@@ -99,10 +101,10 @@ impl KeyTable {
         pd: u64,
     ) -> Result<*mut u8, WcStatus> {
         let Some(KeyEntry::Mr(mr)) = self.get(lkey) else {
-            return Err(WcStatus::LocProtErr);
+            return Err(WcStatus::LocQpOpErr);
         };
         if mr.pd != pd || (write && !mr.access.contains(AccessFlags::LOCAL_WRITE)) {
-            return Err(WcStatus::LocProtErr);
+            return Err(WcStatus::LocQpOpErr);
         }
         mr.ptr_for(addr, u64::from(len)).ok_or(WcStatus::LocProtErr)
     }

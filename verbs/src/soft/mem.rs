@@ -99,8 +99,13 @@ impl crate::Mr for SoftMr {
     fn lkey(&self) -> u32 {
         self.key
     }
+    /// The key, or 0 when the region grants no remote right (as rxe gives it).
     fn rkey(&self) -> u32 {
-        self.key
+        if self.shared.access.intersects(AccessFlags::REMOTE_ALL) {
+            self.key
+        } else {
+            0
+        }
     }
     fn access(&self) -> AccessFlags {
         self.shared.access
@@ -163,7 +168,7 @@ impl MwShared {
         pd: u64,
         qpn: u32,
     ) -> Result<u32, WcStatus> {
-        let inside = mr.ptr_for(addr, len).is_some();
+        let inside = len > 0 && mr.ptr_for(addr, len).is_some();
         let rights_ok = access.difference(AccessFlags::REMOTE_ALL).is_empty()
             && (!access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
                 || mr.access.contains(AccessFlags::LOCAL_WRITE));
@@ -174,6 +179,9 @@ impl MwShared {
             || !rights_ok
         {
             return Err(WcStatus::MwBindErr);
+        }
+        if self.binding().is_some() {
+            return Err(WcStatus::MwBindErr); // a type 2 window must be invalidated first
         }
         let old = self.rkey.load(Ordering::Acquire);
         let new = Fabric::get().keys_mut(|t| t.regenerate(old)).ok_or(WcStatus::MwBindErr)?;

@@ -207,6 +207,11 @@ impl QpShared {
         }
     }
 
+    /// Whether receives come from an SRQ.
+    pub(crate) fn has_srq(&self) -> bool {
+        matches!(self.rq, RecvSource::Srq(_))
+    }
+
     /// The PD whose keys a receive's SGEs use.
     pub(crate) fn recv_pd(&self) -> u64 {
         match &self.rq {
@@ -227,13 +232,23 @@ impl QpShared {
     pub(crate) fn flush_recv(&self) {
         if let RecvSource::Own(q) = &self.rq {
             while let Some(e) = q.pop() {
-                self.recv_cq.push(self.flush_wc(e.wr_id, WcOpcode::Recv));
+                self.recv_cq.push(self.error_wc(e.wr_id, WcStatus::WrFlushErr));
             }
         }
     }
 
-    pub(crate) fn flush_wc(&self, wr_id: u64, opcode: WcOpcode) -> Wc {
-        Wc { wr_id, status: WcStatus::WrFlushErr, opcode, qp_num: self.qpn, ..Wc::default() }
+    /// An error (or flush) completion as rxe reports it: only `wr_id`, `status` and `qp_num`
+    /// are set; the opcode reads as `IBV_WC_SEND` (0) and `byte_len` as 0.
+    pub(crate) fn error_wc(&self, wr_id: u64, status: WcStatus) -> Wc {
+        Wc { wr_id, status, opcode: WcOpcode::Send, qp_num: self.qpn, ..Wc::default() }
+    }
+
+    /// Completes a receive on this QP's receive CQ; an overflow there moves the QP to ERR
+    /// (rxe's class G error).
+    pub(crate) fn complete_recv(&self, wc: Wc) {
+        if !self.recv_cq.push(wc) {
+            self.set_error();
+        }
     }
 
     /// Finishes a send request: its completion when it asks for one or failed, and the move
@@ -245,7 +260,9 @@ impl QpShared {
         status: WcStatus,
         byte_len: u32,
     ) {
-        if status != WcStatus::Success || desc.signaled || self.sq_sig_all {
+        if status != WcStatus::Success {
+            self.send_cq.push(self.error_wc(desc.wr_id, status));
+        } else if desc.signaled || self.sq_sig_all {
             let opcode = desc.op.wc_opcode();
             self.send_cq.push(Wc {
                 wr_id: desc.wr_id,
@@ -264,7 +281,7 @@ impl QpShared {
 
     fn flush_pending(&self, sq: &mut SendQueue) {
         while let Some(p) = sq.pending.pop_front() {
-            self.send_cq.push(self.flush_wc(p.desc.wr_id, p.desc.op.wc_opcode()));
+            self.send_cq.push(self.error_wc(p.desc.wr_id, WcStatus::WrFlushErr));
         }
     }
 
@@ -272,7 +289,7 @@ impl QpShared {
     pub(crate) fn submit(&self, sq: &mut SendQueue, desc: Desc) -> std::io::Result<()> {
         if self.state() == QpState::Err {
             self.flush_pending(sq);
-            self.send_cq.push(self.flush_wc(desc.wr_id, desc.op.wc_opcode()));
+            self.send_cq.push(self.error_wc(desc.wr_id, WcStatus::WrFlushErr));
             return Ok(());
         }
         if !sq.pending.is_empty() {
