@@ -11,3 +11,6 @@
 #![deny(missing_docs)]
 
 pub use corelink_verbs as verbs;
+
+pub mod ring;
+mod sync;
