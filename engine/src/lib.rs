@@ -12,5 +12,9 @@
 
 pub use corelink_verbs as verbs;
 
+pub mod error;
+pub mod pool;
 pub mod ring;
 mod sync;
+
+pub use error::{EngineError, Result};

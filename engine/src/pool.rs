@@ -1,0 +1,223 @@
+//! Per-worker registered buffer pools in size classes.
+//!
+//! One registration per class (a single memory region sliced into equal buffers), a free list
+//! per class sized at start-up, so getting and returning a buffer never allocates. A [`Buf`]
+//! holds an `Rc` of its pool: it cannot leave its worker's thread (it is `!Send`), and dropping it
+//! returns it to its class. Pool memory is registered for local access only, so no peer can
+//! write it; the device writes a buffer only while the engine holds it for a posted request,
+//! which is why a `Buf` can hand out plain slices.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::rc::Rc;
+
+use corelink_verbs::{AccessFlags, Mr, Pd, Provider, Sge};
+
+use crate::error::{EngineError, Result};
+
+struct Class<P: Provider> {
+    size: usize,
+    mr: P::Mr,
+    free: RefCell<Vec<u32>>,
+    count: usize,
+}
+
+struct Inner<P: Provider> {
+    classes: Vec<Class<P>>,
+}
+
+/// A worker's buffer pool.
+pub struct Pool<P: Provider> {
+    inner: Rc<Inner<P>>,
+}
+
+impl<P: Provider> fmt::Debug for Pool<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut l = f.debug_list();
+        for c in &self.inner.classes {
+            l.entry(&format_args!("{} B: {}/{} free", c.size, c.free.borrow().len(), c.count));
+        }
+        l.finish()
+    }
+}
+
+impl<P: Provider> Pool<P> {
+    /// Registers `classes` (`(size, count)`, sizes strictly increasing) on `pd`.
+    pub fn new(pd: &P::Pd, classes: &[(usize, usize)]) -> Result<Self> {
+        let mut out = Vec::with_capacity(classes.len());
+        let mut prev = 0;
+        for &(size, count) in classes {
+            if size <= prev || count == 0 || count > u32::MAX as usize {
+                return Err(EngineError::Config(format!(
+                    "pool class ({size} B x {count}): sizes must increase and counts be 1..=2^32-1"
+                )));
+            }
+            prev = size;
+            let bytes = size.checked_mul(count).ok_or_else(|| {
+                EngineError::Config(format!("pool class {size} B x {count} overflows"))
+            })?;
+            let mr = pd.register(bytes, AccessFlags::LOCAL_WRITE).map_err(EngineError::Verbs)?;
+            // Hand out low indices first (the free list pops from the back).
+            let free = RefCell::new((0..count as u32).rev().collect());
+            out.push(Class { size, mr, free, count });
+        }
+        Ok(Pool { inner: Rc::new(Inner { classes: out }) })
+    }
+
+    /// A buffer of at least `len` bytes from the smallest class that has one free, with its
+    /// length set to `len`.
+    pub fn get(&self, len: usize) -> Result<Buf<P>> {
+        let classes = &self.inner.classes;
+        let mut fitting = classes.iter().enumerate().filter(|(_, c)| c.size >= len).peekable();
+        let Some(&(first, _)) = fitting.peek() else {
+            let largest = classes.last().map_or(0, |c| c.size);
+            return Err(EngineError::BufferTooLarge { len, largest });
+        };
+        for (i, c) in fitting {
+            if let Some(index) = c.free.borrow_mut().pop() {
+                return Ok(Buf { pool: self.inner.clone(), class: i as u8, index, len });
+            }
+        }
+        Err(EngineError::PoolExhausted { size: classes[first].size, count: classes[first].count })
+    }
+
+    /// Free buffers of each class, smallest first: `(size, free, count)`.
+    pub fn occupancy(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        self.inner.classes.iter().map(|c| (c.size, c.free.borrow().len(), c.count))
+    }
+}
+
+/// A registered buffer from a [`Pool`]; back to the pool when dropped.
+///
+/// It cannot leave its worker's thread:
+///
+/// ```compile_fail
+/// fn is_send<T: Send>() {}
+/// is_send::<corelink_engine::pool::Buf<corelink_verbs::soft::Soft>>();
+/// ```
+pub struct Buf<P: Provider> {
+    pool: Rc<Inner<P>>,
+    class: u8,
+    index: u32,
+    len: usize,
+}
+
+impl<P: Provider> fmt::Debug for Buf<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buf").field("len", &self.len).field("capacity", &self.capacity()).finish()
+    }
+}
+
+impl<P: Provider> Buf<P> {
+    fn class(&self) -> &Class<P> {
+        &self.pool.classes[self.class as usize]
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        let c = self.class();
+        // SAFETY: index < count and the region holds size * count bytes.
+        unsafe { c.mr.as_ptr().add(self.index as usize * c.size) }
+    }
+
+    /// Bytes in use.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no byte is in use.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes the buffer can hold.
+    pub fn capacity(&self) -> usize {
+        self.class().size
+    }
+
+    /// Sets the bytes in use (at most the capacity).
+    pub fn set_len(&mut self, len: usize) -> Result<()> {
+        if len > self.capacity() {
+            return Err(EngineError::BufferTooLarge { len, largest: self.capacity() });
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Copies `data` in and sets the length to match.
+    pub fn fill(&mut self, data: &[u8]) -> Result<()> {
+        self.set_len(data.len())?;
+        self.as_mut_slice().copy_from_slice(data);
+        Ok(())
+    }
+
+    /// The bytes in use.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the range lies in the pool's region, which lives as long as `self.pool`; no
+        // peer may write it (registered without remote rights) and the device writes it only
+        // for a posted request, during which the engine holds this `Buf` (not the application).
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
+    }
+
+    /// The bytes in use, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; `&mut self` makes the slice unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
+    }
+
+    /// The scatter/gather entry of the bytes in use (`len`) or of the whole buffer.
+    pub fn sge(&self, whole: bool) -> Sge {
+        let length = if whole { self.capacity() } else { self.len } as u32;
+        Sge { addr: self.ptr() as u64, length, lkey: self.class().mr.lkey() }
+    }
+}
+
+impl<P: Provider> Drop for Buf<P> {
+    fn drop(&mut self) {
+        self.class().free.borrow_mut().push(self.index);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corelink_verbs::soft::{Soft, DEVICE_NAME};
+    use corelink_verbs::Context;
+
+    fn pool() -> Pool<Soft> {
+        let ctx = Soft::open(DEVICE_NAME).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        Pool::new(&pd, &[(64, 2), (4096, 1)]).unwrap()
+    }
+
+    #[test]
+    fn smallest_fitting_class_then_larger_then_exhausted() {
+        let p = pool();
+        let a = p.get(10).unwrap();
+        let b = p.get(64).unwrap();
+        assert_eq!((a.capacity(), b.capacity()), (64, 64));
+        let c = p.get(1).unwrap();
+        assert_eq!(c.capacity(), 4096, "falls through to the next class");
+        let e = p.get(1).unwrap_err();
+        assert!(matches!(e, EngineError::PoolExhausted { size: 64, count: 2 }), "{e}");
+        drop(a);
+        let mut d = p.get(5).unwrap();
+        d.fill(b"hello").unwrap();
+        assert_eq!(d.as_slice(), b"hello");
+        assert_eq!(d.sge(false).length, 5);
+        assert!(matches!(
+            p.get(5000),
+            Err(EngineError::BufferTooLarge { len: 5000, largest: 4096 })
+        ));
+        assert!(d.set_len(65).is_err());
+        drop((b, c, d));
+        assert_eq!(p.occupancy().collect::<Vec<_>>(), vec![(64, 2, 2), (4096, 1, 1)]);
+    }
+
+    #[test]
+    fn bad_classes_are_refused() {
+        let ctx = Soft::open(DEVICE_NAME).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        assert!(Pool::<Soft>::new(&pd, &[(64, 1), (32, 1)]).is_err());
+        assert!(Pool::<Soft>::new(&pd, &[(64, 0)]).is_err());
+    }
+}
