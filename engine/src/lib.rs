@@ -13,6 +13,7 @@
 pub use corelink_verbs as verbs;
 
 pub mod error;
+pub mod metrics;
 pub mod pool;
 pub mod ring;
 mod sync;

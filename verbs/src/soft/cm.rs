@@ -25,6 +25,8 @@ pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
 pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 /// See [`MAX_CONNECT_PRIVATE_DATA`].
 pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
+/// Ports a listener bound to port 0 gets.
+const EPHEMERAL_PORTS: (u16, u16) = (32768, 60999);
 /// How long an acceptor waits for the connector's "ready to use".
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -115,8 +117,19 @@ pub struct SoftListener {
 }
 
 impl SoftListener {
-    pub(crate) fn bind(_ctx: &SoftContext, addr: SocketAddr) -> Result<Self> {
+    pub(crate) fn bind(_ctx: &SoftContext, mut addr: SocketAddr) -> Result<Self> {
         let mut table = lock(&Fabric::get().listeners);
+        if addr.port() == 0 {
+            // Port 0 picks a free port, as binding a socket does (from the ephemeral range).
+            let free = (EPHEMERAL_PORTS.0..=EPHEMERAL_PORTS.1)
+                .find(|p| !table.contains_key(&SocketAddr::new(addr.ip(), *p)))
+                .ok_or_else(|| Error::Cm {
+                    op: "rdma_bind_addr",
+                    addr,
+                    source: std::io::Error::from_raw_os_error(libc::EADDRNOTAVAIL),
+                })?;
+            addr.set_port(free);
+        }
         if table.contains_key(&addr) {
             return Err(Error::Cm {
                 op: "rdma_bind_addr",

@@ -1,0 +1,138 @@
+//! Per-worker metrics: operations and bytes by opcode, completions by status, poll iterations
+//! and empty polls, ring occupancy, and the worker thread's context switches.
+//!
+//! A worker updates its own [`Metrics`] (plain integers, no atomics, no sharing) and publishes
+//! a copy when asked; the copy prints as a table.
+
+use std::fmt;
+
+use corelink_verbs::{WcOpcode, WcStatus};
+
+/// Opcodes counted, in [`Metrics::ops`] order.
+pub const OPCODES: [WcOpcode; 9] = [
+    WcOpcode::Send,
+    WcOpcode::RdmaWrite,
+    WcOpcode::RdmaRead,
+    WcOpcode::CompSwap,
+    WcOpcode::FetchAdd,
+    WcOpcode::BindMw,
+    WcOpcode::LocalInv,
+    WcOpcode::Recv,
+    WcOpcode::RecvRdmaWithImm,
+];
+
+fn opcode_index(op: WcOpcode) -> usize {
+    OPCODES.iter().position(|o| *o == op).unwrap_or(0)
+}
+
+/// Voluntary and involuntary context switches of the calling thread (getrusage(RUSAGE_THREAD)).
+pub fn thread_context_switches() -> (u64, u64) {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `ru` is a valid, writable rusage; RUSAGE_THREAD reports on the calling thread.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, ru.as_mut_ptr()) };
+    if rc != 0 {
+        return (0, 0);
+    }
+    // SAFETY: getrusage succeeded and filled the struct (it was zeroed before anyway).
+    let ru = unsafe { ru.assume_init() };
+    (ru.ru_nvcsw.max(0) as u64, ru.ru_nivcsw.max(0) as u64)
+}
+
+/// One worker's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Metrics {
+    /// Worker index.
+    pub worker: usize,
+    /// Successful operations by opcode ([`OPCODES`] order).
+    pub ops: [u64; 9],
+    /// Bytes moved by opcode ([`OPCODES`] order).
+    pub bytes: [u64; 9],
+    /// Completions by status (`WcStatus` C order).
+    pub statuses: [u64; 22],
+    /// Loop iterations.
+    pub polls: u64,
+    /// Iterations whose poll found no completion.
+    pub empty_polls: u64,
+    /// Work requests posted.
+    pub posted: u64,
+    /// Doorbells rung (post calls).
+    pub doorbells: u64,
+    /// Items waiting in the worker's inbound rings at the last look.
+    pub ring_occupancy: u64,
+    /// Voluntary context switches of the worker thread since it started.
+    pub voluntary_switches: u64,
+    /// Involuntary context switches of the worker thread since it started.
+    pub involuntary_switches: u64,
+}
+
+impl Metrics {
+    /// Counts one completion.
+    #[inline]
+    pub fn completion(&mut self, opcode: WcOpcode, status: WcStatus, bytes: u32) {
+        self.statuses[status as usize] += 1;
+        if status == WcStatus::Success {
+            let i = opcode_index(opcode);
+            self.ops[i] += 1;
+            self.bytes[i] += u64::from(bytes);
+        }
+    }
+
+    /// Reads the context switches of the calling thread (the worker's own) into the counters,
+    /// relative to `base` (the counts when the worker started).
+    pub fn sample_switches(&mut self, base: (u64, u64)) {
+        let (v, i) = thread_context_switches();
+        self.voluntary_switches = v.saturating_sub(base.0);
+        self.involuntary_switches = i.saturating_sub(base.1);
+    }
+}
+
+impl fmt::Display for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "worker {}", self.worker)?;
+        writeln!(f, "  {:<28} {:>14} {:>16}", "opcode", "ops", "bytes")?;
+        for (i, op) in OPCODES.iter().enumerate() {
+            if self.ops[i] > 0 {
+                writeln!(f, "  {:<28} {:>14} {:>16}", op.name(), self.ops[i], self.bytes[i])?;
+            }
+        }
+        for (i, n) in self.statuses.iter().enumerate() {
+            if *n > 0 {
+                writeln!(f, "  {:<28} {:>14}", WcStatus::ALL[i].name(), n)?;
+            }
+        }
+        writeln!(f, "  {:<28} {:>14}", "poll iterations", self.polls)?;
+        writeln!(f, "  {:<28} {:>14}", "empty polls", self.empty_polls)?;
+        writeln!(f, "  {:<28} {:>14}", "work requests posted", self.posted)?;
+        writeln!(f, "  {:<28} {:>14}", "doorbells", self.doorbells)?;
+        writeln!(f, "  {:<28} {:>14}", "ring occupancy", self.ring_occupancy)?;
+        writeln!(f, "  {:<28} {:>14}", "voluntary ctx switches", self.voluntary_switches)?;
+        write!(f, "  {:<28} {:>14}", "involuntary ctx switches", self.involuntary_switches)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_prints() {
+        let mut m = Metrics::default();
+        m.completion(WcOpcode::RdmaWrite, WcStatus::Success, 64);
+        m.completion(WcOpcode::RdmaWrite, WcStatus::Success, 64);
+        m.completion(WcOpcode::Send, WcStatus::RemAccessErr, 0);
+        assert_eq!(m.ops[1], 2);
+        assert_eq!(m.bytes[1], 128);
+        assert_eq!(m.statuses[WcStatus::RemAccessErr as usize], 1);
+        let t = m.to_string();
+        assert!(t.contains("IBV_WC_RDMA_WRITE") && t.contains("IBV_WC_REM_ACCESS_ERR"), "{t}");
+    }
+
+    #[test]
+    fn context_switches_are_readable() {
+        let base = thread_context_switches();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let mut m = Metrics::default();
+        m.sample_switches(base);
+        assert!(m.voluntary_switches >= 1, "sleeping is a voluntary switch");
+    }
+}

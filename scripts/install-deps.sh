@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what corelink needs to build and test on Debian 12 (bookworm): the verbs and
+# rdma_cm headers (the `ibverbs` provider links them), libclang (bindgen, for rdma-sys),
+# pkg-config, hwloc and udev headers. Run as root or with sudo. Rust comes from rustup.
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO="sudo"
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update
+$SUDO apt-get install -y --no-install-recommends \
+    build-essential pkg-config libibverbs-dev librdmacm-dev ibverbs-providers \
+    libclang-dev clang libhwloc-dev libudev-dev
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "cargo not found: install Rust with rustup (https://rustup.rs), e.g." >&2
+    echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y" >&2
+    exit 1
+fi
