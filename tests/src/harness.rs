@@ -354,6 +354,7 @@ pub fn poll<C: Cq>(cq: &C, n: usize, what: &str) -> Result<Vec<Wc>, String> {
     while got.len() < n {
         let want = (n - got.len()).min(buf.len());
         let k = cq.poll(&mut buf[..want]).ctx("poll")?;
+        buf[..k].iter().for_each(crate::record::completion);
         got.extend_from_slice(&buf[..k]);
         if k == 0 {
             if Instant::now() > deadline {
@@ -379,6 +380,7 @@ pub fn expect_quiet<C: Cq>(cq: &C, what: &str) -> CaseResult {
     let mut buf = [Wc::default(); 4];
     loop {
         let k = cq.poll(&mut buf).ctx("poll")?;
+        buf[..k].iter().for_each(crate::record::completion);
         ensure!(k == 0, "expected no completion ({what}), got {:?}", &buf[..k]);
         if Instant::now() > end {
             return Ok(());
@@ -408,6 +410,7 @@ pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
 pub fn bytes<M: Mr>(mr: &M, off: usize, len: usize) -> Result<Vec<u8>, String> {
     let mut v = vec![0; len];
     mr.read_at(off, &mut v).ctx("Mr::read_at")?;
+    crate::record::memory(&v);
     Ok(v)
 }
 

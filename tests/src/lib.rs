@@ -39,6 +39,7 @@
 pub mod cases;
 pub mod expect;
 pub mod harness;
+pub mod record;
 
 pub use harness::{CaseResult, Target};
 

@@ -42,7 +42,11 @@ fn atomic<P: Provider>(
     for off in [0, 16] {
         ensure_eq!(result.read_u64(off).ctx("read_u64")?, 0, "result buffer word at {off}");
     }
-    Ok((result.read_u64(8).ctx("read_u64")?, target.read_u64(WORD).ctx("read_u64")?))
+    let (old, after) =
+        (result.read_u64(8).ctx("read_u64")?, target.read_u64(WORD).ctx("read_u64")?);
+    crate::record::atomic_value(old);
+    crate::record::memory(&after.to_le_bytes());
+    Ok((old, after))
 }
 
 /// Compare-and-swap whose compare value matches: old value back, word swapped.

@@ -198,9 +198,12 @@ pub(crate) fn wc_opcode_from_ibv(op: ibv_wc_opcode::Type) -> WcOpcode {
     }
 }
 
-/// A work completion in our form. The immediate is converted from network order.
+/// A work completion in our form. The immediate is converted from network order, and reported
+/// for receives only (as [`Wc::imm`] is defined): rxe also flags the *sender's* completion of a
+/// send- or write-with-immediate, with an immediate of 0.
 pub(crate) fn wc_from_ibv(wc: &ibv_wc) -> Wc {
-    let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+    let opcode = wc_opcode_from_ibv(wc.opcode);
+    let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 && opcode.is_recv();
     let imm = if with_imm {
         // SAFETY: the union holds the immediate when IBV_WC_WITH_IMM is set; both members are
         // plain 32-bit integers, so reading either is defined anyway.
@@ -211,7 +214,7 @@ pub(crate) fn wc_from_ibv(wc: &ibv_wc) -> Wc {
     Wc {
         wr_id: wc.wr_id,
         status: WcStatus::from_raw(wc.status),
-        opcode: wc_opcode_from_ibv(wc.opcode),
+        opcode,
         vendor_err: wc.vendor_err,
         byte_len: wc.byte_len,
         imm,
@@ -470,6 +473,10 @@ mod tests {
         assert_eq!(wc.imm, Some(0x1234_5678));
         assert!(wc.grh);
         assert_eq!(wc.opcode, WcOpcode::RecvRdmaWithImm);
+
+        // rxe flags the sender's completion of a write-with-immediate too: not reported.
+        let wc = wc_from_ibv(&raw_wc(ibv_wc_opcode::IBV_WC_RDMA_WRITE, flags, 0));
+        assert_eq!(wc.imm, None);
     }
 
     #[test]

@@ -46,8 +46,9 @@ pub mod limits {
     pub const MAX_CQE: u32 = 1 << 20;
     /// Outstanding reads/atomics per QP.
     pub const MAX_RD_ATOMIC: u32 = 128;
-    /// The port's MTU (UD messages are at most this long).
-    pub const MTU: Mtu = Mtu::Mtu4096;
+    /// The port's MTU (UD messages are at most this long): 1024, what rxe derives from a
+    /// standard 1500-byte Ethernet netdev, so that UD behaves the same on both.
+    pub const MTU: Mtu = Mtu::Mtu1024;
     /// Largest message.
     pub const MAX_MSG: u32 = 1 << 31;
 
