@@ -20,3 +20,7 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y" >&2
     exit 1
 fi
+
+# The Soft-RoCE guest in which the tests run the ibverbs provider against a real RDMA stack
+# (QEMU, Debian's kernel, rdma-core, perftest, virtme-ng): see tests/rxe-guest/run.
+$SUDO "$(dirname "${BASH_SOURCE[0]}")/../tests/rxe-guest/run" --install

@@ -176,6 +176,17 @@ pub struct SoftConnRequest {
     attempt: Arc<Attempt>,
 }
 
+impl Drop for SoftConnRequest {
+    /// A request dropped unanswered is rejected, so that the connector does not wait in vain.
+    fn drop(&mut self) {
+        let mut answer = lock(&self.attempt.answer.value);
+        if matches!(*answer, Answer::Waiting) {
+            *answer = Answer::Rejected(Vec::new());
+            self.attempt.answer.cv.notify_all();
+        }
+    }
+}
+
 impl crate::ConnRequest<Soft> for SoftConnRequest {
     fn private_data(&self) -> &[u8] {
         &self.attempt.private_data

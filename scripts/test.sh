@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# corelink's test command (README, .ci/run):
+#  1. every unit and integration test on the host, the conformance suite on `soft` included;
+#  2. loom's model check of the SPSC rings;
+#  3. in one boot of the Soft-RoCE guest (tests/rxe-guest/run): the conformance suite on
+#     `ibverbs` against rxe0, the fidelity comparison soft vs rxe0, and the two-process
+#     connection-manager exchange.
+# Step 3 needs the guest's packages (scripts/install-deps.sh installs them); without them it is
+# skipped with a message, except under CI, where it is required. CORELINK_SKIP_GUEST=1 skips it.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+echo "== cargo test --workspace"
+cargo test --workspace
+
+echo "== loom: the SPSC rings"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -q -p corelink-engine --release --lib ring
+
+if [ "${CORELINK_SKIP_GUEST:-0}" = 1 ]; then
+  echo "== Soft-RoCE guest: skipped (CORELINK_SKIP_GUEST=1)"
+  exit 0
+fi
+if ! tests/rxe-guest/run --check-installed 2>/dev/null; then
+  if [ "${CI:-}" = true ]; then
+    echo "== Soft-RoCE guest: not installed (scripts/install-deps.sh installs it)" >&2
+    exit 1
+  fi
+  echo "== Soft-RoCE guest: skipped, not installed (run scripts/install-deps.sh)"
+  exit 0
+fi
+
+echo "== Soft-RoCE guest: build on the host"
+cargo build -q -p corelink-apps --bins --examples
+cargo test -q --no-run -p corelink-tests --test conformance_ibverbs
+cargo test -q --no-run -p corelink-verbs --test ibverbs_smoke
+mkdir -p target/fidelity
+target/debug/corelink-conformance --provider soft --json > target/fidelity/soft.jsonl
+
+echo "== Soft-RoCE guest: boot and run the batch"
+start=$(date +%s)
+rc=0
+tests/rxe-guest/run --timeout 1200 -- bash tests/rxe-guest/ci.sh target/fidelity/soft.jsonl || rc=$?
+echo "== Soft-RoCE guest: $(( $(date +%s) - start )) s, exit $rc"
+exit $rc

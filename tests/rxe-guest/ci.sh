@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The batch of checks that need a real RDMA stack, run in one boot of the Soft-RoCE guest:
+#   tests/rxe-guest/run -- bash tests/rxe-guest/ci.sh SOFT_REPORT
+# 1. the conformance suite on the ibverbs provider against rxe0;
+# 2. the ibverbs provider's smoke tests;
+# 3. the fidelity report on rxe0, compared scenario by scenario with SOFT_REPORT (the same report
+#    made on the host with the soft provider); any difference fails, printed side by side;
+# 4. the two-process connection-manager exchange (cm-pair.sh).
+# Everything must have been built on the host first (cargo runs --offline here).
+set -u
+soft_report=${1:?usage: ci.sh SOFT_REPORT}
+: "${CORELINK_IBV_DEVICE:?run this inside tests/rxe-guest/run}"
+here=$(dirname "${BASH_SOURCE[0]}")
+failed=()
+step() { echo; echo "== guest: $1"; }
+
+step "conformance suite on ibverbs ($CORELINK_IBV_DEVICE)"
+cargo test --offline -q -p corelink-tests --test conformance_ibverbs || failed+=(conformance)
+
+step "ibverbs smoke tests"
+cargo test --offline -q -p corelink-verbs --test ibverbs_smoke -- --ignored --test-threads=1 || failed+=(smoke)
+
+step "fidelity: corelink-conformance on ibverbs vs soft"
+rxe_report=$(mktemp)
+target/debug/corelink-conformance --provider ibverbs --json > "$rxe_report" || failed+=(fidelity-run)
+target/debug/corelink-conformance compare "$soft_report" "$rxe_report" || failed+=(fidelity-compare)
+
+step "two processes over rdma_cm"
+bash "$here/cm-pair.sh" || failed+=(cm-pair)
+
+echo
+if [ ${#failed[@]} -eq 0 ]; then
+  echo "guest checks: 4 passed, 0 failed"
+else
+  echo "guest checks failed: ${failed[*]}"
+  exit 1
+fi
