@@ -7,6 +7,7 @@
 #     connection-manager exchange.
 # Step 3 needs the guest's packages (scripts/install-deps.sh installs them); without them it is
 # skipped with a message, except under CI, where it is required. CORELINK_SKIP_GUEST=1 skips it.
+# With CORELINK_IBV_DEVICE (and CORELINK_IP) set, step 3 runs on this host's device instead.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -16,6 +17,14 @@ cargo test --workspace
 echo "== loom: the SPSC rings"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -q -p corelink-engine --release --lib ring
 
+if [ -n "${CORELINK_IBV_DEVICE:-}" ]; then
+  # A host with a real RDMA device (or rxe loaded): the same batch, without the guest.
+  echo "== RDMA checks on this host's $CORELINK_IBV_DEVICE (CORELINK_IP=${CORELINK_IP:-unset})"
+  cargo build -q -p corelink-apps --bins --examples
+  mkdir -p target/fidelity
+  target/debug/corelink-conformance --provider soft --json > target/fidelity/soft.jsonl
+  exec bash tests/rxe-guest/ci.sh target/fidelity/soft.jsonl
+fi
 if [ "${CORELINK_SKIP_GUEST:-0}" = 1 ]; then
   echo "== Soft-RoCE guest: skipped (CORELINK_SKIP_GUEST=1)"
   exit 0

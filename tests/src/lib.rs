@@ -57,13 +57,18 @@ pub struct Case {
     pub run: CaseFn,
 }
 
-/// Runs one case as a test: skips (printing why) without a target, panics with the case's
-/// message when it fails.
+/// Runs one case as a test: skips (printing why) without a target, says so when the device
+/// cannot run the case as written, panics with the case's message when it fails.
 pub fn run_case(name: &str, run: CaseFn, target: Result<Target, String>) {
     match target {
         Err(why) => println!("skipped: {why}"),
         Ok(t) => {
-            if let Err(e) = run(&t) {
+            record::start();
+            let res = run(&t);
+            if let Some(why) = record::take().unsupported {
+                println!("unsupported on {}: {why}", t.device);
+            }
+            if let Err(e) = res {
                 panic!("conformance case {name} on {}: {e}", t.device);
             }
         }
