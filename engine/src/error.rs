@@ -18,6 +18,26 @@ pub enum EngineError {
         /// Buffers in that class.
         count: usize,
     },
+    /// The connection does not exist (any more) on this worker.
+    #[error("no connection {0} on this worker")]
+    NoSuchConnection(crate::request::ConnId),
+    /// The connection is closing and takes no new requests.
+    #[error("connection {0} is closing")]
+    ConnectionClosing(crate::request::ConnId),
+    /// The engine is shutting down and takes no new requests.
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+    /// A ring to another thread is full: the request comes back.
+    #[error("the {0} ring is full")]
+    RingFull(&'static str),
+    /// A thread of the engine could not be started or pinned.
+    #[error("{what}: {detail}")]
+    Thread {
+        /// Which thread.
+        what: String,
+        /// What went wrong.
+        detail: String,
+    },
     /// No size class is large enough.
     #[error("no buffer holds {len} bytes (largest: {largest})")]
     BufferTooLarge {

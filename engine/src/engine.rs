@@ -1,0 +1,292 @@
+//! Starting and stopping an engine: the control core, the pinned workers, the rings between
+//! them, and a graceful shutdown that joins every thread.
+
+use std::net::SocketAddr;
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+use corelink_config::Validated;
+use corelink_verbs::{AccessFlags, Context, Mr, Pd, Provider, QpAttr, QpCap, RemoteRegion};
+
+use crate::client::Client;
+use crate::control::{Command, Control, Placement, WorkerLink};
+use crate::error::{EngineError, Result};
+use crate::handoff::ToWorker;
+use crate::metrics::Metrics;
+use crate::pool::Pool;
+use crate::ring::ring;
+use crate::slab::Slab;
+use crate::tunables::{
+    CLIENT_RING, CONTROL_RING, MAX_CLIENTS_PER_WORKER, MAX_CONNS_PER_WORKER, MAX_POLL_BATCH,
+    MAX_TIMERS,
+};
+use crate::worker::{Cx, Handler, Worker, WorkerCfg};
+
+/// Bytes of the region each worker exposes to its peers for one-sided operations.
+pub const REGION_BYTES: usize = 1 << 20;
+
+/// A running engine.
+pub struct Engine<P: Provider> {
+    commands: mpsc::Sender<Command<P>>,
+    control: Option<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
+    threads: Vec<std::thread::Thread>,
+    metrics: Vec<Arc<Mutex<Metrics>>>,
+    clients: Vec<usize>,
+    listen_addr: Option<SocketAddr>,
+    regions: Vec<RemoteRegion>,
+}
+
+impl<P: Provider> std::fmt::Debug for Engine<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("workers", &self.workers.len())
+            .field("listen", &self.listen_addr)
+            .finish()
+    }
+}
+
+fn pin(core: usize) -> bool {
+    core_affinity::set_for_current(core_affinity::CoreId { id: core })
+}
+
+fn thread_err(what: String, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Thread { what, detail: e.to_string() }
+}
+
+impl<P: Provider> Engine<P> {
+    /// Starts an engine from a validated core map: opens the device, pins the control core
+    /// and one worker per core, and (with `listen` set) accepts connections. `handler` makes
+    /// each worker's handler on that worker's thread.
+    pub fn start<H, F>(cfg: &Validated, placement: Placement, handler: F) -> Result<Engine<P>>
+    where
+        H: Handler<P>,
+        F: Fn(usize) -> H + Send + Sync + 'static,
+    {
+        let map = &cfg.map;
+        let want = match map.provider {
+            corelink_config::ProviderKind::Soft => "soft",
+            corelink_config::ProviderKind::Ibverbs => "ibverbs",
+        };
+        if want != P::NAME {
+            return Err(EngineError::Config(format!(
+                "the core map asks for {want}, the engine runs {}",
+                P::NAME
+            )));
+        }
+        let device = match &cfg.device {
+            Some(d) => d.clone(),
+            None => P::devices()?.first().map(|d| d.name.clone()).ok_or_else(|| {
+                EngineError::Config(format!("no {} device on this host", P::NAME))
+            })?,
+        };
+        let ctx = Arc::new(P::open(&device)?);
+        let w = &map.worker;
+        let attr = QpAttr {
+            port: map.port,
+            sgid_index: map.gid_index as u8,
+            min_rnr_timer: 1, // a message that arrives before its receive retries after 10 µs
+            rnr_retry: 7,
+            ..QpAttr::default()
+        };
+        let cap = QpCap {
+            max_send_wr: w.send_queue_depth,
+            max_recv_wr: w.recv_queue_depth.max(crate::tunables::RECVS_PER_CONN as u32),
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: w.max_inline,
+        };
+        let listener = match cfg.listen {
+            Some(a) => Some(ctx.listen(a)?),
+            None => None,
+        };
+        let listen_addr = listener.as_ref().map(corelink_verbs::Listener::local_addr);
+        let handler = Arc::new(handler);
+        let classes: Vec<(usize, usize)> = w.pools.iter().map(|p| (p.size, p.count)).collect();
+        let recv_size = classes
+            .iter()
+            .map(|c| c.0)
+            .find(|&s| s >= 4096)
+            .or(classes.last().map(|c| c.0))
+            .unwrap_or(4096);
+        let wcfg = WorkerCfg {
+            poll_budget: (w.poll_budget as usize).clamp(1, MAX_POLL_BATCH),
+            sq_depth: w.send_queue_depth,
+            max_inline: w.max_inline,
+            recv_size,
+            idle_after: (w.idle_after_us > 0)
+                .then(|| std::time::Duration::from_micros(w.idle_after_us)),
+        };
+
+        let mut links = Vec::new();
+        let mut workers = Vec::new();
+        let mut threads = Vec::new();
+        let mut metrics = Vec::new();
+        let mut regions = Vec::new();
+        for (i, &core) in cfg.workers.iter().enumerate() {
+            let pd = Arc::new(ctx.alloc_pd()?);
+            let cq = Arc::new(ctx.create_cq(w.cq_depth)?);
+            let region = Arc::new(
+                pd.register(REGION_BYTES, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ALL)?,
+            );
+            regions.push(region.region());
+            let (to_w, from_c) = ring(CONTROL_RING);
+            let (to_c, from_w) = ring(CONTROL_RING);
+            let published = Arc::new(Mutex::new(Metrics { worker: i, ..Metrics::default() }));
+            metrics.push(published.clone());
+            let (h, pd2, cq2, wcfg, region2) =
+                (handler.clone(), pd.clone(), cq.clone(), wcfg.clone(), region.clone());
+            let classes = classes.clone();
+            let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
+            let jh = std::thread::Builder::new()
+                .name(format!("corelink-worker-{i}"))
+                .spawn(move || {
+                    pin(core);
+                    // Everything the worker owns is made here, on its own core (first touch).
+                    let pool = match Pool::<P>::new(&pd2, &classes) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let cx = Cx {
+                        index: i,
+                        now: std::time::Instant::now(),
+                        cfg: wcfg,
+                        cq: cq2,
+                        region: region2,
+                        pool,
+                        conns: (0..MAX_CONNS_PER_WORKER).map(|_| None).collect(),
+                        generations: vec![0; MAX_CONNS_PER_WORKER],
+                        free_conns: (0..MAX_CONNS_PER_WORKER as u16).rev().collect(),
+                        dirty: Vec::with_capacity(MAX_CONNS_PER_WORKER * 2),
+                        inflight: Slab::new(MAX_CONNS_PER_WORKER * 64),
+                        to_control: to_c,
+                        control_backlog: std::collections::VecDeque::with_capacity(CONTROL_RING),
+                        notices: std::collections::VecDeque::with_capacity(4096),
+                        timers: std::collections::BinaryHeap::with_capacity(MAX_TIMERS),
+                        metrics: Metrics { worker: i, ..Metrics::default() },
+                        stopping: false,
+                        shutdown_deadline: None,
+                        ext_connects: Vec::with_capacity(CLIENT_RING),
+                    };
+                    let worker = Worker {
+                        cx,
+                        handler: h(i),
+                        from_control: from_c,
+                        clients: Vec::with_capacity(MAX_CLIENTS_PER_WORKER),
+                        published,
+                        switches_base: (0, 0),
+                        last_busy: std::time::Instant::now(),
+                        stopped: false,
+                    };
+                    let _ = ready_tx.send(Ok(()));
+                    drop(pd2);
+                    worker.run();
+                })
+                .map_err(|e| thread_err(format!("worker {i} on core {core}"), e))?;
+            ready_rx.recv().map_err(|e| thread_err(format!("worker {i}"), e))??;
+            threads.push(jh.thread().clone());
+            links.push(WorkerLink {
+                pd,
+                cq,
+                region: region.region(),
+                to: to_w,
+                from: from_w,
+                thread: jh.thread().clone(),
+                conns: 0,
+                stopped: false,
+            });
+            workers.push(jh);
+        }
+        let (tx, rx) = mpsc::channel();
+        let control = Control::new(ctx, listener, links, rx, placement, cap, attr);
+        let control_core = map.control_core;
+        let control = std::thread::Builder::new()
+            .name("corelink-control".into())
+            .spawn(move || {
+                pin(control_core);
+                control.run();
+            })
+            .map_err(|e| thread_err(format!("control core {control_core}"), e))?;
+        let n = workers.len();
+        Ok(Engine {
+            commands: tx,
+            control: Some(control),
+            workers,
+            threads,
+            metrics,
+            clients: vec![0; n],
+            listen_addr,
+            regions,
+        })
+    }
+
+    /// The address the control core listens on (with its port chosen, if the map said 0).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.listen_addr
+    }
+
+    /// The region each worker exposes, by worker.
+    pub fn regions(&self) -> &[RemoteRegion] {
+        &self.regions
+    }
+
+    /// Workers.
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// A new external client of worker `worker`.
+    pub fn client(&mut self, worker: usize) -> Result<Client> {
+        let thread = self
+            .threads
+            .get(worker)
+            .cloned()
+            .ok_or_else(|| EngineError::Config(format!("no worker {worker}")))?;
+        if self.clients[worker] >= MAX_CLIENTS_PER_WORKER {
+            return Err(EngineError::Config(format!(
+                "worker {worker} serves {MAX_CLIENTS_PER_WORKER} clients already"
+            )));
+        }
+        self.clients[worker] += 1;
+        let (submit, w_submit) = ring(CLIENT_RING);
+        let (w_done, done) = ring(CLIENT_RING);
+        self.commands
+            .send(Command::ToWorker(worker, ToWorker::AddClient { submit: w_submit, done: w_done }))
+            .map_err(|_| EngineError::ShuttingDown)?;
+        Ok(Client { worker, submit, done, thread })
+    }
+
+    /// Every worker's metrics, as last published (every few thousand iterations and at exit).
+    pub fn metrics(&self) -> Vec<Metrics> {
+        self.metrics.iter().map(|m| m.lock().map(|m| m.clone()).unwrap_or_default()).collect()
+    }
+
+    /// Stops accepting, lets in-flight requests finish (or flush after a grace period),
+    /// disconnects every connection, and joins every thread.
+    pub fn shutdown(mut self) -> Result<Vec<Metrics>> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<Vec<Metrics>> {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(c) = self.control.take() {
+            for t in &self.threads {
+                t.unpark();
+            }
+            c.join().map_err(|_| thread_err("control core".into(), "panicked"))?;
+        }
+        for (i, w) in self.workers.drain(..).enumerate() {
+            w.join().map_err(|_| thread_err(format!("worker {i}"), "panicked"))?;
+        }
+        Ok(self.metrics())
+    }
+}
+
+impl<P: Provider> Drop for Engine<P> {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}

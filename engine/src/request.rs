@@ -1,0 +1,148 @@
+//! What applications ask of a connection and what they are told back.
+
+use std::fmt;
+
+use corelink_verbs::{Provider, RemoteAddr, RemoteRegion, WcStatus};
+
+use crate::pool::Buf;
+
+/// A connection, as the worker owning it numbers it (slot and generation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId {
+    /// The owning worker's index.
+    pub worker: u16,
+    pub(crate) slot: u16,
+    pub(crate) generation: u32,
+}
+
+impl fmt::Display for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "w{}c{}.{}", self.worker, self.slot, self.generation)
+    }
+}
+
+/// The kinds of request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// Send (with or without an immediate).
+    Send,
+    /// RDMA write (with or without an immediate).
+    Write,
+    /// RDMA read.
+    Read,
+    /// Atomic fetch-and-add.
+    FetchAdd,
+    /// Atomic compare-and-swap.
+    CompareSwap,
+}
+
+/// A request on a connection: the operation, with the local buffer it uses.
+#[derive(Debug)]
+pub enum Op<P: Provider> {
+    /// Send `buf`'s bytes, with an optional immediate.
+    Send {
+        /// Payload (its length is what is sent).
+        buf: Buf<P>,
+        /// Immediate.
+        imm: Option<u32>,
+    },
+    /// Write `buf`'s bytes to `remote`, with an optional immediate.
+    Write {
+        /// Payload.
+        buf: Buf<P>,
+        /// Where, in the peer's memory.
+        remote: RemoteAddr,
+        /// Immediate (consumes a receive at the peer).
+        imm: Option<u32>,
+    },
+    /// Read `buf.len()` bytes at `remote` into `buf`.
+    Read {
+        /// Destination (its length is what is read).
+        buf: Buf<P>,
+        /// Where, in the peer's memory.
+        remote: RemoteAddr,
+    },
+    /// Add `add` to the 8-byte word at `remote`; the old value comes back.
+    FetchAdd {
+        /// The 8-byte-aligned word.
+        remote: RemoteAddr,
+        /// Addend.
+        add: u64,
+    },
+    /// Store `swap` at `remote` if it holds `compare`; the old value comes back.
+    CompareSwap {
+        /// The 8-byte-aligned word.
+        remote: RemoteAddr,
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+    },
+}
+
+impl<P: Provider> Op<P> {
+    /// The kind.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Op::Send { .. } => OpKind::Send,
+            Op::Write { .. } => OpKind::Write,
+            Op::Read { .. } => OpKind::Read,
+            Op::FetchAdd { .. } => OpKind::FetchAdd,
+            Op::CompareSwap { .. } => OpKind::CompareSwap,
+        }
+    }
+}
+
+/// The outcome of a request, told to whoever issued it.
+#[derive(Debug)]
+pub struct Done<P: Provider> {
+    /// The connection.
+    pub conn: ConnId,
+    /// The issuer's token.
+    pub token: u64,
+    /// What it was.
+    pub kind: OpKind,
+    /// How it ended (`WrFlushErr` when the connection closed first).
+    pub status: WcStatus,
+    /// The request's buffer, back (a read's holds the bytes read).
+    pub buf: Option<Buf<P>>,
+    /// An atomic's old value.
+    pub old_value: Option<u64>,
+}
+
+/// An incoming message: a send, or a write-with-immediate's notice.
+#[derive(Debug)]
+pub struct Message<'a> {
+    /// The payload of a send (empty for a write-with-immediate, whose data is in memory).
+    pub data: &'a [u8],
+    /// The immediate, if one came.
+    pub imm: Option<u32>,
+    /// Bytes the peer wrote, for a write-with-immediate.
+    pub written: Option<u32>,
+}
+
+/// What a worker knows of a connection when it gets it.
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    /// The peer's private data (after the engine's own header).
+    pub private_data: Vec<u8>,
+    /// The region the peer exposes for one-sided operations, if it has one.
+    pub peer_region: Option<RemoteRegion>,
+    /// Whether this side connected (else it accepted).
+    pub initiated: bool,
+    /// The token of the `connect` that made it (0 when accepted).
+    pub token: u64,
+}
+
+/// Why a connection closed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// This side asked.
+    Local,
+    /// The peer disconnected.
+    Peer,
+    /// A request failed and the QP went to the error state.
+    Error(WcStatus),
+    /// The engine is shutting down.
+    Shutdown,
+}

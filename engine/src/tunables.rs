@@ -1,0 +1,56 @@
+//! The engine's tunables, in one place: compile-time constants that size fixed structures,
+//! tied together by compile-time checks. Per-deployment values (queue depths, pool classes,
+//! polling budget) come from the core map (`corelink-config`) instead.
+
+/// Completions one loop iteration polls at most (the stack array `poll` fills); the core map's
+/// `poll_budget` is clamped to it.
+pub const MAX_POLL_BATCH: usize = 64;
+
+/// Work requests posted with one doorbell at most.
+pub const MAX_POST_LIST: usize = 32;
+
+/// Receives a connection keeps posted (each a pool buffer of the connection's message size).
+pub const RECVS_PER_CONN: usize = 32;
+
+/// Connections one worker owns at most.
+pub const MAX_CONNS_PER_WORKER: usize = 1024;
+
+/// Capacity of the rings between the control core and each worker (both directions).
+pub const CONTROL_RING: usize = 256;
+
+/// Capacity of an external client's submission and completion rings.
+pub const CLIENT_RING: usize = 1024;
+
+/// External clients one worker serves at most.
+pub const MAX_CLIENTS_PER_WORKER: usize = 64;
+
+/// Submissions taken from one client per loop iteration at most (fairness between clients and
+/// the worker's own handler).
+pub const CLIENT_BATCH: usize = 32;
+
+/// Timers one worker holds at most.
+pub const MAX_TIMERS: usize = 1024;
+
+/// Loop iterations between two publications of a worker's metrics.
+pub const METRICS_EVERY: u64 = 4096;
+
+/// Private data a connect request carries at most (rdma_cm over the TCP port space: 56 bytes;
+/// the engine's own header takes none of it).
+pub const MAX_PRIVATE_DATA: usize = 56;
+
+/// Bits of a work-request id that number the request slot (the rest is its generation).
+pub const SLOT_BITS: u32 = 24;
+
+/// The top bit of a work-request id marks a receive; below it, the connection slot and the
+/// receive's index within the connection.
+pub const RECV_FLAG: u64 = 1 << 63;
+
+const _: () = {
+    assert!(MAX_POLL_BATCH > 0 && MAX_POST_LIST > 0);
+    // A receive's id holds a connection slot (below 2^16) and a receive index (below 2^16).
+    assert!(MAX_CONNS_PER_WORKER <= 1 << 16 && RECVS_PER_CONN <= 1 << 16);
+    assert!(CONTROL_RING.is_power_of_two() && CLIENT_RING.is_power_of_two());
+    // Request slots: every connection's send queue may be full at once.
+    assert!((MAX_CONNS_PER_WORKER as u64) * 1024 <= 1 << SLOT_BITS);
+    assert!(CLIENT_BATCH <= CLIENT_RING);
+};

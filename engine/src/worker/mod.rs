@@ -1,0 +1,418 @@
+//! A worker: one pinned thread that owns its CQ, its connections' QPs, its buffer pool and its
+//! requests, and runs one fixed-order loop that never blocks while it has connections:
+//! poll a bounded batch of completions and dispatch them; run the handler; take external
+//! clients' submissions; post what was queued (one doorbell per connection); drain the control
+//! core's ring; finish closing connections; fire due timers.
+
+mod conn;
+mod cx;
+mod flush;
+
+use std::cmp::Reverse;
+use std::sync::{Arc, Mutex};
+
+use corelink_verbs::{Cq, Provider, Qp, QpAttr, QpState, RecvWr, Wc, WcOpcode, WcStatus};
+
+pub use cx::Cx;
+pub(crate) use cx::{Notice, WorkerCfg};
+
+use crate::handoff::{ExtCompletion, ExtRequest, Origin, ToControl, ToWorker};
+use crate::metrics::{thread_context_switches, Metrics};
+use crate::pool::Buf;
+use crate::request::{CloseReason, ConnId, ConnInfo, Done, Message, OpKind};
+use crate::ring::{Consumer, Producer};
+use crate::tunables::{
+    CLIENT_BATCH, CLIENT_RING, MAX_POLL_BATCH, METRICS_EVERY, RECVS_PER_CONN, RECV_FLAG,
+};
+use conn::{Conn, InFlight, Phase};
+
+/// What an application runs on each worker (thread-per-core): told of connections, messages,
+/// completions of its own requests, closes and timers, it issues requests through [`Cx`].
+/// It lives and runs on its worker's thread only, so it need not be `Send`.
+#[allow(unused_variables)]
+pub trait Handler<P: Provider>: 'static {
+    /// A connection is open on this worker (accepted, or made by `Cx::connect`).
+    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {}
+    /// A `Cx::connect` failed.
+    fn on_connect_failed(&mut self, cx: &mut Cx<P>, token: u64, error: &str) {}
+    /// A send arrived, or a write-with-immediate's notice.
+    fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {}
+    /// One of this handler's requests completed (or failed, or flushed).
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {}
+    /// A connection closed; nothing of it is in flight any more.
+    fn on_closed(&mut self, cx: &mut Cx<P>, conn: ConnId, reason: &CloseReason) {}
+    /// A timer set with `Cx::set_timer` fired.
+    fn on_timer(&mut self, cx: &mut Cx<P>, token: u64) {}
+    /// Called once per loop iteration, after the completions: run-to-completion work.
+    fn poll(&mut self, cx: &mut Cx<P>) {}
+}
+
+/// An external client's rings, as its worker holds them.
+pub(crate) struct ClientEnds {
+    submit: Consumer<ExtRequest>,
+    done: Producer<ExtCompletion>,
+    /// Requests taken and not yet completed (never more than the completion ring holds).
+    inflight: usize,
+}
+
+/// A worker: its state and its handler.
+pub(crate) struct Worker<P: Provider, H: Handler<P>> {
+    pub(crate) cx: Cx<P>,
+    pub(crate) handler: H,
+    pub(crate) from_control: Consumer<ToWorker<P>>,
+    pub(crate) clients: Vec<ClientEnds>,
+    pub(crate) published: Arc<Mutex<Metrics>>,
+    pub(crate) switches_base: (u64, u64),
+    pub(crate) last_busy: std::time::Instant,
+    pub(crate) stopped: bool,
+}
+
+impl<P: Provider, H: Handler<P>> Worker<P, H> {
+    /// Runs the loop until the engine shuts down.
+    pub(crate) fn run(mut self) {
+        self.switches_base = thread_context_switches();
+        while !self.stopped {
+            let busy = self.run_once();
+            if busy {
+                self.last_busy = self.cx.now;
+            } else if let Some(idle) = self.cx.cfg.idle_after {
+                // Parks only without connections: a worker with connections always busy-polls.
+                let open = self.cx.conns.iter().flatten().count();
+                if open == 0 && self.cx.now.duration_since(self.last_busy) > idle {
+                    std::thread::park_timeout(std::time::Duration::from_millis(1));
+                }
+            }
+        }
+        self.publish();
+    }
+
+    /// One iteration of the loop; returns whether anything happened.
+    pub(crate) fn run_once(&mut self) -> bool {
+        self.cx.now = std::time::Instant::now();
+        let mut wcs = [Wc::default(); MAX_POLL_BATCH];
+        let budget = self.cx.cfg.poll_budget;
+        let n = self.cx.cq.poll(&mut wcs[..budget]).unwrap_or(0);
+        self.cx.metrics.polls += 1;
+        if n == 0 {
+            self.cx.metrics.empty_polls += 1;
+        }
+        for wc in &wcs[..n] {
+            self.dispatch(wc);
+        }
+        self.handler.poll(&mut self.cx);
+        let took = self.take_client_requests();
+        let posted = self.cx.flush();
+        self.deliver_notices();
+        let controlled = self.drain_control();
+        self.finish_closing();
+        self.deliver_notices();
+        self.fire_timers();
+        self.flush_control_backlog();
+        if self.cx.metrics.polls % METRICS_EVERY == 0 {
+            self.publish();
+        }
+        if self.cx.stopping && self.cx.conns.iter().all(Option::is_none) && !self.stopped {
+            self.cx.tell_control(ToControl::Stopped);
+            self.flush_control_backlog();
+            self.stopped = true;
+        }
+        n > 0 || took || posted || controlled
+    }
+
+    fn publish(&mut self) {
+        self.cx.metrics.sample_switches(self.switches_base);
+        self.cx.metrics.ring_occupancy = (self.from_control.len()
+            + self.clients.iter().map(|c| c.submit.len()).sum::<usize>())
+            as u64;
+        if let Ok(mut m) = self.published.try_lock() {
+            m.clone_from(&self.cx.metrics);
+        }
+    }
+
+    fn dispatch(&mut self, wc: &Wc) {
+        if wc.wr_id & RECV_FLAG != 0 {
+            return self.dispatch_recv(wc);
+        }
+        let Some(f) = self.cx.inflight.remove(wc.wr_id) else { return };
+        let (status, kind) = (wc.status, f.kind);
+        self.cx.metrics.completion(wc_opcode(kind), status, wc.byte_len);
+        if let Some(c) = self.cx.conns.get_mut(f.conn.slot as usize).and_then(Option::as_mut) {
+            c.outstanding = c.outstanding.saturating_sub(1);
+            if status != WcStatus::Success && c.phase == Phase::Open {
+                c.note_error(status);
+                self.cx.dirty.push(f.conn.slot);
+            }
+        }
+        self.complete(f, status);
+    }
+
+    /// Tells the issuer of `f` how it ended.
+    fn complete(&mut self, f: InFlight<P>, status: WcStatus) {
+        let old_value = match (f.kind, &f.buf) {
+            (OpKind::FetchAdd | OpKind::CompareSwap, Some(b)) if status.is_success() => {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&b.as_slice()[..8]);
+                Some(u64::from_ne_bytes(w))
+            }
+            _ => None,
+        };
+        match f.origin {
+            Origin::Handler => {
+                let done = Done {
+                    conn: f.conn,
+                    token: f.token,
+                    kind: f.kind,
+                    status,
+                    buf: f.buf,
+                    old_value,
+                };
+                self.handler.on_completion(&mut self.cx, done);
+            }
+            Origin::Client(n) => {
+                let mut data = f.ext_data.unwrap_or_default();
+                if let (OpKind::Read, Some(b), true) = (f.kind, &f.buf, status.is_success()) {
+                    data.clear();
+                    data.extend_from_slice(b.as_slice()); // within the capacity the client gave
+                }
+                let done = ExtCompletion {
+                    token: f.token,
+                    conn: Some(f.conn),
+                    status,
+                    data,
+                    old_value,
+                    error: None,
+                };
+                self.client_done(n, done);
+            }
+        }
+    }
+
+    fn client_done(&mut self, n: u16, done: ExtCompletion) {
+        if let Some(c) = self.clients.get_mut(n as usize) {
+            c.inflight = c.inflight.saturating_sub(1);
+            // Never full: a client has at most as many requests in flight as the ring holds.
+            let _ = c.done.push(done);
+        }
+    }
+
+    fn dispatch_recv(&mut self, wc: &Wc) {
+        let slot = ((wc.wr_id >> 16) & 0xffff) as usize;
+        let idx = (wc.wr_id & 0xffff) as usize;
+        let Some(c) = self.cx.conns.get_mut(slot).and_then(Option::as_mut) else { return };
+        c.recvs_posted = c.recvs_posted.saturating_sub(1);
+        let Some(mut buf) = c.recvs.get_mut(idx).and_then(Option::take) else { return };
+        if wc.status != WcStatus::Success {
+            if c.phase == Phase::Open {
+                c.note_error(wc.status);
+                self.cx.dirty.push(slot as u16);
+            }
+            return;
+        }
+        self.cx.metrics.completion(wc.opcode, wc.status, wc.byte_len);
+        if c.phase != Phase::Open {
+            return;
+        }
+        let id = c.id;
+        let write_imm = wc.opcode == WcOpcode::RecvRdmaWithImm;
+        let len = if write_imm { 0 } else { wc.byte_len as usize };
+        if buf.set_len(len.min(buf.capacity())).is_err() {
+            return;
+        }
+        let msg = Message {
+            data: buf.as_slice(),
+            imm: wc.imm,
+            written: write_imm.then_some(wc.byte_len),
+        };
+        self.handler.on_message(&mut self.cx, id, &msg);
+        self.cx.repost(slot, idx, buf);
+    }
+
+    fn take_client_requests(&mut self) -> bool {
+        let mut took = false;
+        for n in 0..self.clients.len() {
+            for _ in 0..CLIENT_BATCH {
+                if self.clients[n].inflight >= CLIENT_RING {
+                    break;
+                }
+                let Some(req) = self.clients[n].submit.pop() else { break };
+                took = true;
+                self.clients[n].inflight += 1;
+                if let Err(done) = self.cx.submit_external(n as u16, req) {
+                    self.client_done(n as u16, *done);
+                }
+            }
+        }
+        took
+    }
+
+    fn deliver_notices(&mut self) {
+        while let Some(n) = self.cx.notices.pop_front() {
+            match n {
+                Notice::Done(d) => self.handler.on_completion(&mut self.cx, d),
+                Notice::Client(c, d) => self.client_done(c, d),
+                Notice::ConnectFailed(token, e) => {
+                    self.handler.on_connect_failed(&mut self.cx, token, &e)
+                }
+                Notice::Closed(id, reason) => self.handler.on_closed(&mut self.cx, id, &reason),
+            }
+        }
+    }
+
+    fn drain_control(&mut self) -> bool {
+        let mut any = false;
+        while let Some(m) = self.from_control.pop() {
+            any = true;
+            match m {
+                ToWorker::NewConn { qp, cm_key, info, origin } => {
+                    self.add_conn(qp, cm_key, info, origin)
+                }
+                ToWorker::ConnectFailed { token, origin, error } => match origin {
+                    Origin::Handler => {
+                        self.cx.notices.push_back(Notice::ConnectFailed(token, error))
+                    }
+                    Origin::Client(n) => {
+                        let data = self.cx.take_ext_connect(n, token);
+                        let done = ExtCompletion {
+                            token,
+                            conn: None,
+                            status: WcStatus::GeneralErr,
+                            data,
+                            old_value: None,
+                            error: Some(error),
+                        };
+                        self.cx.notices.push_back(Notice::Client(n, done));
+                    }
+                },
+                ToWorker::PeerClosed { cm_key } => {
+                    let found = self.cx.conns.iter_mut().flatten().find(|c| c.cm_key == cm_key);
+                    if let Some(c) = found {
+                        let id = c.id;
+                        // The peer is gone: move the QP to ERR so that everything posted flushes.
+                        let _ = c.qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() });
+                        c.disconnect_sent = true;
+                        let _ = self.cx.begin_close(id, CloseReason::Peer);
+                    }
+                }
+                ToWorker::AddClient { submit, done } => {
+                    self.clients.push(ClientEnds { submit, done, inflight: 0 });
+                }
+                ToWorker::Shutdown => self.cx.begin_shutdown(),
+            }
+        }
+        any
+    }
+
+    fn add_conn(&mut self, mut qp: P::Qp, cm_key: u64, info: ConnInfo, origin: Origin) {
+        let Some(slot) = self.cx.free_conns.pop() else {
+            // Full: give the QP back to be destroyed, and say so.
+            self.cx.tell_control(ToControl::Disconnect { cm_key });
+            self.cx.tell_control(ToControl::Release { cm_key, qp });
+            return;
+        };
+        let gen = &mut self.cx.generations[slot as usize];
+        *gen = gen.wrapping_add(1);
+        let id = ConnId { worker: self.cx.index as u16, slot, generation: *gen };
+        let mut recvs: Vec<Option<Buf<P>>> = Vec::with_capacity(RECVS_PER_CONN);
+        let mut posted = 0;
+        for i in 0..RECVS_PER_CONN {
+            let Ok(b) = self.cx.pool.get(self.cx.cfg.recv_size) else { break };
+            let sge = [b.sge(true)];
+            let wr = [RecvWr { wr_id: recv_id(slot, i), sgl: &sge }];
+            // SAFETY: the buffer is kept in `recvs` (not handed out) until its completion.
+            if unsafe { qp.post_recv(&wr) }.is_ok() {
+                posted += 1;
+            }
+            recvs.push(Some(b));
+        }
+        let token = info.token;
+        let conn = Conn {
+            id,
+            qp,
+            cm_key,
+            info: info.clone(),
+            recvs,
+            recvs_posted: posted,
+            queued: std::collections::VecDeque::with_capacity(self.cx.cfg.sq_depth as usize * 2),
+            outstanding: 0,
+            phase: Phase::Open,
+            reason: None,
+            disconnect_sent: false,
+        };
+        self.cx.conns[slot as usize] = Some(conn);
+        // The handler hears of every connection on its worker (its messages come to it), and a
+        // client that asked for it gets its completion too.
+        self.handler.on_connected(&mut self.cx, id, &info);
+        match origin {
+            Origin::Handler => {}
+            Origin::Client(n) => {
+                let data = self.cx.take_ext_connect(n, token);
+                let done = ExtCompletion {
+                    token,
+                    conn: Some(id),
+                    status: WcStatus::Success,
+                    data,
+                    old_value: None,
+                    error: None,
+                };
+                self.client_done(n, done);
+            }
+        }
+    }
+
+    fn finish_closing(&mut self) {
+        let mut i = 0;
+        while i < self.cx.dirty.len() {
+            let slot = self.cx.dirty[i] as usize;
+            let release =
+                matches!(&self.cx.conns[slot], Some(c) if c.phase == Phase::Closing && c.drained());
+            if release {
+                if let Some(c) = self.cx.conns[slot].take() {
+                    let reason = c.reason.clone().unwrap_or(CloseReason::Local);
+                    self.cx.tell_control(ToControl::Release { cm_key: c.cm_key, qp: c.qp });
+                    self.cx.free_conns.push(slot as u16);
+                    self.cx.notices.push_back(Notice::Closed(c.id, reason));
+                }
+            }
+            let keep = matches!(&self.cx.conns[slot], Some(c) if c.phase == Phase::Closing || !c.queued.is_empty());
+            if keep {
+                i += 1;
+            } else {
+                self.cx.dirty.swap_remove(i);
+            }
+        }
+    }
+
+    fn fire_timers(&mut self) {
+        while let Some(Reverse((at, token))) = self.cx.timers.peek().copied() {
+            if at > self.cx.now {
+                break;
+            }
+            self.cx.timers.pop();
+            self.handler.on_timer(&mut self.cx, token);
+        }
+    }
+
+    fn flush_control_backlog(&mut self) {
+        while let Some(m) = self.cx.control_backlog.pop_front() {
+            if let Err(m) = self.cx.to_control.push(m) {
+                self.cx.control_backlog.push_front(m);
+                break;
+            }
+        }
+    }
+}
+
+/// The id of receive `i` of connection slot `slot`.
+pub(crate) fn recv_id(slot: u16, i: usize) -> u64 {
+    RECV_FLAG | u64::from(slot) << 16 | i as u64
+}
+
+fn wc_opcode(kind: OpKind) -> WcOpcode {
+    match kind {
+        OpKind::Send => WcOpcode::Send,
+        OpKind::Write => WcOpcode::RdmaWrite,
+        OpKind::Read => WcOpcode::RdmaRead,
+        OpKind::FetchAdd => WcOpcode::FetchAdd,
+        OpKind::CompareSwap => WcOpcode::CompSwap,
+    }
+}
