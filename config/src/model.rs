@@ -61,7 +61,8 @@ pub struct WorkerResources {
     pub max_inline: u32,
     /// Completions polled per loop iteration at most.
     pub poll_budget: u32,
-    /// Microseconds without work before an idle worker parks (0: never park).
+    /// Microseconds without work before a worker with no connections parks (0: never park; a
+    /// worker with connections always busy-polls).
     pub idle_after_us: u64,
     /// Registered buffer size classes, smallest first.
     pub pools: Vec<PoolClass>,
@@ -75,7 +76,7 @@ impl Default for WorkerResources {
             recv_queue_depth: 256,
             max_inline: 64,
             poll_budget: 32,
-            idle_after_us: 0,
+            idle_after_us: 1000,
             pools: vec![
                 PoolClass { size: 256, count: 1024 },
                 PoolClass { size: 4096, count: 256 },
