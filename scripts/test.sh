@@ -15,7 +15,7 @@ echo "== cargo test --workspace"
 cargo test --workspace
 
 echo "== loom: the SPSC rings"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -q -p corelink-engine --release --lib ring
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -q -p corelink-engine --release --lib ring::loom_tests
 
 if [ -n "${CORELINK_IBV_DEVICE:-}" ]; then
   # A host with a real RDMA device (or rxe loaded): the same batch, without the guest.

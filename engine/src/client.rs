@@ -47,7 +47,7 @@ impl Client {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::handoff::ExtOp;

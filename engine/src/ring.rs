@@ -288,6 +288,43 @@ mod loom_tests {
         });
     }
 
+    /// The control core and a worker talk over one ring each way: a request goes out, its
+    /// answer comes back, in every interleaving.
+    #[test]
+    fn request_and_response_rings() {
+        loom::model(|| {
+            let (mut to_worker, mut worker_in) = ring::<usize>(2);
+            let (mut worker_out, mut from_worker) = ring::<usize>(2);
+            let worker = loom::thread::spawn(move || {
+                let mut served = 0;
+                while served < 2 {
+                    match worker_in.pop() {
+                        Some(v) => {
+                            let mut answer = v * 10;
+                            while let Err(back) = worker_out.push(answer) {
+                                answer = back;
+                                loom::thread::yield_now();
+                            }
+                            served += 1;
+                        }
+                        None => loom::thread::yield_now(),
+                    }
+                }
+            });
+            for v in 1..=2 {
+                to_worker.push(v).unwrap();
+                let answer = loop {
+                    match from_worker.pop() {
+                        Some(a) => break a,
+                        None => loom::thread::yield_now(),
+                    }
+                };
+                assert_eq!(answer, v * 10);
+            }
+            worker.join().unwrap();
+        });
+    }
+
     #[test]
     fn values_left_in_the_ring_are_dropped_once() {
         loom::model(|| {
