@@ -110,6 +110,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         self.flush_control_backlog();
         if self.cx.metrics.polls % METRICS_EVERY == 0 {
             self.publish();
+            if self.from_control.is_abandoned() {
+                // The engine is gone without a shutdown (it failed to start): stop too.
+                self.cx.begin_shutdown();
+            }
         }
         if self.cx.stopping && self.cx.conns.iter().all(Option::is_none) && !self.stopped {
             self.cx.tell_control(ToControl::Stopped);
