@@ -42,6 +42,7 @@ echo "== Soft-RoCE guest: build on the host"
 cargo build -q -p corelink-apps --bins --examples
 cargo test -q --no-run -p corelink-tests --test conformance_ibverbs
 cargo test -q --no-run -p corelink-verbs --test ibverbs_smoke
+cargo test -q --no-run -p corelink-engine --test engine_ibverbs
 mkdir -p target/fidelity
 target/debug/corelink-conformance --provider soft --json > target/fidelity/soft.jsonl
 

@@ -20,8 +20,12 @@ impl Client {
         self.worker
     }
 
-    /// Submits a request; when the ring is full the request comes back (backpressure).
+    /// Submits a request; when the ring is full, or the worker has stopped, the request comes
+    /// back (backpressure: nothing is dropped).
     pub fn submit(&mut self, req: ExtRequest) -> Result<(), ExtRequest> {
+        if self.submit.is_abandoned() {
+            return Err(req);
+        }
         self.submit.push(req)?;
         self.thread.unpark(); // in case the worker parked (it does only without connections)
         Ok(())

@@ -1,200 +1,33 @@
-//! The engine end to end on the `soft` provider: one engine connects to itself through its
-//! control core; the worker's handler echoes messages; an external client issues every request
-//! kind; shutdown with requests in flight gives each exactly one completion.
+//! The engine end to end on the `soft` provider (the checks are in `common/e2e.rs`, shared with
+//! `engine_ibverbs.rs`): one engine connects to itself through its control core; the worker's
+//! handler echoes messages; an external client issues every request kind; shutdown with
+//! requests in flight gives each exactly one completion. Each test listens on its own address
+//! of the process-wide soft fabric.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+#[path = "common/e2e.rs"]
+mod e2e;
 
-use corelink_config::{parse, MachineTopology};
-use corelink_engine::*;
 use corelink_verbs::soft::Soft;
-use corelink_verbs::WcStatus;
 
-type Log = Arc<Mutex<Vec<String>>>;
-
-struct Echo {
-    log: Log,
-}
-
-impl Handler<Soft> for Echo {
-    fn on_connected(&mut self, _cx: &mut Cx<Soft>, conn: ConnId, info: &ConnInfo) {
-        let app = String::from_utf8_lossy(&info.private_data).into_owned();
-        self.log.lock().unwrap().push(format!(
-            "connected initiated={} {app} region={}",
-            info.initiated,
-            info.peer_region.is_some()
-        ));
-        let _ = conn;
-    }
-
-    fn on_message(&mut self, cx: &mut Cx<Soft>, conn: ConnId, msg: &Message<'_>) {
-        let initiated = cx.conn_info(conn).map(|i| i.initiated).unwrap_or(false);
-        let text = String::from_utf8_lossy(msg.data).into_owned();
-        if initiated {
-            self.log.lock().unwrap().push(format!("echo {text} imm={:?}", msg.imm));
-        } else if msg.written.is_some() {
-            self.log.lock().unwrap().push(format!("written {:?} imm={:?}", msg.written, msg.imm));
-        } else {
-            let mut b = cx.alloc(msg.data.len()).unwrap();
-            b.fill(msg.data).unwrap();
-            cx.send(conn, b, msg.imm.map(|i| i + 1), 1).map_err(|(_, e)| e).unwrap();
-        }
-    }
-
-    fn on_closed(&mut self, _cx: &mut Cx<Soft>, _conn: ConnId, reason: &CloseReason) {
-        self.log.lock().unwrap().push(format!("closed {reason:?}"));
-    }
-}
-
-fn wait_for(log: &Log, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if log.lock().unwrap().iter().any(|l| l.contains(what)) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    panic!("no {what:?} in {:?}", log.lock().unwrap());
-}
-
-fn engine(log: &Log, addr: &str) -> Engine<Soft> {
-    let text = format!(
-        "control_core = 0\nworkers = [1]\nlisten = \"{addr}\"\n[worker]\nidle_after_us = 1000"
-    );
-    let map = parse(&text).unwrap();
-    let v = map.validate(&MachineTopology::load().unwrap()).unwrap();
-    let log = log.clone();
-    Engine::<Soft>::start(&v, Placement::RoundRobin, move |_| Echo { log: log.clone() }).unwrap()
-}
-
-fn req(conn: Option<ConnId>, op: ExtOp, data: Vec<u8>, token: u64) -> ExtRequest {
-    ExtRequest { conn, op, data, token }
-}
-
-fn done(c: &mut Client) -> ExtCompletion {
-    c.wait(Duration::from_secs(10)).expect("a completion")
+fn map(listen: &str) -> String {
+    e2e::core_map("provider = \"soft\"", listen.parse().unwrap())
 }
 
 #[test]
 fn every_request_kind_through_the_engine() {
-    let log: Log = Arc::default();
-    let mut e = engine(&log, "10.99.0.1:0");
-    let addr = e.listen_addr().unwrap();
-    let region = e.regions()[0];
-    let mut c = e.client(0).unwrap();
-    c.submit(req(None, ExtOp::Connect { addr }, b"hi there".to_vec(), 1)).unwrap();
-    let d = done(&mut c);
-    assert_eq!((d.token, d.status, d.error.as_deref()), (1, WcStatus::Success, None));
-    let conn = d.conn.unwrap();
-    wait_for(&log, "connected initiated=false hi there region=true");
-    wait_for(&log, "connected initiated=true  region=true");
-
-    c.submit(req(Some(conn), ExtOp::Send { imm: Some(7) }, b"hello".to_vec(), 2)).unwrap();
-    assert_eq!(done(&mut c).status, WcStatus::Success);
-    wait_for(&log, "echo hello imm=Some(8)");
-
-    let data = b"sixteen bytes!!!".to_vec();
-    c.submit(req(Some(conn), ExtOp::Write { remote: region.at(0), imm: None }, data.clone(), 3))
-        .unwrap();
-    assert_eq!(done(&mut c).status, WcStatus::Success);
-    c.submit(req(
-        Some(conn),
-        ExtOp::Write { remote: region.at(32), imm: Some(9) },
-        data.clone(),
-        4,
-    ))
-    .unwrap();
-    assert_eq!(done(&mut c).status, WcStatus::Success);
-    wait_for(&log, "written Some(16) imm=Some(9)");
-    c.submit(req(
-        Some(conn),
-        ExtOp::Read { remote: region.at(0), len: 16 },
-        Vec::with_capacity(16),
-        5,
-    ))
-    .unwrap();
-    let d = done(&mut c);
-    assert_eq!((d.status, d.data), (WcStatus::Success, data));
-    c.submit(req(Some(conn), ExtOp::FetchAdd { remote: region.at(64), add: 5 }, vec![], 6))
-        .unwrap();
-    assert_eq!(done(&mut c).old_value, Some(0));
-    c.submit(req(
-        Some(conn),
-        ExtOp::CompareSwap { remote: region.at(64), compare: 5, swap: 9 },
-        vec![],
-        7,
-    ))
-    .unwrap();
-    assert_eq!(done(&mut c).old_value, Some(5));
-    c.submit(req(
-        Some(conn),
-        ExtOp::CompareSwap { remote: region.at(64), compare: 5, swap: 1 },
-        vec![],
-        8,
-    ))
-    .unwrap();
-    assert_eq!(done(&mut c).old_value, Some(9), "compare fails: the word stays 9");
-
-    // A bad rkey fails the request with the device's status and closes the connection.
-    let bad = corelink_verbs::RemoteAddr { addr: region.addr, rkey: region.rkey ^ 0x100 };
-    c.submit(req(Some(conn), ExtOp::Write { remote: bad, imm: None }, vec![1; 8], 9)).unwrap();
-    assert_eq!(done(&mut c).status, WcStatus::RemAccessErr);
-    wait_for(&log, "closed Error(RemAccessErr)");
-    // The responder's QP went to ERR too (rxe's semantics): its side closes with the flush
-    // of its receives, or with the peer's disconnect, whichever it sees first.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while log.lock().unwrap().iter().filter(|l| l.starts_with("closed")).count() < 2 {
-        assert!(Instant::now() < deadline, "{:?}", log.lock().unwrap());
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    c.submit(req(Some(conn), ExtOp::Send { imm: None }, vec![1], 10)).unwrap();
-    let d = done(&mut c);
-    assert!(d.error.is_some(), "a closed connection refuses requests: {d:?}");
-
-    let m = e.shutdown().unwrap();
-    assert!(m[0].ops.iter().sum::<u64>() >= 9, "{}", m[0]);
+    e2e::every_request_kind_through_the_engine::<Soft>(&map("10.99.0.1:0"));
 }
 
 #[test]
 fn shutdown_with_requests_in_flight_completes_each_once() {
-    let log: Log = Arc::default();
-    let mut e = engine(&log, "10.99.0.2:0");
-    let addr = e.listen_addr().unwrap();
-    let region = e.regions()[0];
-    let mut c = e.client(0).unwrap();
-    c.submit(req(None, ExtOp::Connect { addr }, vec![], 0)).unwrap();
-    let conn = done(&mut c).conn.unwrap();
-    const N: u64 = 200;
-    for t in 1..=N {
-        let mut r =
-            req(Some(conn), ExtOp::Write { remote: region.at(t * 8), imm: None }, vec![7; 8], t);
-        loop {
-            match c.submit(r) {
-                Ok(()) => break,
-                Err(back) => r = back, // backpressure: the request came back
-            }
-        }
-    }
-    let metrics = e.shutdown().unwrap();
-    let mut seen = std::collections::BTreeSet::new();
-    while let Some(d) = c.poll() {
-        assert!(matches!(d.status, WcStatus::Success | WcStatus::WrFlushErr), "{d:?}");
-        assert!(seen.insert(d.token), "token {} completed twice", d.token);
-    }
-    assert_eq!(seen.len() as u64, N, "every request completed exactly once");
-    assert!(log.lock().unwrap().iter().filter(|l| l.starts_with("closed")).count() == 2);
-    assert_eq!(metrics.len(), 1);
+    e2e::shutdown_with_requests_in_flight_completes_each_once::<Soft>(&map("10.99.0.2:0"));
 }
 
 #[test]
 fn connect_to_nowhere_fails_cleanly() {
-    let log: Log = Arc::default();
-    let mut e = engine(&log, "10.99.0.3:0");
-    let mut c = e.client(0).unwrap();
-    c.submit(req(None, ExtOp::Connect { addr: "10.99.9.9:1".parse().unwrap() }, vec![], 4))
-        .unwrap();
-    let d = done(&mut c);
-    assert_eq!((d.token, d.conn), (4, None));
-    assert!(d.error.unwrap().contains("rejected"));
-    e.shutdown().unwrap();
+    e2e::connect_to_nowhere_fails_cleanly::<Soft>(
+        &map("10.99.0.3:0"),
+        "10.99.9.9:1".parse().unwrap(),
+        "rejected",
+    );
 }

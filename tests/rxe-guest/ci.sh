@@ -5,7 +5,9 @@
 # 2. the ibverbs provider's smoke tests;
 # 3. the fidelity report on rxe0, compared scenario by scenario with SOFT_REPORT (the same report
 #    made on the host with the soft provider); any difference fails, printed side by side;
-# 4. the two-process connection-manager exchange (cm-pair.sh).
+# 4. the two-process connection-manager exchange (cm-pair.sh);
+# 5. the engine's end-to-end tests on ibverbs;
+# 6. the engine examples (echo, one-sided) as two processes (engine-examples.sh).
 # Everything must have been built on the host first (cargo runs --offline here).
 set -u
 soft_report=${1:?usage: ci.sh SOFT_REPORT}
@@ -28,9 +30,15 @@ target/debug/corelink-conformance compare "$soft_report" "$rxe_report" || failed
 step "two processes over rdma_cm"
 bash "$here/cm-pair.sh" || failed+=(cm-pair)
 
+step "the engine on ibverbs"
+cargo test --offline -q -p corelink-engine --test engine_ibverbs || failed+=(engine)
+
+step "engine examples as two processes"
+bash "$here/engine-examples.sh" || failed+=(engine-examples)
+
 echo
 if [ ${#failed[@]} -eq 0 ]; then
-  echo "guest checks: 4 passed, 0 failed"
+  echo "guest checks: 6 passed, 0 failed"
 else
   echo "guest checks failed: ${failed[*]}"
   exit 1

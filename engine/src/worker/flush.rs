@@ -198,8 +198,9 @@ impl<P: Provider> Cx<P> {
         }
         let Some(conn) = req.conn else { return Err(fail(req, "no connection given".into())) };
         if let Err(e) = self.conn(conn).and_then(|c| match c.phase {
-            Phase::Open if !self.stopping => Ok(()),
-            _ => Err(crate::EngineError::ConnectionClosing(conn)),
+            _ if self.stopping => Err(crate::EngineError::ShuttingDown),
+            Phase::Open => Ok(()),
+            Phase::Closing => Err(crate::EngineError::ConnectionClosing(conn)),
         }) {
             return Err(fail(req, e.to_string()));
         }

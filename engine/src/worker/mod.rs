@@ -115,7 +115,14 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 self.cx.begin_shutdown();
             }
         }
-        if self.cx.stopping && self.cx.conns.iter().all(Option::is_none) && !self.stopped {
+        // Stops once every client's queued submissions were taken (and refused): none is lost.
+        let clients_drained =
+            self.clients.iter().all(|c| c.submit.is_empty() || c.inflight >= CLIENT_RING);
+        if self.cx.stopping
+            && self.cx.conns.iter().all(Option::is_none)
+            && clients_drained
+            && !self.stopped
+        {
             self.cx.tell_control(ToControl::Stopped);
             self.flush_control_backlog();
             self.stopped = true;

@@ -1,0 +1,49 @@
+//! The engine end to end on the `ibverbs` provider (the checks are in `common/e2e.rs`, shared
+//! with `engine_soft.rs`), against the device named by `CORELINK_IBV_DEVICE` (e.g. Soft-RoCE's
+//! `rxe0`), on port `CORELINK_IBV_PORT` (default 1) with GID index `CORELINK_IBV_GID_INDEX`
+//! (default 0), listening on `CORELINK_IP` with a port the connection manager picks.
+//! `tests/rxe-guest/run` sets them all:
+//!
+//! ```text
+//! tests/rxe-guest/run --timeout 300 -- cargo test --offline -p corelink-engine --test engine_ibverbs
+//! ```
+//!
+//! Without `CORELINK_IBV_DEVICE` every test prints `skipped: CORELINK_IBV_DEVICE not set` and
+//! passes, so that `cargo test` stays green on a host without RDMA.
+#![cfg(feature = "ibverbs")]
+
+#[path = "common/e2e.rs"]
+mod e2e;
+#[path = "common/ibverbs_env.rs"]
+mod ibverbs_env;
+
+use std::net::{IpAddr, SocketAddr};
+
+use corelink_verbs::ibverbs::Ibverbs;
+
+/// The device's core map (listening on its address, port chosen by the connection manager)
+/// and its IP address.
+fn target() -> Option<(String, IpAddr)> {
+    let (provider, ip) = ibverbs_env::target()?;
+    Some((e2e::core_map(&provider, SocketAddr::new(ip, 0)), ip))
+}
+
+#[test]
+fn every_request_kind_through_the_engine() {
+    let Some((map, _)) = target() else { return };
+    e2e::every_request_kind_through_the_engine::<Ibverbs>(&map);
+}
+
+#[test]
+fn shutdown_with_requests_in_flight_completes_each_once() {
+    let Some((map, _)) = target() else { return };
+    e2e::shutdown_with_requests_in_flight_completes_each_once::<Ibverbs>(&map);
+}
+
+#[test]
+fn connect_to_nowhere_fails_cleanly() {
+    let Some((map, ip)) = target() else { return };
+    // Port 1 of the device's own address: nothing listens there, so the peer's connection
+    // manager rejects the request.
+    e2e::connect_to_nowhere_fails_cleanly::<Ibverbs>(&map, SocketAddr::new(ip, 1), "rejected");
+}

@@ -1,0 +1,165 @@
+//! No allocation on a worker's hot path: with a counting global allocator, a worker runs
+//! steady-state traffic through its handler (run to completion, on `soft`: the engine connected
+//! to itself, 8-byte RDMA writes and reads, atomics and echoed 8-byte sends in flight) and the allocations its
+//! thread makes between request 10,000 and request 110,000 are counted. Start-up, connection
+//! set-up and warm-up may allocate; the steady state may not.
+//!
+//! The counts are per thread, so the `soft` test and the `ibverbs` one (which runs only where
+//! `CORELINK_IBV_DEVICE` names a device, e.g. in `tests/rxe-guest/run`) may run at once.
+//!
+//! To find an allocation, run with `CORELINK_ALLOC_TRAP=1`: the first few counted allocations
+//! print a backtrace.
+
+#[cfg(feature = "ibverbs")]
+#[path = "common/ibverbs_env.rs"]
+mod ibverbs_env;
+#[path = "common/traffic.rs"]
+mod traffic;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use corelink_verbs::soft::Soft;
+use corelink_verbs::Provider;
+
+/// The system allocator, counting the allocations of threads that turned `COUNTING` on.
+struct Counting;
+
+thread_local! {
+    // Const-initialised and without destructors: using them never allocates.
+    /// Whether this thread's allocations are counted.
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    /// This thread's counted allocations and their bytes.
+    static COUNTS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// Set from `CORELINK_ALLOC_TRAP`: print a backtrace for each of the first `TRAPS` counted
+/// allocations.
+static TRAP: AtomicBool = AtomicBool::new(false);
+static TRAPS: AtomicU64 = AtomicU64::new(5);
+
+fn note(size: usize) {
+    if !COUNTING.try_with(Cell::get).unwrap_or(false) {
+        return;
+    }
+    let _ = COUNTS.try_with(|c| {
+        let (n, bytes) = c.get();
+        c.set((n + 1, bytes + size as u64));
+    });
+    if TRAP.load(Ordering::Relaxed) && TRAPS.fetch_sub(1, Ordering::Relaxed) > 0 {
+        // Not counted (nor trapped) while the backtrace allocates.
+        COUNTING.set(false);
+        let bt = std::backtrace::Backtrace::force_capture();
+        eprintln!("allocation of {size} bytes on the worker's hot path:\n{bt}");
+        COUNTING.set(true);
+    }
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so `System`'s
+// guarantees are ours; the counting beside it allocates nothing (const thread-local `Cell`s and
+// atomics), except the opt-in backtrace, made with counting off so that it does not recurse.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: the caller's contract for `alloc` (a layout of non-zero size) is `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note(new_size);
+        // SAFETY: `ptr` was allocated by this allocator, i.e. by `System`, with `layout`; the
+        // caller's contract for `new_size` is `System`'s.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by this allocator, i.e. by `System`, with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Turns counting on (`true`) or off for the calling thread (the worker), and reads its counts
+/// (allocations, bytes).
+fn probe(start: bool) -> (u64, u64) {
+    COUNTING.set(false);
+    let counts = COUNTS.get();
+    COUNTING.set(start);
+    counts
+}
+
+const WARM_UP: u64 = 10_000;
+const MEASURED: u64 = 100_000;
+
+/// Runs the traffic on `P` and asserts that the measured requests allocated nothing.
+fn steady_state<P: Provider>(provider: &str, listen: &str) {
+    // The counter counts: one allocation by a counting thread.
+    let before = probe(true);
+    let b = std::hint::black_box(Box::new(7u64));
+    let after = probe(false);
+    drop(b);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 8), "the counter counts");
+    TRAP.store(std::env::var_os("CORELINK_ALLOC_TRAP").is_some(), Ordering::Relaxed);
+    let plan = traffic::Plan {
+        writes: 32,
+        sends: 8,
+        reads: 8,
+        atomics: 8,
+        target: WARM_UP + MEASURED,
+        window: (WARM_UP, WARM_UP + MEASURED),
+    };
+    let (e, report) = traffic::start::<P>(provider, listen, plan, probe);
+    traffic::wait_done(&report, Duration::from_secs(300));
+    assert!(report.window_closed.load(Ordering::Acquire));
+    let metrics = e.shutdown().unwrap();
+    let (allocations, bytes) = report.window();
+    let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    println!(
+        "{}: requests {MEASURED} (after {WARM_UP} to warm up): {allocations} allocations \
+         ({bytes} bytes) on the worker, {:.4} per request; writes {}, reads {}, atomics {}, \
+         sends {}, echoes {} (received {})",
+        P::NAME,
+        allocations as f64 / MEASURED as f64,
+        r(&report.writes),
+        r(&report.reads),
+        r(&report.atomics),
+        r(&report.sends),
+        r(&report.echoes),
+        r(&report.echoes_received),
+    );
+    println!("{}", metrics[0]);
+    for (what, c) in [
+        ("writes", &report.writes),
+        ("reads", &report.reads),
+        ("atomics", &report.atomics),
+        ("sends", &report.sends),
+        ("echoes", &report.echoes),
+    ] {
+        assert!(r(c) > 0, "no {what}");
+    }
+    assert_eq!(allocations, 0, "allocations on the worker in steady state ({bytes} bytes)");
+}
+
+#[test]
+fn steady_state_requests_allocate_nothing_on_the_worker() {
+    steady_state::<Soft>("provider = \"soft\"", "10.99.1.1:0");
+}
+
+/// The same on the `ibverbs` device named by `CORELINK_IBV_DEVICE` (skipped without one).
+#[cfg(feature = "ibverbs")]
+#[test]
+fn steady_state_requests_allocate_nothing_on_the_worker_on_ibverbs() {
+    let Some((provider, ip)) = ibverbs_env::target() else { return };
+    let listen = std::net::SocketAddr::new(ip, 0).to_string();
+    steady_state::<corelink_verbs::ibverbs::Ibverbs>(&provider, &listen);
+}
