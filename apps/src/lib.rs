@@ -5,8 +5,9 @@
 //!   scenarios run on a chosen provider, one JSON object per scenario ([`fidelity`]);
 //! - examples in `examples/`: `primitives` (every primitive on `soft`), `cm_pair` (a server and a
 //!   client process connected with the connection manager).
-//!
-//! The benchmark tool `corelink-perf` arrives with its issue.
+//! - `corelink-perf` (`src/bin/`, [`perf`]): perftest-style benchmarks through the engine, and
+//!   baselines (memcpy, a cross-core ring ping-pong, TCP) in the same binary;
+//! - the engine examples `echo` and `one_sided`.
 #![deny(missing_docs)]
 
 pub mod fidelity;

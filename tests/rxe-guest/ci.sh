@@ -7,7 +7,8 @@
 #    made on the host with the soft provider); any difference fails, printed side by side;
 # 4. the two-process connection-manager exchange (cm-pair.sh);
 # 5. the engine's end-to-end tests on ibverbs;
-# 6. the engine examples (echo, one-sided) as two processes (engine-examples.sh).
+# 6. the engine examples (echo, one-sided) as two processes (engine-examples.sh);
+# 7. corelink-perf's eight tests as server and client processes (perf-smoke.sh).
 # Everything must have been built on the host first (cargo runs --offline here).
 set -u
 soft_report=${1:?usage: ci.sh SOFT_REPORT}
@@ -36,9 +37,12 @@ cargo test --offline -q -p corelink-engine --test engine_ibverbs || failed+=(eng
 step "engine examples as two processes"
 bash "$here/engine-examples.sh" || failed+=(engine-examples)
 
+step "corelink-perf, server and client processes"
+bash "$here/perf-smoke.sh" || failed+=(perf-smoke)
+
 echo
 if [ ${#failed[@]} -eq 0 ]; then
-  echo "guest checks: 6 passed, 0 failed"
+  echo "guest checks: 7 passed, 0 failed"
 else
   echo "guest checks failed: ${failed[*]}"
   exit 1

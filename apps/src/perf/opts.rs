@@ -1,0 +1,463 @@
+//! What a `corelink-perf` run is asked to do, and the checks that turn forbidden or not yet
+//! supported combinations into clear errors before anything starts.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use corelink_engine::engine::REGION_BYTES;
+
+/// perftest's default TCP port, used when `SERVER_ADDR` has none.
+pub const DEFAULT_PORT: u16 = 18515;
+
+/// Requests a `*_bw` test keeps in flight by default (perftest's TX depth).
+pub const DEFAULT_TX_DEPTH: usize = 128;
+
+/// Bytes a `*_bw` test keeps in flight at most (the window shrinks for large messages so that
+/// the registered pools stay small).
+pub const MAX_BYTES_IN_FLIGHT: usize = 16 << 20;
+
+/// Receives the engine keeps posted per connection: a `send_bw` window never exceeds it (more
+/// would only meet receiver-not-ready retries).
+pub const SEND_WINDOW: usize = corelink_engine::tunables::RECVS_PER_CONN;
+
+/// The largest one-sided message: the region each engine worker exposes.
+pub const MAX_ONE_SIDED: usize = REGION_BYTES;
+
+/// The eight tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Test {
+    /// RDMA write bandwidth.
+    WriteBw,
+    /// RDMA write ping-pong latency (write-with-immediate; one-way).
+    WriteLat,
+    /// RDMA read bandwidth.
+    ReadBw,
+    /// RDMA read latency (full round trip).
+    ReadLat,
+    /// Send bandwidth.
+    SendBw,
+    /// Send ping-pong latency (one-way).
+    SendLat,
+    /// Fetch-and-add bandwidth.
+    AtomicBw,
+    /// Fetch-and-add latency (full round trip).
+    AtomicLat,
+}
+
+/// What a test's requests are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    /// RDMA write.
+    Write,
+    /// RDMA read.
+    Read,
+    /// Send.
+    Send,
+    /// Atomic (fetch-and-add).
+    Atomic,
+}
+
+impl Test {
+    /// Every test, in the order of the usage text.
+    pub const ALL: [Test; 8] = [
+        Test::WriteBw,
+        Test::WriteLat,
+        Test::ReadBw,
+        Test::ReadLat,
+        Test::SendBw,
+        Test::SendLat,
+        Test::AtomicBw,
+        Test::AtomicLat,
+    ];
+
+    /// The name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::WriteBw => "write_bw",
+            Test::WriteLat => "write_lat",
+            Test::ReadBw => "read_bw",
+            Test::ReadLat => "read_lat",
+            Test::SendBw => "send_bw",
+            Test::SendLat => "send_lat",
+            Test::AtomicBw => "atomic_bw",
+            Test::AtomicLat => "atomic_lat",
+        }
+    }
+
+    /// The test called `name`.
+    pub fn from_name(name: &str) -> Option<Test> {
+        Test::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// A latency test (one request in flight, each timed)?
+    pub fn is_lat(self) -> bool {
+        matches!(self, Test::WriteLat | Test::ReadLat | Test::SendLat | Test::AtomicLat)
+    }
+
+    /// The kind of request.
+    pub fn verb(self) -> Verb {
+        match self {
+            Test::WriteBw | Test::WriteLat => Verb::Write,
+            Test::ReadBw | Test::ReadLat => Verb::Read,
+            Test::SendBw | Test::SendLat => Verb::Send,
+            Test::AtomicBw | Test::AtomicLat => Verb::Atomic,
+        }
+    }
+
+    /// What a latency sample (a round trip) is divided by: 2 for the ping-pongs (`send_lat`,
+    /// `write_lat`: perftest reports half the round trip), 1 for `read_lat` and `atomic_lat`
+    /// (perftest reports their full round trip).
+    pub fn lat_divisor(self) -> f64 {
+        match self.verb() {
+            Verb::Send | Verb::Write => 2.0,
+            Verb::Read | Verb::Atomic => 1.0,
+        }
+    }
+
+    /// perftest's title for the header block.
+    pub fn title(self) -> &'static str {
+        match self {
+            Test::WriteBw => "RDMA_Write BW Test",
+            Test::WriteLat => "RDMA_Write Latency Test (write-with-immediate ping-pong)",
+            Test::ReadBw => "RDMA_Read BW Test",
+            Test::ReadLat => "RDMA_Read Latency Test",
+            Test::SendBw => "Send BW Test",
+            Test::SendLat => "Send Latency Test",
+            Test::AtomicBw => "Atomic FETCH_AND_ADD BW Test",
+            Test::AtomicLat => "Atomic FETCH_AND_ADD Latency Test",
+        }
+    }
+
+    /// A one-byte code for the connection's private data.
+    pub fn code(self) -> u8 {
+        Test::ALL.iter().position(|&t| t == self).unwrap_or(0) as u8
+    }
+
+    /// The test with code `c`.
+    pub fn from_code(c: u8) -> Option<Test> {
+        Test::ALL.get(c as usize).copied()
+    }
+}
+
+/// Transport (`-c`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Reliable connection.
+    Rc,
+    /// Unreliable connection.
+    Uc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+impl Transport {
+    /// `RC`, `UC` or `UD`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Rc => "RC",
+            Transport::Uc => "UC",
+            Transport::Ud => "UD",
+        }
+    }
+
+    /// Parses `-c`'s value (any case).
+    pub fn parse(s: &str) -> Option<Transport> {
+        match s.to_ascii_uppercase().as_str() {
+            "RC" => Some(Transport::Rc),
+            "UC" => Some(Transport::Uc),
+            "UD" => Some(Transport::Ud),
+            _ => None,
+        }
+    }
+}
+
+/// Provider (`--provider`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prov {
+    /// The in-process software provider.
+    Soft,
+    /// libibverbs / librdmacm.
+    Ibverbs,
+}
+
+impl Prov {
+    /// `soft` or `ibverbs`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Prov::Soft => "soft",
+            Prov::Ibverbs => "ibverbs",
+        }
+    }
+}
+
+/// Which part of the exchange this process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Accept a client and serve it until it disconnects.
+    Server,
+    /// Connect to a server and run the test.
+    Client(SocketAddr),
+    /// Both, on one engine connected to itself.
+    Loopback,
+}
+
+/// How a run fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PerfError {
+    /// Bad usage, including what verbs forbids (exit 2).
+    Usage(String),
+    /// Something the engine cannot do yet (exit 2).
+    Unsupported(String),
+    /// A failure at run time (exit 1).
+    Run(String),
+}
+
+impl std::fmt::Display for PerfError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PerfError::Usage(m) => write!(f, "{m}"),
+            PerfError::Unsupported(m) => write!(f, "not supported yet: {m}"),
+            PerfError::Run(m) => write!(f, "FAILED: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for PerfError {}
+
+/// A whole `corelink-perf TEST` run.
+#[derive(Debug, Clone)]
+pub struct PerfOpts {
+    /// The test.
+    pub test: Test,
+    /// `-c`.
+    pub transport: Transport,
+    /// Message sizes (`-s`, or `-a`'s).
+    pub sizes: Vec<usize>,
+    /// `-n`: iterations per size (ignored with `duration`).
+    pub iters: u64,
+    /// `-D`: run each size this long instead.
+    pub duration: Option<Duration>,
+    /// `-q`: queue pairs per worker.
+    pub qps: u32,
+    /// `-l`: requests per doorbell.
+    pub post_list: u32,
+    /// `-Q`: completions per signalled request.
+    pub cq_mod: u32,
+    /// `-I`: inline bytes (the core map's `worker.max_inline`).
+    pub inline: Option<u32>,
+    /// `--use-srq`.
+    pub use_srq: bool,
+    /// `-t`: requests a `*_bw` test keeps in flight.
+    pub tx_depth: usize,
+    /// `-d`.
+    pub device: Option<String>,
+    /// `-i`.
+    pub port: Option<u8>,
+    /// `-x`.
+    pub gid_index: Option<u32>,
+    /// `--provider` (default: the core map's, else `soft`).
+    pub provider: Option<Prov>,
+    /// `--config`.
+    pub config: Option<PathBuf>,
+    /// `-T`: workers, each running one client (and, in loopback, serving one).
+    pub workers: usize,
+    /// Server, client or loopback.
+    pub role: Role,
+    /// Server: where to listen (the port is `-p`'s).
+    pub bind: Option<SocketAddr>,
+    /// Give up after this long (`None`: never; a server waits for its client indefinitely).
+    pub timeout: Option<Duration>,
+    /// Print a progress line per size to stderr.
+    pub progress: bool,
+}
+
+impl PerfOpts {
+    /// Options with perftest's defaults for `test` (5000 iterations for bandwidth, 1000 for
+    /// latency; 65536 B for bandwidth, 2 B for latency; 8 B for atomics), in loopback on soft.
+    pub fn new(test: Test) -> PerfOpts {
+        let size = match (test.verb(), test.is_lat()) {
+            (Verb::Atomic, _) => 8,
+            (_, true) => 2,
+            (_, false) => 65536,
+        };
+        PerfOpts {
+            test,
+            transport: Transport::Rc,
+            sizes: vec![size],
+            iters: if test.is_lat() { 1000 } else { 5000 },
+            duration: None,
+            qps: 1,
+            post_list: 1,
+            cq_mod: 1,
+            inline: None,
+            use_srq: false,
+            tx_depth: DEFAULT_TX_DEPTH,
+            device: None,
+            port: None,
+            gid_index: None,
+            provider: None,
+            config: None,
+            workers: 1,
+            role: Role::Loopback,
+            bind: None,
+            timeout: Some(Duration::from_secs(600)),
+            progress: false,
+        }
+    }
+
+    /// Checks what verbs forbids (usage errors) and what the engine cannot do yet; may drop
+    /// sizes the engine cannot run from an `-a` list (`all_sizes`), returning a note saying so.
+    pub fn check(&mut self, all_sizes: bool) -> Result<Vec<String>, PerfError> {
+        let mut notes = Vec::new();
+        let t = self.test;
+        match (self.transport, t.verb()) {
+            (Transport::Uc, Verb::Read | Verb::Atomic) => {
+                return Err(PerfError::Usage(format!(
+                    "{}: UC supports sends and RDMA writes only (verbs forbids RDMA reads and \
+                     atomics on UC)",
+                    t.name()
+                )))
+            }
+            (Transport::Ud, v) if v != Verb::Send => {
+                return Err(PerfError::Usage(format!(
+                    "{}: UD supports sends only (verbs forbids RDMA writes, reads and atomics \
+                     on UD)",
+                    t.name()
+                )))
+            }
+            _ => {}
+        }
+        if self.transport != Transport::Rc {
+            return Err(PerfError::Unsupported(format!(
+                "-c {}: the engine creates RC queue pairs only",
+                self.transport.name()
+            )));
+        }
+        if self.qps != 1 {
+            return Err(PerfError::Unsupported(format!(
+                "-q {}: the engine runs one queue pair per connection",
+                self.qps
+            )));
+        }
+        if self.post_list != 1 {
+            return Err(PerfError::Unsupported(format!(
+                "-l {}: the engine posts what a connection has queued with one doorbell per loop \
+                 iteration; an explicit post list is not available",
+                self.post_list
+            )));
+        }
+        if self.cq_mod != 1 {
+            return Err(PerfError::Unsupported(format!(
+                "-Q {}: the engine signals every request (no selective signalling)",
+                self.cq_mod
+            )));
+        }
+        if self.use_srq {
+            return Err(PerfError::Unsupported(
+                "--use-srq: the engine posts receives per connection (no shared receive queue)"
+                    .into(),
+            ));
+        }
+        if self.workers == 0 {
+            return Err(PerfError::Usage("-T 0: at least one worker".into()));
+        }
+        if self.iters == 0 {
+            return Err(PerfError::Usage("-n 0: at least one iteration".into()));
+        }
+        if self.tx_depth == 0 {
+            return Err(PerfError::Usage("-t 0: at least one request in flight".into()));
+        }
+        if let Some(d) = self.duration {
+            if d.is_zero() {
+                return Err(PerfError::Usage("-D 0: at least one second".into()));
+            }
+        }
+        if t.verb() == Verb::Atomic {
+            if self.sizes.iter().any(|&s| s != 8) {
+                notes.push("atomics are 8 bytes: -s / -a ignored".into());
+            }
+            self.sizes = vec![8];
+        }
+        if self.sizes.contains(&0) {
+            return Err(PerfError::Usage("-s 0: messages of at least 1 byte".into()));
+        }
+        if matches!(t.verb(), Verb::Write | Verb::Read) {
+            let too_big: Vec<usize> =
+                self.sizes.iter().copied().filter(|&s| s > MAX_ONE_SIDED).collect();
+            if !too_big.is_empty() {
+                let why = format!(
+                    "one-sided messages over {} B: the engine exposes a {} B region per worker",
+                    MAX_ONE_SIDED, MAX_ONE_SIDED
+                );
+                if !all_sizes {
+                    return Err(PerfError::Unsupported(format!("-s {}: {why}", too_big[0])));
+                }
+                self.sizes.retain(|&s| s <= MAX_ONE_SIDED);
+                notes.push(format!("sizes {too_big:?} skipped: {why}"));
+            }
+        }
+        Ok(notes)
+    }
+
+    /// Requests kept in flight at `size`: 1 for latency tests; else `tx_depth`, at most
+    /// [`SEND_WINDOW`] for sends, and at most [`MAX_BYTES_IN_FLIGHT`] bytes.
+    pub fn window(&self, size: usize) -> usize {
+        if self.test.is_lat() {
+            return 1;
+        }
+        let mut w = self.tx_depth;
+        if self.test.verb() == Verb::Send {
+            w = w.min(SEND_WINDOW);
+        }
+        w.min((MAX_BYTES_IN_FLIGHT / size.max(1)).max(1))
+    }
+
+    /// The largest size.
+    pub fn max_size(&self) -> usize {
+        self.sizes.iter().copied().max().unwrap_or(8)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forbidden_and_unsupported_combinations() {
+        let mut o = PerfOpts::new(Test::ReadBw);
+        o.transport = Transport::Uc;
+        assert!(matches!(o.check(false), Err(PerfError::Usage(_))));
+        let mut o = PerfOpts::new(Test::WriteLat);
+        o.transport = Transport::Ud;
+        assert!(matches!(o.check(false), Err(PerfError::Usage(_))));
+        let mut o = PerfOpts::new(Test::SendBw);
+        o.transport = Transport::Ud;
+        assert!(matches!(o.check(false), Err(PerfError::Unsupported(_))));
+        let mut o = PerfOpts::new(Test::SendBw);
+        o.qps = 2;
+        assert!(matches!(o.check(false), Err(PerfError::Unsupported(_))));
+        let mut o = PerfOpts::new(Test::WriteBw);
+        o.sizes = super::super::all_sizes();
+        let notes = o.check(true).unwrap();
+        assert_eq!(o.max_size(), MAX_ONE_SIDED);
+        assert_eq!(notes.len(), 1);
+        let mut o = PerfOpts::new(Test::AtomicBw);
+        o.sizes = vec![64];
+        o.check(false).unwrap();
+        assert_eq!(o.sizes, vec![8]);
+        for t in Test::ALL {
+            assert_eq!(Test::from_name(t.name()), Some(t));
+            assert_eq!(Test::from_code(t.code()), Some(t));
+        }
+    }
+
+    #[test]
+    fn windows() {
+        let o = PerfOpts::new(Test::WriteBw);
+        assert_eq!(o.window(64), DEFAULT_TX_DEPTH);
+        assert_eq!(o.window(1 << 20), 16);
+        assert_eq!(PerfOpts::new(Test::SendBw).window(64), SEND_WINDOW);
+        assert_eq!(PerfOpts::new(Test::SendLat).window(64), 1);
+    }
+}

@@ -1,0 +1,57 @@
+//! corelink-perf end to end on soft (loopback, one engine connected to itself), through the
+//! library: a bandwidth test over two sizes, the four latency tests and two more bandwidth
+//! tests, with tiny iteration counts. No timing is asserted: only that every size reports, with
+//! the right kind of figures.
+
+use corelink_apps::perf::engine_run::run;
+use corelink_apps::perf::opts::{PerfError, PerfOpts, Test, Transport};
+use corelink_apps::perf::Report;
+
+fn perf(test: Test, sizes: &[usize], iters: u64) -> Vec<Report> {
+    let mut o = PerfOpts::new(test);
+    o.sizes = sizes.to_vec();
+    o.iters = iters;
+    o.check(false).expect("a supported combination");
+    let (mut started, mut seen) = (0, 0);
+    let reports = run(&o, &mut |_| started += 1, &mut |_| seen += 1).expect("the run");
+    assert_eq!((started, seen), (1, reports.len()));
+    reports
+}
+
+#[test]
+fn perf_tests_run_on_soft_loopback() {
+    let r = perf(Test::WriteBw, &[64, 65536], 50);
+    assert_eq!(r.iter().map(|r| r.bytes).collect::<Vec<_>>(), vec![64, 65536]);
+    for r in &r {
+        assert_eq!((r.test.as_str(), r.iterations, r.workers), ("write_bw", 50, Some(1)));
+        let (avg, peak) = (r.bw_avg_mbps.unwrap(), r.bw_peak_mbps.unwrap());
+        assert!(avg > 0.0 && peak >= avg);
+        assert!(r.lat.is_none());
+    }
+    for t in [Test::SendLat, Test::WriteLat, Test::ReadLat, Test::AtomicLat] {
+        let r = perf(t, &[8], 20);
+        assert_eq!(r.len(), 1);
+        let l = r[0].lat.expect("latency figures");
+        assert_eq!(r[0].iterations, 20);
+        assert!(l.t_min_us > 0.0 && l.t_min_us <= l.t_typical_us && l.t_typical_us <= l.t_max_us);
+        assert!(r[0].bw_avg_mbps.is_none());
+        assert!(r[0].to_json().contains("\"p999_us\":"));
+    }
+    let r = perf(Test::SendBw, &[8192], 40);
+    assert_eq!((r[0].bytes, r[0].iterations), (8192, 40));
+    let r = perf(Test::AtomicBw, &[8], 40);
+    assert_eq!((r[0].bytes, r[0].iterations), (8, 40));
+}
+
+#[test]
+fn perf_refuses_what_verbs_forbids_and_the_engine_lacks() {
+    let mut o = PerfOpts::new(Test::ReadLat);
+    o.transport = Transport::Uc;
+    assert!(matches!(o.check(false), Err(PerfError::Usage(_))));
+    let mut o = PerfOpts::new(Test::SendLat);
+    o.transport = Transport::Ud;
+    assert!(matches!(o.check(false), Err(PerfError::Unsupported(_))));
+    let mut o = PerfOpts::new(Test::WriteBw);
+    o.cq_mod = 16;
+    assert!(matches!(o.check(false), Err(PerfError::Unsupported(_))));
+}
