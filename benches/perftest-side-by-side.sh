@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# perftest and corelink-perf side by side on the same Soft-RoCE device, sizes and iteration
+# counts, one table: test, size, perftest, corelink, ratio. Run it in the guest, one command:
+#
+#   cargo build --release -p corelink-apps --bin corelink-perf
+#   tests/rxe-guest/run --timeout 900 -- bash benches/perftest-side-by-side.sh
+#
+# Each test runs as a server and a client process on the guest's IP. perftest reports MB/sec
+# in MiB (2^20 bytes); corelink's MB/s (10^6 bytes) are converted to MiB for the ratio.
+# Bandwidth ratio = corelink / perftest (higher is better); latency ratio = corelink t_typical /
+# perftest t_typical (lower is better). The guest is emulated (TCG): for comparison only.
+set -u
+: "${CORELINK_IBV_DEVICE:?run this inside tests/rxe-guest/run}" "${CORELINK_IP:?}"
+dev=$CORELINK_IBV_DEVICE gid=${CORELINK_IBV_GID_INDEX:-1} ip=$CORELINK_IP
+perf=${CORELINK_PERF:-${CARGO_TARGET_DIR:-target}/release/corelink-perf}
+iters=${ITERS:-1000}
+[ -x "$perf" ] || { echo "no $perf: cargo build --release -p corelink-apps --bin corelink-perf"; exit 1; }
+work=$(mktemp -d)
+# The two processes on different cores: the server's worker on 1, the client's on 0.
+cat > "$work/client.toml" <<MAP
+provider = "ibverbs"
+device = "$dev"
+gid_index = $gid
+control_core = 1
+workers = [0]
+[worker]
+idle_after_us = 100
+MAP
+port=18800
+# perftest TEST SIZE -> its result line's fields (server on core 1, client on core 0)
+run_perftest() {
+  local tool=$1 size=$2 out
+  port=$((port + 1))
+  taskset -c 1 timeout 120 "$tool" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p $port -F > "$work/srv.log" 2>&1 &
+  local srv=$!
+  sleep 1
+  out=$(taskset -c 0 timeout 120 "$tool" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p $port -F "$ip" 2>&1)
+  wait $srv
+  echo "$out" | awk -v s="$size" '$1 == s && NF >= 5 { print; exit }'
+}
+# corelink-perf TEST SIZE -> its JSON line
+run_corelink() {
+  local test=$1 size=$2
+  port=$((port + 1))
+  timeout 120 "$perf" "$test" --provider ibverbs -d "$dev" -x "$gid" --bind "$ip" -p $port -s "$size" -n "$iters" > "$work/csrv.log" 2>&1 &
+  local srv=$!
+  for _ in $(seq 100); do grep -q listening "$work/csrv.log" && break; sleep 0.1; done
+  timeout 120 "$perf" "$test" --config "$work/client.toml" -p $port -s "$size" -n "$iters" --json "$ip" 2>/dev/null | head -1
+  wait $srv
+}
+json() { python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('$1', 'nan'))"; }
+
+printf '%-10s %8s %14s %14s %8s  %s\n' test bytes perftest corelink ratio unit
+for spec in write_bw:65536 read_bw:65536 send_bw:65536 atomic_bw:8 write_lat:8 send_lat:8 read_lat:8; do
+  test=${spec%%:*} size=${spec##*:}
+  line=$(run_perftest "ib_$test" "$size")
+  cl=$(run_corelink "$test" "$size")
+  case $test in
+    *_bw)
+      p=$(echo "$line" | awk '{ print $4 }')                       # BW average [MiB/s]
+      c=$(echo "$cl" | json bw_avg_mbps)
+      c=$(python3 -c "print(round(float('$c') * 1e6 / 1048576, 2))" 2>/dev/null || echo nan)
+      r=$(python3 -c "print(round(float('$c') / float('$p'), 3))" 2>/dev/null || echo nan)
+      unit="MiB/s avg (higher is better)" ;;
+    *)
+      p=$(echo "$line" | awk '{ print $5 }')                       # t_typical [usec]
+      c=$(echo "$cl" | json t_typical_us)
+      r=$(python3 -c "print(round(float('$c') / float('$p'), 3))" 2>/dev/null || echo nan)
+      unit="us typical (lower is better)" ;;
+  esac
+  printf '%-10s %8s %14s %14s %8s  %s\n' "$test" "$size" "${p:-nan}" "${c:-nan}" "$r" "$unit"
+done
+rm -rf "$work"
