@@ -158,6 +158,7 @@ impl<P: Provider> Engine<P> {
                         region: region2,
                         pool,
                         conns: (0..MAX_CONNS_PER_WORKER).map(|_| None).collect(),
+                        live_conns: 0,
                         generations: vec![0; MAX_CONNS_PER_WORKER],
                         free_conns: (0..MAX_CONNS_PER_WORKER as u16).rev().collect(),
                         dirty: Vec::with_capacity(MAX_CONNS_PER_WORKER * 2),

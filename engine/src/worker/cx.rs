@@ -49,6 +49,8 @@ pub struct Cx<P: Provider> {
     pub(crate) region: Arc<P::Mr>,
     pub(crate) pool: Pool<P>,
     pub(crate) conns: Vec<Option<Conn<P>>>,
+    /// Connections in `conns` (so that the loop never scans the table to count them).
+    pub(crate) live_conns: usize,
     pub(crate) generations: Vec<u32>,
     pub(crate) free_conns: Vec<u16>,
     /// Connections with queued requests or closing, to visit at the next flush.

@@ -77,8 +77,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 self.last_busy = self.cx.now;
             } else if let Some(idle) = self.cx.cfg.idle_after {
                 // Parks only without connections: a worker with connections always busy-polls.
-                let open = self.cx.conns.iter().flatten().count();
-                if open == 0 && self.cx.now.duration_since(self.last_busy) > idle {
+                if self.cx.live_conns == 0 && self.cx.now.duration_since(self.last_busy) > idle {
                     std::thread::park_timeout(std::time::Duration::from_millis(1));
                 }
             }
@@ -118,11 +117,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         // Stops once every client's queued submissions were taken (and refused): none is lost.
         let clients_drained =
             self.clients.iter().all(|c| c.submit.is_empty() || c.inflight >= CLIENT_RING);
-        if self.cx.stopping
-            && self.cx.conns.iter().all(Option::is_none)
-            && clients_drained
-            && !self.stopped
-        {
+        if self.cx.stopping && self.cx.live_conns == 0 && clients_drained && !self.stopped {
             self.cx.tell_control(ToControl::Stopped);
             self.flush_control_backlog();
             self.stopped = true;
@@ -350,6 +345,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             disconnect_sent: false,
         };
         self.cx.conns[slot as usize] = Some(conn);
+        self.cx.live_conns += 1;
         // The handler hears of every connection on its worker (its messages come to it), and a
         // client that asked for it gets its completion too.
         self.handler.on_connected(&mut self.cx, id, &info);
@@ -381,6 +377,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                     let reason = c.reason.clone().unwrap_or(CloseReason::Local);
                     self.cx.tell_control(ToControl::Release { cm_key: c.cm_key, qp: c.qp });
                     self.cx.free_conns.push(slot as u16);
+                    self.cx.live_conns -= 1;
                     self.cx.notices.push_back(Notice::Closed(c.id, reason));
                 }
             }
