@@ -16,9 +16,12 @@ mod topology;
 mod validate;
 
 pub use error::ConfigError;
-pub use model::{CoreMap, CoreSpec, NumaPolicy, PoolClass, ProviderKind, WorkerResources};
+pub use model::{
+    Batching, Classes, CoreMap, CoreSpec, NumaPolicy, PoolClass, ProviderKind, Qps, Scheduler,
+    WorkerResources,
+};
 pub use topology::{Core, MachineTopology, StaticTopology, Topology};
-pub use validate::{Validated, Warning};
+pub use validate::{limits, Validated, Warning};
 
 /// Parses a core map from TOML text (no validation against the machine yet).
 pub fn parse(text: &str) -> Result<CoreMap, ConfigError> {

@@ -66,6 +66,105 @@ pub struct WorkerResources {
     pub idle_after_us: u64,
     /// Registered buffer size classes, smallest first.
     pub pools: Vec<PoolClass>,
+    /// How queued requests become work requests: doorbells and completions.
+    pub batching: Batching,
+    /// Per-connection scheduling: priority classes, aging, outstanding limits, merging.
+    pub scheduler: Scheduler,
+    /// Queue pairs: pre-created pool, limit, QPs per connection.
+    pub qps: Qps,
+}
+
+/// Doorbell batching and selective signalling (`[worker.batching]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Batching {
+    /// Work requests posted with one doorbell at most (1: one doorbell per request).
+    pub post_list: u32,
+    /// One send-queue request in this many asks for a completion (1: every one). Errors
+    /// always surface, and a run's last request is always signalled.
+    pub signal_every: u32,
+}
+
+impl Default for Batching {
+    fn default() -> Self {
+        Batching { post_list: 16, signal_every: 16 }
+    }
+}
+
+/// The request class a kind of request goes to by default (`[worker.scheduler.classes]`):
+/// class 0 goes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Classes {
+    /// RDMA reads.
+    pub read: u8,
+    /// Atomics.
+    pub atomic: u8,
+    /// Sends.
+    pub send: u8,
+    /// RDMA writes.
+    pub write: u8,
+}
+
+impl Default for Classes {
+    fn default() -> Self {
+        Classes { read: 0, atomic: 0, send: 1, write: 2 }
+    }
+}
+
+/// Per-connection scheduling (`[worker.scheduler]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Scheduler {
+    /// Serve waiting requests by class (false: in arrival order).
+    pub priorities: bool,
+    /// Flushes a waiting class may be passed over before it goes first (no starvation).
+    pub aging_rounds: u32,
+    /// Default class of each kind of request (the application may name another per request).
+    pub classes: Classes,
+    /// Requests one QP has on the device at most (0: its send-queue depth); beyond, they wait.
+    pub max_outstanding: u32,
+    /// Reads and atomics one QP has on the device at most (the QP's `max_rd_atomic`).
+    pub max_rd_atomic: u32,
+    /// Identical reads in flight (same remote address, length and key) share one RDMA read.
+    pub merge_reads: bool,
+    /// Writes to adjacent remote ranges queued together may go as one write (gather list).
+    pub coalesce_writes: bool,
+    /// Bytes a coalesced write carries at most.
+    pub coalesce_max_bytes: u32,
+}
+
+impl Default for Scheduler {
+    fn default() -> Self {
+        Scheduler {
+            priorities: true,
+            aging_rounds: 8,
+            classes: Classes::default(),
+            max_outstanding: 0,
+            max_rd_atomic: 16,
+            merge_reads: true,
+            coalesce_writes: false,
+            coalesce_max_bytes: 4096,
+        }
+    }
+}
+
+/// Queue pairs (`[worker.qps]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Qps {
+    /// QPs a connection stripes its requests over.
+    pub per_conn: u32,
+    /// QPs the control core keeps created (in RESET) per worker, so a connection takes a ready one.
+    pub pool: u32,
+    /// QPs a worker may have at most, in use and pooled; a connection beyond fails with this cause.
+    pub max: u32,
+}
+
+impl Default for Qps {
+    fn default() -> Self {
+        Qps { per_conn: 1, pool: 8, max: 1024 }
+    }
 }
 
 impl Default for WorkerResources {
@@ -82,6 +181,9 @@ impl Default for WorkerResources {
                 PoolClass { size: 4096, count: 256 },
                 PoolClass { size: 65536, count: 32 },
             ],
+            batching: Batching::default(),
+            scheduler: Scheduler::default(),
+            qps: Qps::default(),
         }
     }
 }

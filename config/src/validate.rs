@@ -18,6 +18,22 @@ const MAX_POLL_BUDGET: u32 = 4096;
 /// Registered bytes one worker may ask for.
 const MAX_POOL_BYTES: u128 = 64 << 30;
 
+/// Limits the engine sizes fixed structures by (its tunables are these values, checked at
+/// compile time there).
+pub mod limits {
+    /// Work requests one doorbell posts at most (`worker.batching.post_list`).
+    pub const MAX_POST_LIST: u32 = 32;
+    /// QPs one connection stripes over at most (`worker.qps.per_conn`).
+    pub const MAX_QPS_PER_CONN: u32 = 8;
+    /// Request classes (`worker.scheduler.classes.*` name 0..this).
+    pub const CLASSES: u8 = 4;
+    /// Reads and atomics one QP may have outstanding at most (`worker.scheduler.max_rd_atomic`;
+    /// the verbs attribute is one byte).
+    pub const MAX_RD_ATOMIC: u32 = 255;
+    /// QPs one worker may have at most (`worker.qps.max`).
+    pub const MAX_QPS_PER_WORKER: u32 = 1 << 16;
+}
+
 /// Something worth saying that does not stop the map.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Warning(pub String);
@@ -238,6 +254,7 @@ impl CoreMap {
                 format!("must be 1..={MAX_POLL_BUDGET}"),
             ));
         }
+        self.check_scheduling()?;
         if w.pools.is_empty() {
             return Err(invalid("worker.pools", "[]", "at least one size class is needed"));
         }
@@ -275,6 +292,39 @@ impl CoreMap {
                 "more than 64 GiB per worker",
             ));
         }
+        Ok(())
+    }
+}
+
+impl CoreMap {
+    fn check_scheduling(&self) -> Result<(), ConfigError> {
+        use limits::*;
+        let w = &self.worker;
+        let (b, s, q) = (&w.batching, &w.scheduler, &w.qps);
+        let range = |key: &str, v: u32, lo: u32, hi: u32| {
+            if v < lo || v > hi {
+                Err(invalid(key, v, format!("must be {lo}..={hi}")))
+            } else {
+                Ok(())
+            }
+        };
+        range("worker.batching.post_list", b.post_list, 1, MAX_POST_LIST)?;
+        range("worker.batching.signal_every", b.signal_every, 1, w.send_queue_depth)?;
+        range("worker.scheduler.aging_rounds", s.aging_rounds, 1, 1 << 20)?;
+        range("worker.scheduler.max_outstanding", s.max_outstanding, 0, w.send_queue_depth)?;
+        range("worker.scheduler.max_rd_atomic", s.max_rd_atomic, 1, MAX_RD_ATOMIC)?;
+        range("worker.scheduler.coalesce_max_bytes", s.coalesce_max_bytes, 1, 1 << 30)?;
+        for (key, v) in [
+            ("worker.scheduler.classes.read", s.classes.read),
+            ("worker.scheduler.classes.atomic", s.classes.atomic),
+            ("worker.scheduler.classes.send", s.classes.send),
+            ("worker.scheduler.classes.write", s.classes.write),
+        ] {
+            range(key, u32::from(v), 0, u32::from(CLASSES) - 1)?;
+        }
+        range("worker.qps.per_conn", q.per_conn, 1, MAX_QPS_PER_CONN)?;
+        range("worker.qps.max", q.max, q.per_conn, MAX_QPS_PER_WORKER)?;
+        range("worker.qps.pool", q.pool, 0, q.max)?;
         Ok(())
     }
 }
@@ -368,6 +418,13 @@ mod tests {
                 "[[worker.pools]]\nsize = 64\ncount = 1\n[[worker.pools]]\nsize = 32\ncount = 1",
                 "worker.pools[1].size",
             ),
+            ("[worker.batching]\npost_list = 0", "worker.batching.post_list"),
+            ("[worker.batching]\npost_list = 33", "worker.batching.post_list"),
+            ("[worker.batching]\nsignal_every = 999", "worker.batching.signal_every"),
+            ("[worker.scheduler.classes]\nread = 4", "worker.scheduler.classes.read"),
+            ("[worker.scheduler]\nmax_rd_atomic = 0", "worker.scheduler.max_rd_atomic"),
+            ("[worker.qps]\nper_conn = 9", "worker.qps.per_conn"),
+            ("[worker.qps]\npool = 20\nmax = 10", "worker.qps.pool"),
             ("listen = \"nowhere\"", "listen"),
             ("port = 0", "port"),
         ] {

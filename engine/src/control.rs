@@ -16,7 +16,7 @@ use corelink_verbs::{
     QpType, RemoteRegion,
 };
 
-use crate::handoff::{Origin, ToControl, ToWorker};
+use crate::handoff::{NewLane, Origin, ToControl, ToWorker};
 use crate::request::ConnInfo;
 use crate::ring::{Consumer, Producer};
 
@@ -249,7 +249,8 @@ impl<P: Provider> Control<P> {
         self.conns.insert(key, CtlConn { cm, worker: w });
         self.workers[w].conns += 1;
         let info = ConnInfo { private_data: app, peer_region, initiated: false, token: 0 };
-        self.send(w, ToWorker::NewConn { qp, cm_key: key, info, origin: Origin::Handler });
+        let lanes = std::iter::once(NewLane { qp, cm_key: key }).collect();
+        self.send(w, ToWorker::NewConn { lanes, info, origin: Origin::Handler });
     }
 
     fn worker_messages(&mut self) {
@@ -329,10 +330,8 @@ impl<P: Provider> Control<P> {
                         initiated: true,
                         token: c.token,
                     };
-                    self.send(
-                        c.worker,
-                        ToWorker::NewConn { qp, cm_key: key, info, origin: c.origin },
-                    );
+                    let lanes = std::iter::once(NewLane { qp, cm_key: key }).collect();
+                    self.send(c.worker, ToWorker::NewConn { lanes, info, origin: c.origin });
                 }
                 Err(error) => self.send(
                     c.worker,

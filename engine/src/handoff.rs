@@ -8,7 +8,7 @@ use corelink_verbs::{Provider, RemoteAddr, WcStatus};
 
 use crate::request::{ConnId, ConnInfo};
 use crate::ring::{Consumer, Producer};
-use crate::tunables::MAX_PRIVATE_DATA;
+use crate::tunables::{MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
 
 /// Who issued a request: the worker's own handler, or external client number `n`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,13 +17,19 @@ pub(crate) enum Origin {
     Client(u16),
 }
 
+/// One QP of a connection, in RTS, with the control core's key for its connection-manager side.
+pub(crate) struct NewLane<P: Provider> {
+    pub(crate) qp: P::Qp,
+    pub(crate) cm_key: u64,
+}
+
 /// Control core → worker.
 pub(crate) enum ToWorker<P: Provider> {
-    /// A connection in RTS, now the worker's.
-    NewConn { qp: P::Qp, cm_key: u64, info: ConnInfo, origin: Origin },
+    /// A connection, now the worker's: its QPs (lanes; at least one), all in RTS.
+    NewConn { lanes: ArrayVec<NewLane<P>, MAX_QPS_PER_CONN>, info: ConnInfo, origin: Origin },
     /// A `connect` failed.
     ConnectFailed { token: u64, origin: Origin, error: String },
-    /// The peer of the connection with this key disconnected.
+    /// The peer of the lane with this key disconnected (the whole connection closes).
     PeerClosed { cm_key: u64 },
     /// A new external client: the worker's ends of its two rings.
     AddClient { submit: Consumer<ExtRequest>, done: Producer<ExtCompletion> },
@@ -40,9 +46,10 @@ pub(crate) enum ToControl<P: Provider> {
         token: u64,
         origin: Origin,
     },
-    /// Disconnect the connection with this key (the worker is closing it).
+    /// Disconnect the lane with this key (the worker is closing its connection).
     Disconnect { cm_key: u64 },
-    /// The worker is done with the connection: destroy its QP and connection-manager state.
+    /// The worker is done with the lane: drop its connection-manager state; reset the QP for
+    /// reuse (or destroy it).
     Release { cm_key: u64, qp: P::Qp },
     /// The worker has closed everything and stops.
     Stopped,

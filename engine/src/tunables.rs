@@ -6,8 +6,19 @@
 /// `poll_budget` is clamped to it.
 pub const MAX_POLL_BATCH: usize = 64;
 
-/// Work requests posted with one doorbell at most.
-pub const MAX_POST_LIST: usize = 32;
+/// Work requests posted with one doorbell at most (the core map's `batching.post_list` is at
+/// most this).
+pub const MAX_POST_LIST: usize = corelink_config::limits::MAX_POST_LIST as usize;
+
+/// QPs one connection stripes over at most (`qps.per_conn`).
+pub const MAX_QPS_PER_CONN: usize = corelink_config::limits::MAX_QPS_PER_CONN as usize;
+
+/// Request classes (class 0 goes first).
+pub const CLASSES: usize = corelink_config::limits::CLASSES as usize;
+
+/// Scatter/gather entries one work request carries at most (a coalesced write gathers its
+/// requests' buffers).
+pub const MAX_SGE: usize = 8;
 
 /// Receives a connection keeps posted (each a pool buffer of the connection's message size).
 pub const RECVS_PER_CONN: usize = 32;
@@ -53,4 +64,7 @@ const _: () = {
     // Request slots: every connection's send queue may be full at once.
     assert!((MAX_CONNS_PER_WORKER as u64) * 1024 <= 1 << SLOT_BITS);
     assert!(CLIENT_BATCH <= CLIENT_RING);
+    // A receive's index holds its lane and its place among the lane's receives.
+    assert!(MAX_QPS_PER_CONN * RECVS_PER_CONN <= 1 << 16);
+    assert!(CLASSES > 0 && CLASSES <= 8 && MAX_SGE >= 1);
 };

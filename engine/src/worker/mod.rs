@@ -269,8 +269,19 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         while let Some(m) = self.from_control.pop() {
             any = true;
             match m {
-                ToWorker::NewConn { qp, cm_key, info, origin } => {
-                    self.add_conn(qp, cm_key, info, origin)
+                ToWorker::NewConn { lanes, info, origin } => {
+                    let mut lanes = lanes.into_iter();
+                    if let Some(first) = lanes.next() {
+                        // One QP per connection until the worker stripes over several.
+                        for extra in lanes {
+                            self.cx.tell_control(ToControl::Disconnect { cm_key: extra.cm_key });
+                            self.cx.tell_control(ToControl::Release {
+                                cm_key: extra.cm_key,
+                                qp: extra.qp,
+                            });
+                        }
+                        self.add_conn(first.qp, first.cm_key, info, origin)
+                    }
                 }
                 ToWorker::ConnectFailed { token, origin, error } => match origin {
                     Origin::Handler => {
