@@ -53,7 +53,8 @@ impl CqShared {
     }
 
     fn progress(&self) {
-        if !self.work.swap(false, Ordering::AcqRel) {
+        // A plain load first: the common poll finds no deferred work and writes nothing.
+        if !self.work.load(Ordering::Acquire) || !self.work.swap(false, Ordering::AcqRel) {
             return;
         }
         let qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
@@ -98,10 +99,14 @@ impl SoftCq {
 impl crate::Cq for SoftCq {
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
         self.shared.progress();
+        // Pops only what is there: popping an empty queue costs a full fence. (Another
+        // consumer may still take some meanwhile: a pop can come back empty.)
+        let queue = &self.shared.queue;
+        let avail = if queue.is_empty() { 0 } else { queue.len().min(out.len()) };
         let mut n = 0;
-        while n < out.len() {
-            match self.shared.queue.pop() {
-                Some(wc) => out[n] = wc,
+        for slot in &mut out[..avail] {
+            match queue.pop() {
+                Some(wc) => *slot = wc,
                 None => break,
             }
             n += 1;

@@ -1,66 +1,22 @@
-//! The data path of `soft`: validating posted send requests and executing them against the
-//! target's registered memory, as the NIC of both sides would.
+//! The data path of `soft`: executing admitted send requests against the target's registered
+//! memory, as the NIC of both sides would. Admission is in [`super::req`].
+//!
+//! A request runs straight from the caller's work request (its SGEs read in place); the key
+//! table stays read-locked across a batch (see [`Keys`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use arrayvec::ArrayVec;
 
-use super::fabric::{Fabric, KeyEntry, KeyTable};
-use super::limits::{MAX_INLINE, MAX_SGE};
-use super::mem::{MrShared, MwShared};
+use super::fabric::{Fabric, KeyEntry, KeyTable, Keys};
+use super::limits::MAX_SGE;
 use super::qp::{QpShared, RecvEntry, SendQueue};
+use super::req::{admit, Head, Op};
 use super::Soft;
-use crate::error::{invalid, Error, Result};
+use crate::error::{Error, Result};
 use crate::types::*;
-use crate::wr::{SendOp, SendWr};
-
-/// An operation, owned (so that it can wait for its RNR timer).
-#[derive(Debug)]
-pub(crate) enum Op {
-    Send(Option<u32>),
-    Write(RemoteAddr, Option<u32>),
-    Read(RemoteAddr),
-    CompSwap(RemoteAddr, u64, u64),
-    FetchAdd(RemoteAddr, u64),
-    BindMw { mw: Arc<MwShared>, mr: Arc<MrShared>, addr: u64, len: u64, access: AccessFlags },
-    LocalInv(u32),
-}
-
-impl Op {
-    pub(crate) fn wc_opcode(&self) -> WcOpcode {
-        match self {
-            Op::Send(_) => WcOpcode::Send,
-            Op::Write(..) => WcOpcode::RdmaWrite,
-            Op::Read(_) => WcOpcode::RdmaRead,
-            Op::CompSwap(..) => WcOpcode::CompSwap,
-            Op::FetchAdd(..) => WcOpcode::FetchAdd,
-            Op::BindMw { .. } => WcOpcode::BindMw,
-            Op::LocalInv(_) => WcOpcode::LocalInv,
-        }
-    }
-}
-
-/// A send request as the device keeps it: inline payloads copied, SGEs by value.
-#[derive(Debug)]
-pub(crate) struct Desc {
-    pub(crate) wr_id: u64,
-    pub(crate) op: Op,
-    sges: ArrayVec<Sge, MAX_SGE>,
-    inline: Option<ArrayVec<u8, MAX_INLINE>>,
-    pub(crate) signaled: bool,
-    ud: Option<(Gid, u32, u32)>,
-}
-
-impl Desc {
-    fn len(&self) -> u64 {
-        match &self.inline {
-            Some(data) => data.len() as u64,
-            None => self.sges.iter().map(|s| u64::from(s.length)).sum(),
-        }
-    }
-}
+use crate::wr::SendWr;
 
 /// What executing a request came to.
 #[derive(Clone)]
@@ -71,102 +27,19 @@ pub(crate) enum Step {
     Rnr(Duration),
 }
 
-/// Checks a request against the QP's transport, state and limits, and takes what the device
-/// keeps of it.
-///
-/// # Safety
-/// Inline SGEs' `addr..addr+length` must be readable.
-unsafe fn admit(qp: &QpShared, wr: &SendWr<'_, Soft>) -> std::result::Result<Desc, std::io::Error> {
-    let state = qp.state();
-    if !matches!(state, QpState::Rts | QpState::Err) {
-        return Err(invalid(format!("the QP is in {state:?}; sends need RTS")));
-    }
-    // As rdma-core's rxe provider: only a bind on a UD QP is refused here; other opcodes the
-    // transport lacks (read or atomics on UC, anything but send on UD) fail at execution with
-    // a local QP operation error, as the device's requester finds them.
-    if matches!(wr.op, SendOp::BindMw { .. }) && qp.qp_type == QpType::Ud {
-        return Err(invalid("memory windows are bound on RC or UC QPs"));
-    }
-    if wr.sgl.len() > qp.cap.max_send_sge as usize {
-        return Err(invalid(format!(
-            "{} SGEs, max_send_sge is {}",
-            wr.sgl.len(),
-            qp.cap.max_send_sge
-        )));
-    }
-    let len = wr.sgl_bytes();
-    let inline = wr.flags.contains(SendFlags::INLINE);
-    let mut desc = Desc {
-        wr_id: wr.wr_id,
-        op: Op::Send(None),
-        sges: wr.sgl.iter().copied().collect(),
-        inline: None,
-        signaled: wr.flags.contains(SendFlags::SIGNALED),
-        ud: None,
-    };
-    desc.op = match wr.op {
-        SendOp::Send => Op::Send(None),
-        SendOp::SendWithImm(imm) => Op::Send(Some(imm)),
-        SendOp::Write(r) => Op::Write(r, None),
-        SendOp::WriteWithImm(r, imm) => Op::Write(r, Some(imm)),
-        SendOp::Read(r) => Op::Read(r),
-        SendOp::CompareSwap { remote, compare, swap } => Op::CompSwap(remote, compare, swap),
-        SendOp::FetchAdd { remote, add } => Op::FetchAdd(remote, add),
-        SendOp::BindMw { mw, mr, addr, len, access } => {
-            Op::BindMw { mw: mw.shared.clone(), mr: mr.shared.clone(), addr, len, access }
-        }
-        SendOp::LocalInv(rkey) => Op::LocalInv(rkey),
-    };
-    if let Op::CompSwap(r, ..) | Op::FetchAdd(r, _) = &desc.op {
-        if len < 8 || r.addr % 8 != 0 {
-            return Err(invalid(
-                "atomics need an 8-byte local buffer and an 8-byte aligned remote address",
-            ));
-        }
-    }
-    if inline {
-        if !matches!(desc.op, Op::Send(_) | Op::Write(..)) {
-            return Err(invalid("only sends and writes may be inline"));
-        }
-        if len > u64::from(qp.cap.max_inline_data) {
-            return Err(invalid(format!(
-                "{len} bytes inline, max_inline_data is {}",
-                qp.cap.max_inline_data
-            )));
-        }
-        let mut data = ArrayVec::<u8, MAX_INLINE>::new();
-        for sge in wr.sgl {
-            // SAFETY: the caller guarantees inline SGEs are readable; the length is bounded by
-            // max_inline_data <= MAX_INLINE, checked above.
-            let bytes =
-                unsafe { std::slice::from_raw_parts(sge.addr as *const u8, sge.length as usize) };
-            data.try_extend_from_slice(bytes).map_err(|_| invalid("inline payload too large"))?;
-        }
-        desc.inline = Some(data);
-    }
-    if qp.qp_type == QpType::Ud {
-        let Some(ud) = wr.ud else {
-            return Err(invalid("a UD send needs a destination (SendWr::to)"));
-        };
-        if ud.ah.pd != qp.pd {
-            return Err(invalid("the address handle belongs to another protection domain"));
-        }
-        desc.ud = Some((ud.ah.dgid, ud.qpn, ud.qkey));
-    }
-    Ok(desc)
-}
-
 /// Posts a batch of send requests.
 ///
 /// # Safety
-/// As [`crate::Qp::post_send`].
+/// As [`crate::Qp::post_send`]; in particular inline SGEs' `addr..addr+length` are readable.
 pub(crate) unsafe fn post_send(qp: &QpShared, wrs: &[SendWr<'_, Soft>]) -> Result<()> {
     let mut sq = qp.sq();
+    let mut keys = Fabric::get().keys_lazy();
     for (index, wr) in wrs.iter().enumerate() {
         let fail = |source| Error::PostSend { qpn: qp.qpn, index, source };
-        // SAFETY: forwarded from this function's contract.
-        let desc = unsafe { admit(qp, wr) }.map_err(fail)?;
-        qp.submit(&mut sq, desc).map_err(fail)?;
+        let head = admit(qp, wr).map_err(fail)?;
+        // SAFETY: forwarded from this function's contract (inline SGEs are readable; the other
+        // buffers stay valid until completion).
+        unsafe { qp.submit(&mut sq, head, wr.sgl, &mut keys) }.map_err(fail)?;
     }
     Ok(())
 }
@@ -174,13 +47,66 @@ pub(crate) unsafe fn post_send(qp: &QpShared, wrs: &[SendWr<'_, Soft>]) -> Resul
 /// Local buffers resolved to pointers.
 type Segs = ArrayVec<(*mut u8, usize), MAX_SGE>;
 
-fn resolve_local(keys: &KeyTable, sges: &[Sge], write: bool, pd: u64) -> Result<Segs, WcStatus> {
-    let mut segs = Segs::new();
+/// Resolves a local gather/scatter list into `out` (zero-length entries are skipped): the
+/// common single entry here, longer lists out of line (inlined, the loop bounded by
+/// `MAX_SGE` is unrolled into far more code than one entry needs).
+#[inline]
+fn resolve_local(
+    keys: &KeyTable,
+    sges: &[Sge],
+    write: bool,
+    pd: u64,
+    out: &mut Segs,
+) -> Result<(), WcStatus> {
+    match sges {
+        [] => Ok(()),
+        [s] if s.length == 0 => Ok(()),
+        [s] => {
+            let p = keys.local(s.lkey, s.addr, s.length, write, pd)?;
+            out.try_push((p, s.length as usize)).map_err(|_| WcStatus::LocLenErr)
+        }
+        _ => resolve_many(keys, sges, write, pd, out),
+    }
+}
+
+/// [`resolve_local`] for lists of two entries or more.
+#[inline(never)]
+fn resolve_many(
+    keys: &KeyTable,
+    sges: &[Sge],
+    write: bool,
+    pd: u64,
+    out: &mut Segs,
+) -> Result<(), WcStatus> {
     for s in sges.iter().filter(|s| s.length > 0) {
         let p = keys.local(s.lkey, s.addr, s.length, write, pd)?;
-        segs.push((p, s.length as usize));
+        // The lists are bounded by max_send_sge/max_recv_sge <= MAX_SGE.
+        out.try_push((p, s.length as usize)).map_err(|_| WcStatus::LocLenErr)?;
     }
-    Ok(segs)
+    Ok(())
+}
+
+/// The segments of an inline payload: its SGEs' own addresses (no key is checked).
+#[inline]
+fn inline_segs(sges: &[Sge], out: &mut Segs) -> Result<(), WcStatus> {
+    if let [s] = sges {
+        if s.length > 0 {
+            out.try_push((s.addr as *mut u8, s.length as usize))
+                .map_err(|_| WcStatus::LocLenErr)?;
+        }
+        return Ok(());
+    }
+    inline_many(sges, out)
+}
+
+/// [`inline_segs`] for lists of any other length.
+#[inline(never)]
+fn inline_many(sges: &[Sge], out: &mut Segs) -> Result<(), WcStatus> {
+    for s in sges.iter().filter(|s| s.length > 0) {
+        // At most max_send_sge <= MAX_SGE entries (admission).
+        out.try_push((s.addr as *mut u8, s.length as usize)).map_err(|_| WcStatus::LocLenErr)?;
+    }
+    Ok(())
 }
 
 /// Copies the bytes of `src` (a gather list) into `dst` (a scatter list) in order, skipping
@@ -188,7 +114,27 @@ fn resolve_local(keys: &KeyTable, sges: &[Sge], write: bool, pd: u64) -> Result<
 ///
 /// # Safety
 /// Every segment must be valid for its length (resolved from live regions).
-unsafe fn copy_segs(
+#[inline]
+unsafe fn copy_segs(src: &[(*mut u8, usize)], dst: &[(*mut u8, usize)], skip: usize, len: usize) {
+    if len == 0 {
+        return; // zero-length accesses resolve no pointer (it may be null)
+    }
+    if let ([(s, slen)], [(d, dlen)], 0) = (src, dst, skip) {
+        // SAFETY: both ranges lie within their segments; they may overlap when a QP targets
+        // its own memory, hence `copy` (memmove).
+        unsafe { std::ptr::copy(*s, *d, len.min(*slen).min(*dlen)) };
+        return;
+    }
+    // SAFETY: forwarded from this function's contract.
+    unsafe { copy_many(src, dst, skip, len) }
+}
+
+/// [`copy_segs`] for anything but one segment on each side.
+///
+/// # Safety
+/// As [`copy_segs`].
+#[inline(never)]
+unsafe fn copy_many(
     src: &[(*mut u8, usize)],
     dst: &[(*mut u8, usize)],
     mut skip: usize,
@@ -232,25 +178,37 @@ fn transport_allows(t: QpType, op: &Op) -> bool {
     }
 }
 
-/// Runs one request. The requester's QP is `qp` (whose send queue `sq` the caller holds).
+/// Runs one request (`d`, whose gather/scatter list is `sges`). The requester's QP is `qp`
+/// (whose send queue `sq` the caller holds).
 ///
 /// The order of the checks is rxe's: the requester's local gather list; the responder's QP
 /// (state, then the remote rights of the QP); for messages that consume a receive, the receive
 /// (RNR on RC when there is none); the rkey; the data; for reads and atomics, the local scatter
 /// list when the response arrives.
-pub(crate) fn execute(qp: &QpShared, sq: &mut SendQueue, d: &Desc) -> Step {
+///
+/// # Safety
+/// When `d.inline`, every SGE's `addr..addr+length` must be readable.
+#[inline]
+pub(crate) unsafe fn execute(
+    qp: &QpShared,
+    sq: &mut SendQueue,
+    d: &Head,
+    sges: &[Sge],
+    keys: &mut Keys<'_>,
+) -> Step {
     if !transport_allows(qp.qp_type, &d.op) {
         return Step::Done(WcStatus::LocQpOpErr, 0);
     }
     match &d.op {
         Op::BindMw { mw, mr, addr, len, access } => {
+            keys.release(); // the bind writes the key table
             return match mw.bind(mr, *addr, *len, *access, qp.pd, qp.qpn) {
                 Ok(_) => Step::Done(WcStatus::Success, 0),
                 Err(st) => Step::Done(st, 0),
             };
         }
         Op::LocalInv(rkey) => {
-            let mw = match Fabric::get().keys().get(*rkey) {
+            let mw = match keys.get().get(*rkey) {
                 Some(KeyEntry::Mw(mw)) => Some(mw.clone()),
                 _ => None,
             };
@@ -263,25 +221,24 @@ pub(crate) fn execute(qp: &QpShared, sq: &mut SendQueue, d: &Desc) -> Step {
         }
         _ => {}
     }
-    let len = d.len();
+    let len = d.len;
     let len32 = len.min(u64::from(u32::MAX)) as u32;
     let reliable = qp.qp_type == QpType::Rc;
     let sent = Step::Done(WcStatus::Success, len32);
-    let keys = Fabric::get().keys();
+    let keys = keys.get();
     // The gather list of sends and writes is read before anything goes on the wire.
-    let inline_seg;
-    let src: Segs = match (&d.inline, &d.op) {
-        (Some(data), _) => {
-            inline_seg = [(data.as_ptr().cast_mut(), data.len())];
-            inline_seg.iter().copied().collect()
+    let mut src = Segs::new();
+    if d.inline {
+        if let Err(st) = inline_segs(sges, &mut src) {
+            return Step::Done(st, 0);
         }
-        (None, Op::Send(_) | Op::Write(..)) => match resolve_local(&keys, &d.sges, false, qp.pd) {
-            Ok(s) => s,
-            Err(st) => return Step::Done(st, 0),
-        },
-        _ => Segs::new(),
-    };
-    let target = match (qp.qp_type, d.ud) {
+    } else if let Op::Send(_) | Op::Write(..) = d.op {
+        if let Err(st) = resolve_local(keys, sges, false, qp.pd, &mut src) {
+            return Step::Done(st, 0);
+        }
+    }
+    let ud_target;
+    let target: &QpShared = match (qp.qp_type, d.ud) {
         (QpType::Ud, Some((dgid, qpn, qkey))) => {
             // Longer than the MTU: nothing is sent, and the send "succeeds" (IB C10-93.1.1).
             if len > u64::from(qp.mtu.load(Ordering::Relaxed)) {
@@ -293,7 +250,8 @@ pub(crate) fn execute(qp: &QpShared, sq: &mut SendQueue, d: &Desc) -> Step {
                         t.dropped.fetch_add(1, Ordering::Relaxed);
                         return sent;
                     }
-                    t
+                    ud_target = t;
+                    &ud_target
                 }
                 _ => return sent,
             }
@@ -305,7 +263,7 @@ pub(crate) fn execute(qp: &QpShared, sq: &mut SendQueue, d: &Desc) -> Step {
             _ => return sent,
         },
     };
-    let r = Responder { qp, target: &target, keys: &keys, reliable, len, sent };
+    let r = Responder { qp, target, keys, reliable, len, sent };
     let need = match d.op {
         Op::Write(..) => AccessFlags::REMOTE_WRITE,
         Op::Read(_) => AccessFlags::REMOTE_READ,
@@ -323,10 +281,10 @@ pub(crate) fn execute(qp: &QpShared, sq: &mut SendQueue, d: &Desc) -> Step {
                 Ok(p) => p,
                 Err(st) => return r.class_c(st),
             };
-            let dst = match resolve_local(&keys, &d.sges, true, qp.pd) {
-                Ok(dst) => dst,
-                Err(_) => return Step::Done(WcStatus::LocProtErr, 0),
-            };
+            let mut dst = Segs::new();
+            if resolve_local(keys, sges, true, qp.pd, &mut dst).is_err() {
+                return Step::Done(WcStatus::LocProtErr, 0);
+            }
             // SAFETY: `p` covers `len` bytes of a live region (resolved under the key table's
             // read lock, which deregistration needs for writing); `dst` are live local buffers.
             unsafe { copy_segs(&[(p, len as usize)], &dst, 0, len as usize) };
@@ -349,10 +307,10 @@ pub(crate) fn execute(qp: &QpShared, sq: &mut SendQueue, d: &Desc) -> Step {
                 _ => 0,
             };
             // The old value comes back in the response; a bad scatter list fails only then.
-            let dst = match resolve_local(&keys, &d.sges, true, qp.pd) {
-                Ok(dst) => dst,
-                Err(_) => return Step::Done(WcStatus::LocProtErr, 0),
-            };
+            let mut dst = Segs::new();
+            if resolve_local(keys, sges, true, qp.pd, &mut dst).is_err() {
+                return Step::Done(WcStatus::LocProtErr, 0);
+            }
             let bytes = old.to_ne_bytes();
             // SAFETY: `dst` are live local buffers with LOCAL_WRITE, 8 bytes or more (checked
             // at post).
@@ -429,8 +387,9 @@ impl Responder<'_> {
             Err(step) => return step,
         };
         let grh = if self.qp.qp_type == QpType::Ud { u64::from(GRH_BYTES) } else { 0 };
-        let dst = match resolve_local(self.keys, &recv.sges, true, self.target.recv_pd()) {
-            Ok(d) if self.len + grh <= recv.capacity() => d,
+        let mut dst = Segs::new();
+        match resolve_local(self.keys, &recv.sges, true, self.target.recv_pd(), &mut dst) {
+            Ok(()) if self.len + grh <= recv.capacity() => {}
             // A receive too small or with a bad scatter list is a malformed WQE (class A): the
             // receive fails with a local QP operation error and its QP goes to ERR, whatever
             // the transport; an RC requester is told with a remote operational error.
@@ -443,7 +402,7 @@ impl Responder<'_> {
                     self.sent.clone()
                 };
             }
-        };
+        }
         if grh > 0 {
             let zeros = [0u8; GRH_BYTES as usize];
             // SAFETY: `dst` are live buffers of the target's PD with LOCAL_WRITE holding at
@@ -456,6 +415,7 @@ impl Responder<'_> {
         self.sent.clone()
     }
 
+    #[inline(always)]
     fn write(&self, src: &[(*mut u8, usize)], remote: RemoteAddr, imm: Option<u32>) -> Step {
         // rxe takes the receive of a write-with-immediate before checking the key, except on
         // UC without an SRQ, where a message with a bad key is dropped untouched.

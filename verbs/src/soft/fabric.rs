@@ -35,6 +35,7 @@ pub(crate) struct KeyTable {
 }
 
 impl KeyTable {
+    #[inline]
     fn slot_of(key: u32) -> usize {
         (key >> 8) as usize
     }
@@ -80,6 +81,7 @@ impl KeyTable {
     }
 
     /// What `key` names, if it is current.
+    #[inline]
     pub(crate) fn get(&self, key: u32) -> Option<&KeyEntry> {
         let slot = self.slots.get(Self::slot_of(key))?;
         if u32::from(slot.generation) != key & 0xff {
@@ -92,6 +94,7 @@ impl KeyTable {
     /// LOCAL_WRITE when the device writes it. As in rxe, a key that does not resolve (unknown,
     /// other PD, missing right) is a local QP operation error, a range outside the region a
     /// local protection error.
+    #[inline]
     pub(crate) fn local(
         &self,
         lkey: u32,
@@ -112,6 +115,7 @@ impl KeyTable {
     /// Resolves a remote access on behalf of the target QP (`pd`, `qpn`): the key must be a
     /// region of that PD or a window bound through that QP, covering the range and granting
     /// `need`.
+    #[inline]
     pub(crate) fn remote(
         &self,
         rkey: u32,
@@ -131,6 +135,33 @@ impl KeyTable {
             Some(KeyEntry::Mw(mw)) => mw.ptr_for(addr, len, need, pd, qpn),
             None => Err(WcStatus::RemAccessErr),
         }
+    }
+}
+
+/// A read lock on the key table, taken when a request first needs a key and held until the
+/// end of the batch (one lock round trip per post or poll rather than per request). While it is
+/// held, regions and windows cannot be deregistered, so the pointers resolved under it stay
+/// valid. Anything that writes the table (a bind) must [`Keys::release`] it first.
+pub(crate) struct Keys<'a> {
+    fabric: &'a Fabric,
+    guard: Option<RwLockReadGuard<'a, KeyTable>>,
+}
+
+impl Keys<'_> {
+    /// The table, locking it if this guard does not hold it yet.
+    pub(crate) fn get(&mut self) -> &KeyTable {
+        self.guard.get_or_insert_with(|| self.fabric.keys())
+    }
+
+    /// Unlocks the table (the next [`Keys::get`] locks it again).
+    pub(crate) fn release(&mut self) {
+        self.guard = None;
+    }
+}
+
+impl std::fmt::Debug for Keys<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keys").field("locked", &self.guard.is_some()).finish()
     }
 }
 
@@ -164,6 +195,12 @@ impl Fabric {
     /// panic could break half-way).
     pub(crate) fn keys(&self) -> RwLockReadGuard<'_, KeyTable> {
         self.keys.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The key table, read-locked on first use and kept locked across a batch of requests:
+    /// see [`Keys`].
+    pub(crate) fn keys_lazy(&self) -> Keys<'_> {
+        Keys { fabric: self, guard: None }
     }
 
     /// Runs `f` on the key table for writing.

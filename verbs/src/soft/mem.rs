@@ -23,6 +23,7 @@ pub(crate) struct MrShared {
 
 impl MrShared {
     /// Pointer to `len` bytes at virtual address `addr`, if inside the region.
+    #[inline]
     pub(crate) fn ptr_for(&self, addr: u64, len: u64) -> Option<*mut u8> {
         let off = addr.checked_sub(self.addr)?;
         (off.checked_add(len)? <= self.len).then(|| (self.addr + off) as *mut u8)

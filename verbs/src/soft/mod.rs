@@ -18,6 +18,7 @@ mod exec;
 mod fabric;
 mod mem;
 mod qp;
+mod req;
 
 pub use cm::{
     SoftConnRequest, SoftConnection, SoftListener, MAX_ACCEPT_PRIVATE_DATA,

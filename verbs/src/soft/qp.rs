@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use arrayvec::ArrayVec;
@@ -12,10 +12,11 @@ use crossbeam_queue::ArrayQueue;
 
 use super::context::CtxShared;
 use super::cq::{CqShared, SoftCq};
-use super::exec::{Desc, Step};
-use super::fabric::Fabric;
+use super::exec::Step;
+use super::fabric::{Fabric, Keys};
 use super::limits;
 use super::mem::SoftPd;
+use super::req::{Desc, Head};
 use super::Soft;
 use crate::error::{errno, invalid, Error, Result};
 use crate::provider::QpInitAttr;
@@ -107,32 +108,46 @@ pub(crate) enum RecvSource {
     Srq(Arc<SrqShared>),
 }
 
-/// A send request waiting for its RNR timer.
+/// A send request waiting for its RNR timer, or behind one that does.
 #[derive(Debug)]
 pub(crate) struct Pending {
     pub(crate) desc: Desc,
-    next_try: Instant,
+    /// When it may run; `None`: as soon as the requests before it have.
+    next_try: Option<Instant>,
     rnr_left: u8,
 }
 
 /// The initiator side of a QP: what only its owner and its CQ's poll touch.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct SendQueue {
-    peer: Weak<QpShared>,
+    /// The connected peer, held (rather than looked up per request) from RTR until this QP
+    /// is destroyed or connected again, when [`SoftQp`]'s drop or `modify` lets it go; a
+    /// peer destroyed meanwhile is in RESET, so that it receives nothing, as if gone.
+    peer: Option<Arc<QpShared>>,
     pub(crate) peer_qpn: u32,
     rnr_retry: u8,
     pub(crate) pending: VecDeque<Pending>,
 }
 
+impl std::fmt::Debug for SendQueue {
+    // By hand: printing the peer would recurse into the peer's own send queue.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendQueue")
+            .field("peer_qpn", &self.peer_qpn)
+            .field("peer_found", &self.peer.is_some())
+            .field("rnr_retry", &self.rnr_retry)
+            .field("pending", &self.pending)
+            .finish()
+    }
+}
+
 impl SendQueue {
-    /// The connected peer (RC/UC), found again by number if it was not there at RTR.
-    pub(crate) fn peer(&mut self) -> Option<Arc<QpShared>> {
-        if let Some(p) = self.peer.upgrade() {
-            return Some(p);
+    /// The connected peer (RC/UC), looked up by number if it was not there at RTR.
+    pub(crate) fn peer(&mut self) -> Option<&QpShared> {
+        if self.peer.is_none() {
+            self.peer = Fabric::get().qp(self.peer_qpn);
         }
-        let p = Fabric::get().qp(self.peer_qpn)?;
-        self.peer = Arc::downgrade(&p);
-        Some(p)
+        self.peer.as_deref()
     }
 }
 
@@ -158,28 +173,33 @@ pub(crate) struct QpShared {
     pub(crate) dropped: AtomicU64,
 }
 
-const STATES: [QpState; 7] = [
-    QpState::Reset,
-    QpState::Init,
-    QpState::Rtr,
-    QpState::Rts,
-    QpState::Sqd,
-    QpState::Sqe,
-    QpState::Err,
-];
-
 impl QpShared {
+    /// The state (stored as its discriminant).
     pub(crate) fn state(&self) -> QpState {
-        STATES[self.state.load(Ordering::Acquire) as usize]
+        match self.state.load(Ordering::Acquire) {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            4 => QpState::Sqd,
+            5 => QpState::Sqe,
+            _ => QpState::Err,
+        }
+    }
+
+    /// Whether the QP is in state `s` (one load and compare, for the data path).
+    pub(crate) fn is(&self, s: QpState) -> bool {
+        self.state.load(Ordering::Acquire) == s as u8
     }
 
     fn set_state(&self, s: QpState) {
-        self.state.store(STATES.iter().position(|x| *x == s).unwrap_or(6) as u8, Ordering::Release);
+        self.state.store(s as u8, Ordering::Release);
     }
 
     /// Whether incoming messages are accepted (RTR or RTS).
     pub(crate) fn receiving(&self) -> bool {
-        matches!(self.state(), QpState::Rtr | QpState::Rts)
+        let s = self.state.load(Ordering::Acquire);
+        s == QpState::Rtr as u8 || s == QpState::Rts as u8
     }
 
     pub(crate) fn access(&self) -> AccessFlags {
@@ -253,10 +273,11 @@ impl QpShared {
 
     /// Finishes a send request: its completion when it asks for one or failed, and the move
     /// to ERR (with the flush of everything queued behind it) on failure.
+    #[inline(always)]
     pub(crate) fn complete(
         &self,
         sq: &mut SendQueue,
-        desc: &Desc,
+        desc: &Head,
         status: WcStatus,
         byte_len: u32,
     ) {
@@ -281,15 +302,27 @@ impl QpShared {
 
     fn flush_pending(&self, sq: &mut SendQueue) {
         while let Some(p) = sq.pending.pop_front() {
-            self.send_cq.push(self.error_wc(p.desc.wr_id, WcStatus::WrFlushErr));
+            self.send_cq.push(self.error_wc(p.desc.head.wr_id, WcStatus::WrFlushErr));
         }
     }
 
-    /// Runs one send request now, or queues it behind earlier ones / for its RNR timer.
-    pub(crate) fn submit(&self, sq: &mut SendQueue, desc: Desc) -> std::io::Result<()> {
-        if self.state() == QpState::Err {
+    /// Runs one send request (`head`, with the gather/scatter list `sges`) now, or queues a
+    /// copy of it behind earlier ones / for its RNR timer.
+    ///
+    /// # Safety
+    /// When `head.inline`, every SGE's `addr..addr+length` must be readable; the buffers of
+    /// the others stay valid until the request completes.
+    #[inline(always)]
+    pub(crate) unsafe fn submit(
+        &self,
+        sq: &mut SendQueue,
+        head: Head,
+        sges: &[Sge],
+        keys: &mut Keys<'_>,
+    ) -> std::io::Result<()> {
+        if self.is(QpState::Err) {
             self.flush_pending(sq);
-            self.send_cq.push(self.error_wc(desc.wr_id, WcStatus::WrFlushErr));
+            self.send_cq.push(self.error_wc(head.wr_id, WcStatus::WrFlushErr));
             return Ok(());
         }
         if !sq.pending.is_empty() {
@@ -297,21 +330,23 @@ impl QpShared {
                 return Err(errno(libc::ENOMEM));
             }
             let rnr_left = sq.rnr_retry;
-            sq.pending.push_back(Pending { desc, next_try: Instant::now(), rnr_left });
+            // SAFETY: forwarded from this function's contract.
+            let desc = unsafe { Desc::keep(head, sges) };
+            sq.pending.push_back(Pending { desc, next_try: None, rnr_left });
             return Ok(());
         }
-        match super::exec::execute(self, sq, &desc) {
-            Step::Done(status, len) => self.complete(sq, &desc, status, len),
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { super::exec::execute(self, sq, &head, sges, keys) } {
+            Step::Done(status, len) => self.complete(sq, &head, status, len),
             Step::Rnr(wait) => {
                 if sq.rnr_retry == 0 {
-                    self.complete(sq, &desc, WcStatus::RnrRetryExcErr, 0);
+                    self.complete(sq, &head, WcStatus::RnrRetryExcErr, 0);
                 } else {
                     let rnr_left = sq.rnr_retry - 1;
-                    sq.pending.push_back(Pending {
-                        desc,
-                        next_try: Instant::now() + wait,
-                        rnr_left,
-                    });
+                    // SAFETY: forwarded from this function's contract.
+                    let desc = unsafe { Desc::keep(head, sges) };
+                    let next_try = Some(Instant::now() + wait);
+                    sq.pending.push_back(Pending { desc, next_try, rnr_left });
                     self.send_cq.note_work();
                 }
             }
@@ -331,22 +366,25 @@ impl QpShared {
             return false;
         }
         let now = Instant::now();
+        let mut keys = Fabric::get().keys_lazy();
         while let Some(front) = sq.pending.front() {
-            if front.next_try > now {
+            if front.next_try.is_some_and(|t| t > now) {
                 return true;
             }
             let Some(p) = sq.pending.pop_front() else { break };
-            match super::exec::execute(self, &mut sq, &p.desc) {
-                Step::Done(status, len) => self.complete(&mut sq, &p.desc, status, len),
+            let (head, sges) = (&p.desc.head, &p.desc.sges);
+            // SAFETY: a kept request's inline SGE points at its own copy of the payload.
+            match unsafe { super::exec::execute(self, &mut sq, head, sges, &mut keys) } {
+                Step::Done(status, len) => self.complete(&mut sq, head, status, len),
                 Step::Rnr(wait) => {
                     if p.rnr_left == 0 {
-                        self.complete(&mut sq, &p.desc, WcStatus::RnrRetryExcErr, 0);
+                        self.complete(&mut sq, head, WcStatus::RnrRetryExcErr, 0);
                     } else {
                         // 7 means "retry forever".
                         let rnr_left = if sq.rnr_retry == 7 { 7 } else { p.rnr_left - 1 };
                         sq.pending.push_front(Pending {
                             desc: p.desc,
-                            next_try: now + wait,
+                            next_try: Some(now + wait),
                             rnr_left,
                         });
                         return true;
@@ -427,6 +465,11 @@ impl Drop for SoftQp {
     fn drop(&mut self) {
         Fabric::get().remove_qp(self.shared.qpn);
         self.shared.set_state(QpState::Reset);
+        // Lets the peer go (two connected QPs hold each other), and forgets deferred sends,
+        // so that a destroyed QP its peer still holds does nothing more on the CQ.
+        let mut sq = self.shared.sq();
+        sq.peer = None;
+        sq.pending.clear();
     }
 }
 
@@ -480,7 +523,7 @@ impl crate::Qp<Soft> for SoftQp {
                     qp.mtu.store(attr.path_mtu.bytes().min(limits::MTU.bytes()), Ordering::Relaxed);
                     let mut sq = qp.sq();
                     sq.peer_qpn = attr.dest.qpn;
-                    sq.peer = Weak::new();
+                    sq.peer = None;
                     let _ = sq.peer();
                 }
             }

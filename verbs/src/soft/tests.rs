@@ -111,6 +111,41 @@ fn rnr_retry_succeeds_once_a_receive_is_posted() {
     drop(b.pd);
 }
 
+/// A request that waits behind an RNR retry is kept as a copy: its inline payload is taken at
+/// post (the caller's buffer is reused at once), its SGEs by value, and it runs in order.
+#[test]
+fn requests_behind_an_rnr_wait_keep_their_inline_payload() {
+    let attr = QpAttr { rnr_retry: 7, min_rnr_timer: 1, ..QpAttr::default() };
+    let (mut a, mut b) = pair(QpType::Rc, attr);
+    let sge = [a.mr.sge(0, 8).unwrap()];
+    // SAFETY: the regions outlive the completions polled below.
+    unsafe { a.qp.post_send(&[SendWr::new(1, SendOp::Send, &sge)]).unwrap() };
+    let mut payload = *b"0123456789abcdef";
+    let (head, tail) = payload.split_at(5);
+    let inline = [
+        Sge { addr: head.as_ptr() as u64, length: 5, lkey: 0 },
+        Sge { addr: 0, length: 0, lkey: 0 },
+        Sge { addr: tail.as_ptr() as u64, length: 11, lkey: 0 },
+    ];
+    let wr = SendWr::new(2, SendOp::Write(b.mr.remote(200)), &inline)
+        .flags(SendFlags::INLINE | SendFlags::SIGNALED);
+    let write = SendWr::new(3, SendOp::Write(b.mr.remote(300)), &sge);
+    // SAFETY: the inline SGEs are readable now; `a.mr` outlives the completions.
+    unsafe { a.qp.post_send(&[wr, write]).unwrap() };
+    payload.fill(b'x');
+    assert_eq!(payload[0], b'x');
+    let rsge = [b.mr.sge(0, 64).unwrap()];
+    // SAFETY: as above.
+    unsafe { b.qp.post_recv(&[RecvWr { wr_id: 9, sgl: &rsge }]).unwrap() };
+    for id in 1..=3 {
+        let wc = poll_one(&a.cq);
+        assert_eq!((wc.wr_id, wc.status), (id, WcStatus::Success));
+    }
+    let mut out = [0u8; 16];
+    b.mr.read_at(200, &mut out).unwrap();
+    assert_eq!(&out, b"0123456789abcdef");
+}
+
 #[test]
 fn bad_rkey_moves_both_sides_to_err() {
     let (mut a, mut b) = pair(QpType::Rc, QpAttr::default());
