@@ -9,16 +9,16 @@ use corelink_config::Validated;
 use corelink_verbs::{AccessFlags, Context, Mr, Pd, Provider, QpAttr, QpCap, RemoteRegion};
 
 use crate::client::Client;
-use crate::control::{Command, Control, Placement, WorkerLink};
+use crate::control::{Command, Control, ControlCfg, Placement, QpPool, WorkerLink};
 use crate::error::{EngineError, Result};
 use crate::handoff::ToWorker;
-use crate::metrics::Metrics;
+use crate::metrics::{ControlMetrics, Metrics};
 use crate::pool::Pool;
 use crate::ring::ring;
 use crate::slab::Slab;
 use crate::tunables::{
     CLIENT_RING, CONTROL_RING, MAX_CLIENTS_PER_WORKER, MAX_CONNS_PER_WORKER, MAX_POLL_BATCH,
-    MAX_TIMERS,
+    MAX_REQUESTS_PER_WORKER, MAX_SGE, MAX_TIMERS, MERGE_TABLE,
 };
 use crate::worker::{Cx, Handler, Worker, WorkerCfg};
 
@@ -32,6 +32,7 @@ pub struct Engine<P: Provider> {
     workers: Vec<JoinHandle<()>>,
     threads: Vec<std::thread::Thread>,
     metrics: Vec<Arc<Mutex<Metrics>>>,
+    control_metrics: Arc<Mutex<ControlMetrics>>,
     clients: Vec<usize>,
     listen_addr: Option<SocketAddr>,
     regions: Vec<RemoteRegion>,
@@ -92,7 +93,7 @@ impl<P: Provider> Engine<P> {
         let cap = QpCap {
             max_send_wr: w.send_queue_depth,
             max_recv_wr: w.recv_queue_depth.max(crate::tunables::RECVS_PER_CONN as u32),
-            max_send_sge: 1,
+            max_send_sge: if w.scheduler.coalesce_writes { MAX_SGE as u32 } else { 1 },
             max_recv_sge: 1,
             max_inline_data: w.max_inline,
         };
@@ -109,14 +110,8 @@ impl<P: Provider> Engine<P> {
             .find(|&s| s >= 4096)
             .or(classes.last().map(|c| c.0))
             .unwrap_or(4096);
-        let wcfg = WorkerCfg {
-            poll_budget: (w.poll_budget as usize).clamp(1, MAX_POLL_BATCH),
-            sq_depth: w.send_queue_depth,
-            max_inline: w.max_inline,
-            recv_size,
-            idle_after: (w.idle_after_us > 0)
-                .then(|| std::time::Duration::from_micros(w.idle_after_us)),
-        };
+        let wcfg =
+            WorkerCfg::from_map(w, recv_size, (w.poll_budget as usize).clamp(1, MAX_POLL_BATCH));
 
         let mut links = Vec::new();
         let mut workers = Vec::new();
@@ -130,6 +125,15 @@ impl<P: Provider> Engine<P> {
                 pd.register(REGION_BYTES, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ALL)?,
             );
             regions.push(region.region());
+            // The worker's QPs, made ahead on its PD and CQ (in RESET until a connection).
+            let qps = QpPool::new(
+                i,
+                pd.clone(),
+                cq.clone(),
+                cap,
+                w.qps.pool as usize,
+                w.qps.max as usize,
+            )?;
             let (to_w, from_c) = ring(CONTROL_RING);
             let (to_c, from_w) = ring(CONTROL_RING);
             let published = Arc::new(Mutex::new(Metrics { worker: i, ..Metrics::default() }));
@@ -162,7 +166,8 @@ impl<P: Provider> Engine<P> {
                         generations: vec![0; MAX_CONNS_PER_WORKER],
                         free_conns: (0..MAX_CONNS_PER_WORKER as u16).rev().collect(),
                         dirty: Vec::with_capacity(MAX_CONNS_PER_WORKER * 2),
-                        inflight: Slab::new(MAX_CONNS_PER_WORKER * 64),
+                        reqs: Slab::new(MAX_REQUESTS_PER_WORKER),
+                        merges: crate::worker::MergeTable::with_capacity(MERGE_TABLE),
                         to_control: to_c,
                         control_backlog: std::collections::VecDeque::with_capacity(CONTROL_RING),
                         notices: std::collections::VecDeque::with_capacity(4096),
@@ -190,19 +195,21 @@ impl<P: Provider> Engine<P> {
             ready_rx.recv().map_err(|e| thread_err(format!("worker {i}"), e))??;
             threads.push(jh.thread().clone());
             links.push(WorkerLink {
-                pd,
-                cq,
                 region: region.region(),
                 to: to_w,
                 from: from_w,
                 thread: jh.thread().clone(),
+                qps,
                 conns: 0,
+                lanes: 0,
                 stopped: false,
             });
             workers.push(jh);
         }
         let (tx, rx) = mpsc::channel();
-        let control = Control::new(ctx, listener, links, rx, placement, cap, attr);
+        let control_metrics = Arc::new(Mutex::new(ControlMetrics::default()));
+        let cfg = ControlCfg { placement, attr, per_conn: w.qps.per_conn as usize };
+        let control = Control::new(ctx, listener, links, rx, cfg, control_metrics.clone());
         let control_core = map.control_core;
         let control = std::thread::Builder::new()
             .name("corelink-control".into())
@@ -218,6 +225,7 @@ impl<P: Provider> Engine<P> {
             workers,
             threads,
             metrics,
+            control_metrics,
             clients: vec![0; n],
             listen_addr,
             regions,
@@ -263,6 +271,12 @@ impl<P: Provider> Engine<P> {
     /// Every worker's metrics, as last published (every few thousand iterations and at exit).
     pub fn metrics(&self) -> Vec<Metrics> {
         self.metrics.iter().map(|m| m.lock().map(|m| m.clone()).unwrap_or_default()).collect()
+    }
+
+    /// The control core's counters (connections and QPs by worker), as last published (when
+    /// they change).
+    pub fn control_metrics(&self) -> ControlMetrics {
+        self.control_metrics.lock().map(|m| m.clone()).unwrap_or_default()
     }
 
     /// Stops accepting, lets in-flight requests finish (or flush after a grace period),

@@ -38,6 +38,23 @@ pub enum EngineError {
         /// What went wrong.
         detail: String,
     },
+    /// A request named a class the scheduler does not have.
+    #[error("request class {class}: classes are 0..{classes}")]
+    NoSuchClass {
+        /// The class asked for.
+        class: u8,
+        /// Classes there are.
+        classes: usize,
+    },
+    /// The flat path found every QP of the connection full: nothing was posted.
+    #[error("connection {0}: every QP has its send queue (or its reads and atomics) full")]
+    QueueFull(crate::request::ConnId),
+    /// The worker holds as many requests (waiting and in flight) as it can.
+    #[error("{limit} requests are waiting or in flight on this worker: the most it holds")]
+    TooManyRequests {
+        /// Requests held.
+        limit: usize,
+    },
     /// No size class is large enough.
     #[error("no buffer holds {len} bytes (largest: {largest})")]
     BufferTooLarge {
@@ -45,6 +62,23 @@ pub enum EngineError {
         len: usize,
         /// The largest buffer there is.
         largest: usize,
+    },
+    /// A connection's lanes would take a worker beyond `worker.qps.max` QPs.
+    #[error(
+        "worker.qps.max reached on worker {worker}: {in_use} QPs in use and {pooled} pooled of \
+         at most {max}, {need} more needed"
+    )]
+    QpLimit {
+        /// The worker.
+        worker: usize,
+        /// `worker.qps.max`.
+        max: usize,
+        /// Its QPs in use (connecting, connected, closing).
+        in_use: usize,
+        /// Its QPs ready in the pool.
+        pooled: usize,
+        /// QPs the connection needed.
+        need: usize,
     },
 }
 

@@ -3,6 +3,9 @@
 //!
 //! A worker updates its own [`Metrics`] (plain integers, no atomics, no sharing) and publishes
 //! a copy when asked; the copy prints as a table.
+//!
+//! The control core's own counters (engine connections and QPs, by worker) are
+//! [`ControlMetrics`].
 
 use std::fmt;
 
@@ -57,6 +60,12 @@ pub struct Metrics {
     pub posted: u64,
     /// Doorbells rung (post calls).
     pub doorbells: u64,
+    /// Work requests posted that asked for a completion.
+    pub signalled: u64,
+    /// Reads that rode on an identical read in flight (each saved a work request).
+    pub merged_reads: u64,
+    /// Writes that went in another write's gather list (each saved a work request).
+    pub coalesced_writes: u64,
     /// Items waiting in the worker's inbound rings at the last look.
     pub ring_occupancy: u64,
     /// Voluntary context switches of the worker thread since it started.
@@ -104,9 +113,81 @@ impl fmt::Display for Metrics {
         writeln!(f, "  {:<28} {:>14}", "empty polls", self.empty_polls)?;
         writeln!(f, "  {:<28} {:>14}", "work requests posted", self.posted)?;
         writeln!(f, "  {:<28} {:>14}", "doorbells", self.doorbells)?;
+        writeln!(f, "  {:<28} {:>14}", "signalled", self.signalled)?;
+        writeln!(f, "  {:<28} {:>14}", "merged reads", self.merged_reads)?;
+        writeln!(f, "  {:<28} {:>14}", "coalesced writes", self.coalesced_writes)?;
         writeln!(f, "  {:<28} {:>14}", "ring occupancy", self.ring_occupancy)?;
         writeln!(f, "  {:<28} {:>14}", "voluntary ctx switches", self.voluntary_switches)?;
         write!(f, "  {:<28} {:>14}", "involuntary ctx switches", self.involuntary_switches)
+    }
+}
+
+/// The control core's counters of one worker: its engine connections and its QPs (see
+/// `engine::Engine::control_metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerCounts {
+    /// Engine connections of the worker (a connection of several lanes counts once), including
+    /// accepted ones still waiting for their lanes.
+    pub connections: u64,
+    /// QPs of the worker that exist now: in use and pooled (at most `worker.qps.max`).
+    pub qps_live: u64,
+    /// QPs ready in the worker's pool now (in RESET).
+    pub qps_pooled: u64,
+    /// QPs created since start: the pool's at start, refills, and lanes that found the pool
+    /// empty.
+    pub qps_created: u64,
+    /// Lanes that got a QP a connection had used before (reset and pooled).
+    pub qps_reused: u64,
+    /// QPs destroyed: given back to a full pool, failed to reset, or lost with a connector
+    /// thread that could not start.
+    pub qps_destroyed: u64,
+    /// Connects and accepts refused because they would exceed `worker.qps.max`.
+    pub qps_refused: u64,
+    /// Lanes handed to the worker since start (`worker.qps.per_conn` of the connecting side
+    /// per connection).
+    pub lanes: u64,
+}
+
+/// The control core's counters, by worker: published by the control core whenever they
+/// change (the control core is not on the data path, so a lock there costs nothing that
+/// matters); read them with `Engine::control_metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ControlMetrics {
+    /// By worker index.
+    pub workers: Vec<WorkerCounts>,
+}
+
+impl fmt::Display for ControlMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "  {:<8} {:>11} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>8}",
+            "worker",
+            "connections",
+            "lanes",
+            "qps",
+            "pooled",
+            "created",
+            "reused",
+            "destroyed",
+            "refused"
+        )?;
+        for (i, w) in self.workers.iter().enumerate() {
+            write!(
+                f,
+                "\n  {:<8} {:>11} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>8}",
+                i,
+                w.connections,
+                w.lanes,
+                w.qps_live,
+                w.qps_pooled,
+                w.qps_created,
+                w.qps_reused,
+                w.qps_destroyed,
+                w.qps_refused
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -125,6 +206,20 @@ mod tests {
         assert_eq!(m.statuses[WcStatus::RemAccessErr as usize], 1);
         let t = m.to_string();
         assert!(t.contains("IBV_WC_RDMA_WRITE") && t.contains("IBV_WC_REM_ACCESS_ERR"), "{t}");
+    }
+
+    #[test]
+    fn control_counters_print_by_worker() {
+        let m = ControlMetrics {
+            workers: vec![WorkerCounts {
+                connections: 2,
+                qps_reused: 7,
+                ..WorkerCounts::default()
+            }],
+        };
+        let t = m.to_string();
+        assert!(t.contains("reused") && t.lines().count() == 2, "{t}");
+        assert!(t.lines().nth(1).unwrap().split_whitespace().any(|w| w == "7"), "{t}");
     }
 
     #[test]

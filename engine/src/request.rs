@@ -80,6 +80,13 @@ pub enum Op<P: Provider> {
     },
 }
 
+impl OpKind {
+    /// Its position in `[Send, Write, Read, FetchAdd, CompareSwap]`.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
 impl<P: Provider> Op<P> {
     /// The kind.
     pub fn kind(&self) -> OpKind {

@@ -42,6 +42,24 @@ impl<T> Slab<T> {
         slot.1.take()
     }
 
+    /// The value of `id`, if `id` is current.
+    pub fn get(&self, id: u64) -> Option<&T> {
+        let slot = self.slots.get((id & SLOT_MASK) as usize)?;
+        if u64::from(slot.0) != id >> SLOT_BITS {
+            return None;
+        }
+        slot.1.as_ref()
+    }
+
+    /// The value of `id`, mutably, if `id` is current.
+    pub fn get_mut(&mut self, id: u64) -> Option<&mut T> {
+        let slot = self.slots.get_mut((id & SLOT_MASK) as usize)?;
+        if u64::from(slot.0) != id >> SLOT_BITS {
+            return None;
+        }
+        slot.1.as_mut()
+    }
+
     /// Values stored.
     pub fn len(&self) -> usize {
         self.slots.len() - self.free.len()
@@ -75,7 +93,12 @@ mod tests {
         let a = s.insert('a').unwrap();
         let b = s.insert('b').unwrap();
         assert_eq!(s.insert('c'), Err('c'));
+        assert_eq!(s.get(a), Some(&'a'));
+        *s.get_mut(b).unwrap() = 'B';
+        assert_eq!(s.remove(b), Some('B'));
+        let b = s.insert('b').unwrap();
         assert_eq!(s.remove(a), Some('a'));
+        assert_eq!(s.get(a), None);
         assert_eq!(s.remove(a), None, "removed already");
         let c = s.insert('c').unwrap();
         assert_ne!(a, c, "same slot, new generation");

@@ -23,8 +23,19 @@ pub const MAX_SGE: usize = 8;
 /// Receives a connection keeps posted (each a pool buffer of the connection's message size).
 pub const RECVS_PER_CONN: usize = 32;
 
+/// Receives each lane of a connection keeps posted at least (a connection's receives are
+/// shared out over its lanes).
+pub const MIN_RECVS_PER_LANE: usize = 8;
+
 /// Connections one worker owns at most.
 pub const MAX_CONNS_PER_WORKER: usize = 1024;
+
+/// Requests one worker holds at most, waiting and in flight (its request slab); beyond, a
+/// submission fails with `TooManyRequests`.
+pub const MAX_REQUESTS_PER_WORKER: usize = 1 << 16;
+
+/// Reads in flight the merge table holds without growing (sized once, at start).
+pub const MERGE_TABLE: usize = 8192;
 
 /// Capacity of the rings between the control core and each worker (both directions).
 pub const CONTROL_RING: usize = 256;
@@ -45,8 +56,9 @@ pub const MAX_TIMERS: usize = 1024;
 /// Loop iterations between two publications of a worker's metrics.
 pub const METRICS_EVERY: u64 = 4096;
 
-/// Private data a connect request carries at most (rdma_cm over the TCP port space: 56 bytes;
-/// the engine's own header takes none of it).
+/// Private data a connect request carries at most (rdma_cm over the TCP port space: 56 bytes).
+/// The engine's own header (`control::HEADER`: region, lane group, lengths) comes first; the
+/// application gets the rest (`control::MAX_APP_PRIVATE_DATA`).
 pub const MAX_PRIVATE_DATA: usize = 56;
 
 /// Bits of a work-request id that number the request slot (the rest is its generation).
@@ -63,8 +75,10 @@ const _: () = {
     assert!(CONTROL_RING.is_power_of_two() && CLIENT_RING.is_power_of_two());
     // Request slots: every connection's send queue may be full at once.
     assert!((MAX_CONNS_PER_WORKER as u64) * 1024 <= 1 << SLOT_BITS);
+    assert!(MAX_REQUESTS_PER_WORKER <= 1 << SLOT_BITS);
     assert!(CLIENT_BATCH <= CLIENT_RING);
     // A receive's index holds its lane and its place among the lane's receives.
     assert!(MAX_QPS_PER_CONN * RECVS_PER_CONN <= 1 << 16);
+    assert!(MIN_RECVS_PER_LANE <= RECVS_PER_CONN);
     assert!(CLASSES > 0 && CLASSES <= 8 && MAX_SGE >= 1);
 };

@@ -1,5 +1,5 @@
-//! The engine end to end on the `ibverbs` provider (the checks are in `common/e2e.rs`, shared
-//! with `engine_soft.rs`), against the device named by `CORELINK_IBV_DEVICE` (e.g. Soft-RoCE's
+//! The engine end to end on the `ibverbs` provider (the checks are in `common/e2e.rs` and
+//! `common/sched.rs`, shared with `engine_soft.rs` and `sched_soft.rs`), against the device named by `CORELINK_IBV_DEVICE` (e.g. Soft-RoCE's
 //! `rxe0`), on port `CORELINK_IBV_PORT` (default 1) with GID index `CORELINK_IBV_GID_INDEX`
 //! (default 0), listening on `CORELINK_IP` with a port the connection manager picks.
 //! `tests/rxe-guest/run` sets them all:
@@ -16,6 +16,8 @@
 mod e2e;
 #[path = "common/ibverbs_env.rs"]
 mod ibverbs_env;
+#[path = "common/sched.rs"]
+mod sched;
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -46,4 +48,40 @@ fn connect_to_nowhere_fails_cleanly() {
     // Port 1 of the device's own address: nothing listens there, so the peer's connection
     // manager rejects the request.
     e2e::connect_to_nowhere_fails_cleanly::<Ibverbs>(&map, SocketAddr::new(ip, 1), "rejected");
+}
+
+/// The device's provider lines and an address on it (port chosen by the connection manager).
+fn sched_target() -> Option<(String, SocketAddr)> {
+    let (provider, ip) = ibverbs_env::target()?;
+    Some((provider, SocketAddr::new(ip, 0)))
+}
+
+#[test]
+fn sched_reads_overtake_queued_writes() {
+    let Some((p, a)) = sched_target() else { return };
+    sched::reads_overtake_queued_writes::<Ibverbs>(&p, a, a);
+}
+
+#[test]
+fn sched_no_starvation_under_a_read_flood() {
+    let Some((p, a)) = sched_target() else { return };
+    sched::no_starvation_under_a_read_flood::<Ibverbs>(&p, a);
+}
+
+#[test]
+fn sched_identical_reads_merge() {
+    let Some((p, a)) = sched_target() else { return };
+    sched::identical_reads_merge::<Ibverbs>(&p, a, a);
+}
+
+#[test]
+fn sched_adjacent_writes_coalesce() {
+    let Some((p, a)) = sched_target() else { return };
+    sched::adjacent_writes_coalesce::<Ibverbs>(&p, a);
+}
+
+#[test]
+fn sched_error_inside_an_unsignalled_run() {
+    let Some((p, a)) = sched_target() else { return };
+    sched::error_inside_an_unsignalled_run::<Ibverbs>(&p, a);
 }

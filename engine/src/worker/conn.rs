@@ -1,20 +1,43 @@
-//! A connection as its worker holds it: the QP, posted receives, requests queued this
-//! iteration, and how many are in flight.
+//! A connection as its worker holds it: its lanes (QPs, each with its posted receives and the
+//! work requests it has on the device, in post order), and its requests waiting by class.
 
 use std::collections::VecDeque;
 
+use arrayvec::ArrayVec;
 use corelink_verbs::{Provider, RemoteAddr, WcStatus};
 
 use crate::handoff::Origin;
 use crate::pool::Buf;
 use crate::request::{ConnId, ConnInfo, OpKind};
+use crate::tunables::{CLASSES, MAX_QPS_PER_CONN};
 
-/// A request accepted by `Cx`, waiting for the next flush.
+/// "No request" in a chain of requests.
+pub(crate) const NONE: u64 = u64::MAX;
+
+/// What makes two reads identical (so that one RDMA read serves both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct MergeKey {
+    pub(crate) slot: u16,
+    /// The connection's write epoch when the read was posted: a read never shares the result
+    /// of a read posted before a write that the connection posted before it.
+    pub(crate) epoch: u32,
+    pub(crate) addr: u64,
+    pub(crate) len: u32,
+    pub(crate) rkey: u32,
+}
+
+/// A request, from the moment `Cx` accepts it until its issuer learns how it ended. It lives in
+/// the worker's request slab; queues and lanes hold its id.
 #[derive(Debug)]
-pub(crate) struct Queued<P: Provider> {
+pub(crate) struct Req<P: Provider> {
+    pub(crate) conn: ConnId,
+    /// The lane it went on (once posted).
+    pub(crate) lane: u8,
     pub(crate) kind: OpKind,
     pub(crate) buf: Option<Buf<P>>,
     pub(crate) remote: RemoteAddr,
+    /// Bytes it moves.
+    pub(crate) len: u32,
     pub(crate) imm: Option<u32>,
     /// Addend (fetch-and-add) or compare value (compare-and-swap).
     pub(crate) arg: u64,
@@ -24,17 +47,31 @@ pub(crate) struct Queued<P: Provider> {
     pub(crate) origin: Origin,
     /// For external clients: the caller's vector, given back in the completion.
     pub(crate) ext_data: Option<Vec<u8>>,
+    /// The next request riding on this one's work request (merged reads, coalesced writes).
+    pub(crate) next: u64,
+    /// Its key in the worker's merge table, while it is there.
+    pub(crate) merge_key: Option<MergeKey>,
 }
 
-/// A request on the device.
-#[derive(Debug)]
-pub(crate) struct InFlight<P: Provider> {
-    pub(crate) conn: ConnId,
-    pub(crate) kind: OpKind,
-    pub(crate) buf: Option<Buf<P>>,
-    pub(crate) token: u64,
-    pub(crate) origin: Origin,
-    pub(crate) ext_data: Option<Vec<u8>>,
+impl<P: Provider> Req<P> {
+    /// The operation back, for a request refused before it was queued.
+    pub(crate) fn into_op(self) -> crate::request::Op<P> {
+        use crate::request::Op;
+        match (self.kind, self.buf) {
+            (OpKind::Send, Some(buf)) => Op::Send { buf, imm: self.imm },
+            (OpKind::Write, Some(buf)) => Op::Write { buf, remote: self.remote, imm: self.imm },
+            (OpKind::Read, Some(buf)) => Op::Read { buf, remote: self.remote },
+            (OpKind::CompareSwap, _) => {
+                Op::CompareSwap { remote: self.remote, compare: self.arg, swap: self.swap }
+            }
+            _ => Op::FetchAdd { remote: self.remote, add: self.arg },
+        }
+    }
+
+    /// Whether it counts against the QP's outstanding reads and atomics.
+    pub(crate) fn is_rd_atomic(&self) -> bool {
+        matches!(self.kind, OpKind::Read | OpKind::FetchAdd | OpKind::CompareSwap)
+    }
 }
 
 /// Where a connection is in its life.
@@ -45,20 +82,47 @@ pub(crate) enum Phase {
     Closing,
 }
 
-/// A connection.
+/// One QP of a connection.
 #[derive(Debug)]
-pub(crate) struct Conn<P: Provider> {
-    pub(crate) id: ConnId,
+pub(crate) struct Lane<P: Provider> {
     pub(crate) qp: P::Qp,
     pub(crate) cm_key: u64,
-    pub(crate) info: ConnInfo,
     /// Receive buffers, by receive index; `None` while handed to the handler or after a flush.
     pub(crate) recvs: Vec<Option<Buf<P>>>,
     /// Receives posted and not yet completed.
     pub(crate) recvs_posted: usize,
-    pub(crate) queued: VecDeque<Queued<P>>,
-    /// Requests on the device.
-    pub(crate) outstanding: u32,
+    /// Work requests on the device, signalled or not, in post order: a completion retires
+    /// every one before it (the device completes a QP's requests in order).
+    pub(crate) posted: VecDeque<u64>,
+    /// Of those, reads and atomics.
+    pub(crate) rd_outstanding: u32,
+    /// Unsignalled work requests posted since the last signalled one.
+    pub(crate) unsignalled: u32,
+}
+
+impl<P: Provider> Lane<P> {
+    /// Work requests on the device.
+    pub(crate) fn outstanding(&self) -> u32 {
+        self.posted.len() as u32
+    }
+}
+
+/// A connection.
+#[derive(Debug)]
+pub(crate) struct Conn<P: Provider> {
+    pub(crate) id: ConnId,
+    pub(crate) info: ConnInfo,
+    pub(crate) lanes: ArrayVec<Lane<P>, MAX_QPS_PER_CONN>,
+    /// The lane the next batch goes to (requests stripe over the lanes).
+    pub(crate) next_lane: usize,
+    /// Requests waiting to become work requests, by class (class 0 goes first).
+    pub(crate) queues: [VecDeque<u64>; CLASSES],
+    /// Requests in `queues`.
+    pub(crate) waiting: usize,
+    /// Flushes each waiting class was passed over in a row (aging).
+    pub(crate) passed: [u32; CLASSES],
+    /// Bumped by every non-read posted (see [`MergeKey::epoch`]).
+    pub(crate) write_epoch: u32,
     pub(crate) phase: Phase,
     /// Why it is closing.
     pub(crate) reason: Option<crate::request::CloseReason>,
@@ -69,7 +133,12 @@ pub(crate) struct Conn<P: Provider> {
 impl<P: Provider> Conn<P> {
     /// Whether everything posted has come back, so the connection can be released.
     pub(crate) fn drained(&self) -> bool {
-        self.outstanding == 0 && self.recvs_posted == 0 && self.queued.is_empty()
+        self.waiting == 0 && self.lanes.iter().all(|l| l.posted.is_empty() && l.recvs_posted == 0)
+    }
+
+    /// Whether it has anything to post.
+    pub(crate) fn has_waiting(&self) -> bool {
+        self.waiting > 0
     }
 
     /// The first error status of a failed request closes the connection with it.

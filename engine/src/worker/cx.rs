@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrayvec::ArrayVec;
-use corelink_verbs::{Provider, RemoteAddr};
+use corelink_verbs::{Provider, Qp, RemoteAddr, SendFlags, SendWr, WcStatus};
 
-use super::conn::{Conn, InFlight, Phase, Queued};
+use super::conn::{Conn, Phase, Req, NONE};
+use super::MergeTable;
 use crate::error::{EngineError, Result};
 use crate::handoff::{ExtCompletion, Origin, ToControl};
 use crate::metrics::Metrics;
@@ -19,16 +20,64 @@ use crate::pool::{Buf, Pool};
 use crate::request::{CloseReason, ConnId, ConnInfo, Done, Op, OpKind};
 use crate::ring::Producer;
 use crate::slab::Slab;
-use crate::tunables::MAX_PRIVATE_DATA;
+use crate::tunables::{CLASSES, MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
 
 /// A worker's settings, from the core map.
 #[derive(Clone, Debug)]
 pub(crate) struct WorkerCfg {
     pub(crate) poll_budget: usize,
-    pub(crate) sq_depth: u32,
     pub(crate) max_inline: u32,
     pub(crate) recv_size: usize,
     pub(crate) idle_after: Option<Duration>,
+    /// Work requests per doorbell at most (1..=MAX_POST_LIST).
+    pub(crate) post_list: usize,
+    /// One work request in this many is signalled.
+    pub(crate) signal_every: u32,
+    /// Serve waiting requests by class (else: everything in class 0, arrival order).
+    pub(crate) priorities: bool,
+    pub(crate) aging_rounds: u32,
+    /// Default class by `OpKind::index`.
+    pub(crate) classes: [u8; 5],
+    /// Work requests per QP on the device at most (at most its send-queue depth).
+    pub(crate) max_outstanding: u32,
+    pub(crate) max_rd_atomic: u32,
+    pub(crate) merge_reads: bool,
+    pub(crate) coalesce_writes: bool,
+    pub(crate) coalesce_max: u32,
+}
+
+impl WorkerCfg {
+    /// The scheduling part of a worker's settings, from the core map.
+    pub(crate) fn from_map(
+        w: &corelink_config::WorkerResources,
+        recv_size: usize,
+        poll_budget: usize,
+    ) -> WorkerCfg {
+        let s = &w.scheduler;
+        let max_outstanding = match s.max_outstanding {
+            0 => w.send_queue_depth,
+            n => n.min(w.send_queue_depth),
+        };
+        let c = &s.classes;
+        WorkerCfg {
+            poll_budget,
+            max_inline: w.max_inline,
+            recv_size,
+            idle_after: (w.idle_after_us > 0).then(|| Duration::from_micros(w.idle_after_us)),
+            post_list: (w.batching.post_list as usize).clamp(1, crate::tunables::MAX_POST_LIST),
+            signal_every: w.batching.signal_every.max(1),
+            priorities: s.priorities,
+            aging_rounds: s.aging_rounds.max(1),
+            // OpKind::index order: send, write, read, fetch-and-add, compare-and-swap.
+            classes: [c.send, c.write, c.read, c.atomic, c.atomic]
+                .map(|k| k.min(crate::tunables::CLASSES as u8 - 1)),
+            max_outstanding: max_outstanding.max(1),
+            max_rd_atomic: s.max_rd_atomic.max(1),
+            merge_reads: s.merge_reads,
+            coalesce_writes: s.coalesce_writes,
+            coalesce_max: s.coalesce_max_bytes,
+        }
+    }
 }
 
 /// Something the handler (or a client) is to be told, produced outside a completion's dispatch.
@@ -38,6 +87,33 @@ pub(crate) enum Notice<P: Provider> {
     Client(u16, ExtCompletion),
     ConnectFailed(u64, String),
     Closed(ConnId, CloseReason),
+}
+
+impl<P: Provider> Notice<P> {
+    /// The notice telling a request's issuer that it ended with `status` off the device.
+    pub(crate) fn failed(r: Req<P>, status: WcStatus) -> Notice<P> {
+        match r.origin {
+            Origin::Handler => Notice::Done(Done {
+                conn: r.conn,
+                token: r.token,
+                kind: r.kind,
+                status,
+                buf: r.buf,
+                old_value: None,
+            }),
+            Origin::Client(n) => Notice::Client(
+                n,
+                ExtCompletion {
+                    token: r.token,
+                    conn: Some(r.conn),
+                    status,
+                    data: r.ext_data.unwrap_or_default(),
+                    old_value: None,
+                    error: None,
+                },
+            ),
+        }
+    }
 }
 
 /// A worker's state, as its handler uses it.
@@ -55,7 +131,10 @@ pub struct Cx<P: Provider> {
     pub(crate) free_conns: Vec<u16>,
     /// Connections with queued requests or closing, to visit at the next flush.
     pub(crate) dirty: Vec<u16>,
-    pub(crate) inflight: Slab<InFlight<P>>,
+    /// Requests accepted and not yet completed (waiting or on the device), by id.
+    pub(crate) reqs: Slab<Req<P>>,
+    /// Reads in flight that identical reads may share.
+    pub(crate) merges: MergeTable,
     pub(crate) to_control: Producer<ToControl<P>>,
     /// Messages for the control core that did not fit in the ring yet.
     pub(crate) control_backlog: VecDeque<ToControl<P>>,
@@ -73,7 +152,7 @@ impl<P: Provider> std::fmt::Debug for Cx<P> {
         f.debug_struct("Cx")
             .field("worker", &self.index)
             .field("conns", &self.conns.iter().flatten().count())
-            .field("in_flight", &self.inflight.len())
+            .field("requests", &self.reqs.len())
             .finish()
     }
 }
@@ -129,14 +208,109 @@ impl<P: Provider> Cx<P> {
         }
     }
 
-    /// Queues a request on `conn`; it goes to the device at the end of this iteration (one
-    /// doorbell per connection). On refusal the request (and its buffer) comes back.
+    /// Queues a request on `conn` in its kind's default class; it goes to the device at the
+    /// end of this iteration, or later when the connection's QPs are busy (backpressure). On
+    /// refusal the request (and its buffer) comes back.
     pub fn submit(
         &mut self,
         conn: ConnId,
         op: Op<P>,
         token: u64,
     ) -> Result<(), (Op<P>, EngineError)> {
+        let class = self.cfg.classes[op.kind().index()];
+        self.submit_as(conn, op, token, class)
+    }
+
+    /// Queues a request in request class `class` (0 goes first; at most
+    /// [`crate::tunables::CLASSES`] - 1). With priorities off, every request goes in arrival
+    /// order.
+    pub fn submit_as(
+        &mut self,
+        conn: ConnId,
+        op: Op<P>,
+        token: u64,
+        class: u8,
+    ) -> Result<(), (Op<P>, EngineError)> {
+        if usize::from(class) >= CLASSES {
+            return Err((op, EngineError::NoSuchClass { class, classes: CLASSES }));
+        }
+        let id = self.accept(conn, op, token, Origin::Handler)?;
+        self.enqueue(conn, id, class);
+        Ok(())
+    }
+
+    /// The flat path: posts the request now, on its own doorbell, signalled, bypassing the
+    /// scheduler (no waiting, no priorities, no merging). When the connection's QPs have no
+    /// room the request comes back with `QueueFull`: the caller retries later.
+    pub fn post_now(
+        &mut self,
+        conn: ConnId,
+        op: Op<P>,
+        token: u64,
+    ) -> Result<(), (Op<P>, EngineError)> {
+        let max = self.cfg.max_outstanding;
+        let rd = matches!(op.kind(), OpKind::Read | OpKind::FetchAdd | OpKind::CompareSwap);
+        let max_rd = self.cfg.max_rd_atomic;
+        let lane = match self.conn(conn) {
+            Ok(c) => {
+                let n = c.lanes.len();
+                (0..n).map(|i| (c.next_lane + i) % n).find(|&l| {
+                    let lane = &c.lanes[l];
+                    lane.outstanding() < max && (!rd || lane.rd_outstanding < max_rd)
+                })
+            }
+            Err(e) => return Err((op, e)),
+        };
+        let Some(l) = lane else { return Err((op, EngineError::QueueFull(conn))) };
+        let id = self.accept(conn, op, token, Origin::Handler)?;
+        let Cx { conns, reqs, metrics, cfg, merges, notices, .. } = self;
+        let (Some(c), Some(r)) = (conns[conn.slot as usize].as_mut(), reqs.get_mut(id)) else {
+            return Ok(());
+        };
+        c.next_lane = (l + 1) % c.lanes.len();
+        r.lane = l as u8;
+        let sge = [super::sched::sge_of(r)];
+        let op = super::sched::send_op(r);
+        let mut flags = SendFlags::SIGNALED;
+        if matches!(r.kind, OpKind::Send | OpKind::Write) && sge[0].length <= cfg.max_inline {
+            flags |= SendFlags::INLINE;
+        }
+        let is_rd = r.is_rd_atomic();
+        let lane = &mut c.lanes[l];
+        let wr = [SendWr { wr_id: id, op, sgl: &sge, flags, ud: None }];
+        // SAFETY: the buffer the work request names is held by its request in the slab until
+        // the request's completion is dispatched.
+        match unsafe { lane.qp.post_send(&wr) } {
+            Ok(()) => {
+                lane.posted.push_back(id);
+                lane.unsignalled = 0;
+                if is_rd {
+                    lane.rd_outstanding += 1;
+                }
+                metrics.posted += 1;
+                metrics.signalled += 1;
+                metrics.doorbells += 1;
+            }
+            Err(_) => {
+                super::sched::fail_chain(id, WcStatus::GeneralErr, reqs, merges, notices);
+                c.note_error(WcStatus::GeneralErr);
+                self.dirty.push(conn.slot);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks `conn` and makes `op` a request in the slab; returns its id.
+    pub(crate) fn accept(
+        &mut self,
+        conn: ConnId,
+        op: Op<P>,
+        token: u64,
+        origin: Origin,
+    ) -> Result<u64, (Op<P>, EngineError)> {
+        if let Err(e) = self.check_open(conn) {
+            return Err((op, e));
+        }
         let atomic_buf = match &op {
             Op::FetchAdd { .. } | Op::CompareSwap { .. } => match self.pool.get(8) {
                 Ok(b) => Some(b),
@@ -144,26 +318,41 @@ impl<P: Provider> Cx<P> {
             },
             _ => None,
         };
-        if let Err(e) = self.check_open(conn) {
-            return Err((op, e));
-        }
-        let q = match op {
-            Op::Send { buf, imm } => {
-                queued(OpKind::Send, Some(buf), RemoteAddr::default(), imm, 0, 0, token)
-            }
-            Op::Write { buf, remote, imm } => {
-                queued(OpKind::Write, Some(buf), remote, imm, 0, 0, token)
-            }
-            Op::Read { buf, remote } => queued(OpKind::Read, Some(buf), remote, None, 0, 0, token),
-            Op::FetchAdd { remote, add } => {
-                queued(OpKind::FetchAdd, atomic_buf, remote, None, add, 0, token)
-            }
-            Op::CompareSwap { remote, compare, swap } => {
-                queued(OpKind::CompareSwap, atomic_buf, remote, None, compare, swap, token)
-            }
+        let kind = op.kind();
+        let (buf, remote, imm, arg, swap) = match op {
+            Op::Send { buf, imm } => (Some(buf), RemoteAddr::default(), imm, 0, 0),
+            Op::Write { buf, remote, imm } => (Some(buf), remote, imm, 0, 0),
+            Op::Read { buf, remote } => (Some(buf), remote, None, 0, 0),
+            Op::FetchAdd { remote, add } => (atomic_buf, remote, None, add, 0),
+            Op::CompareSwap { remote, compare, swap } => (atomic_buf, remote, None, compare, swap),
         };
-        self.enqueue(conn, q);
-        Ok(())
+        let len = match kind {
+            OpKind::FetchAdd | OpKind::CompareSwap => 8,
+            _ => buf.as_ref().map_or(0, |b| b.len() as u32),
+        };
+        let r = Req {
+            conn,
+            lane: 0,
+            kind,
+            buf,
+            remote,
+            len,
+            imm,
+            arg,
+            swap,
+            token,
+            origin,
+            ext_data: None,
+            next: NONE,
+            merge_key: None,
+        };
+        match self.reqs.insert(r) {
+            Ok(id) => Ok(id),
+            Err(r) => {
+                let limit = self.reqs.len();
+                Err((r.into_op(), EngineError::TooManyRequests { limit }))
+            }
+        }
     }
 
     fn check_open(&self, conn: ConnId) -> Result<()> {
@@ -176,17 +365,20 @@ impl<P: Provider> Cx<P> {
         }
     }
 
-    pub(crate) fn enqueue(&mut self, conn: ConnId, q: Queued<P>) {
+    /// Puts request `id` of `conn` in the wait queue of `class`.
+    pub(crate) fn enqueue(&mut self, conn: ConnId, id: u64, class: u8) {
         let Some(c) = self.conns.get_mut(conn.slot as usize).and_then(Option::as_mut) else {
             return;
         };
         if c.id != conn {
             return;
         }
-        if c.queued.is_empty() {
+        if c.waiting == 0 {
             self.dirty.push(conn.slot);
         }
-        c.queued.push_back(q);
+        let k = if self.cfg.priorities { usize::from(class).min(CLASSES - 1) } else { 0 };
+        c.queues[k].push_back(id);
+        c.waiting += 1;
     }
 
     /// Sends `buf`'s bytes (with an immediate if `imm`).
@@ -248,8 +440,9 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Connects to `addr` through the control core; the handler hears `on_connected` (with
-    /// `token` in the info) or `on_connect_failed`. `private_data` may hold 36 bytes (the rest
-    /// of rdma_cm's 56 carries the engine's own region descriptor).
+    /// `token` in the info) or `on_connect_failed`. `private_data` may hold 25 bytes
+    /// ([`crate::control::MAX_APP_PRIVATE_DATA`]: the rest of rdma_cm's 56 carries the
+    /// engine's header, see [`crate::control::HEADER`]).
     pub fn connect(&mut self, addr: SocketAddr, private_data: &[u8], token: u64) -> Result<()> {
         self.connect_from(addr, private_data, token, Origin::Handler)
     }
@@ -264,7 +457,7 @@ impl<P: Provider> Cx<P> {
         if self.stopping {
             return Err(EngineError::ShuttingDown);
         }
-        let max = MAX_PRIVATE_DATA - corelink_verbs::RemoteRegion::WIRE_BYTES;
+        let max = MAX_PRIVATE_DATA - crate::control::HEADER;
         if private_data.len() > max {
             return Err(EngineError::Config(format!(
                 "{} bytes of private data; at most {max}",
@@ -291,10 +484,12 @@ impl<P: Provider> Cx<P> {
         c.phase = Phase::Closing;
         let send = !c.disconnect_sent;
         c.disconnect_sent = true;
-        let key = c.cm_key;
+        let keys: ArrayVec<u64, MAX_QPS_PER_CONN> = c.lanes.iter().map(|l| l.cm_key).collect();
         self.dirty.push(conn.slot);
         if send {
-            self.tell_control(ToControl::Disconnect { cm_key: key });
+            for cm_key in keys {
+                self.tell_control(ToControl::Disconnect { cm_key });
+            }
         }
         Ok(())
     }
@@ -320,17 +515,4 @@ impl<P: Provider> Cx<P> {
             self.control_backlog.push_back(m);
         }
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn queued<P: Provider>(
-    kind: OpKind,
-    buf: Option<Buf<P>>,
-    remote: RemoteAddr,
-    imm: Option<u32>,
-    arg: u64,
-    swap: u64,
-    token: u64,
-) -> Queued<P> {
-    Queued { kind, buf, remote, imm, arg, swap, token, origin: Origin::Handler, ext_data: None }
 }

@@ -1,176 +1,37 @@
-//! The posting half of the loop: queued requests become one linked list of work requests per
-//! connection (one doorbell), receives are reposted, external submissions become requests,
-//! and shutdown closes connections once their requests are done.
+//! Intake and upkeep: receives are reposted, external submissions become requests, and
+//! shutdown closes connections once their requests are done. (Posting is `sched.rs`.)
 
 use arrayvec::ArrayVec;
-use corelink_verbs::{
-    Error as VerbsError, Provider, Qp, RecvWr, SendFlags, SendOp, SendWr, Sge, WcStatus,
-};
+use corelink_verbs::{Provider, Qp, RecvWr, WcStatus};
 
-use super::conn::{InFlight, Phase, Queued};
-use super::cx::{Cx, Notice};
+use super::conn::Phase;
+use super::cx::Cx;
 use super::recv_id;
 use crate::handoff::{ExtCompletion, ExtOp, ExtRequest, Origin};
-use crate::request::{CloseReason, ConnId, Done, OpKind};
-use crate::tunables::MAX_POST_LIST;
+use crate::request::{CloseReason, ConnId, Op, OpKind};
+use crate::tunables::RECVS_PER_CONN;
 
 /// How long a shutting-down worker lets requests in flight finish before it closes anyway.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The notice telling a request's issuer that it ended with `status` before reaching the device.
-fn failed<P: Provider>(conn: ConnId, q: Queued<P>, status: WcStatus) -> Notice<P> {
-    match q.origin {
-        Origin::Handler => Notice::Done(Done {
-            conn,
-            token: q.token,
-            kind: q.kind,
-            status,
-            buf: q.buf,
-            old_value: None,
-        }),
-        Origin::Client(n) => Notice::Client(
-            n,
-            ExtCompletion {
-                token: q.token,
-                conn: Some(conn),
-                status,
-                data: q.ext_data.unwrap_or_default(),
-                old_value: None,
-                error: None,
-            },
-        ),
-    }
-}
-
-fn inflight_failed<P: Provider>(f: InFlight<P>, status: WcStatus) -> Notice<P> {
-    let q = Queued {
-        kind: f.kind,
-        buf: f.buf,
-        remote: Default::default(),
-        imm: None,
-        arg: 0,
-        swap: 0,
-        token: f.token,
-        origin: f.origin,
-        ext_data: f.ext_data,
-    };
-    failed(f.conn, q, status)
-}
-
 impl<P: Provider> Cx<P> {
-    /// Posts what the connections queued; returns whether anything was posted.
-    pub(crate) fn flush(&mut self) -> bool {
-        if self.stopping {
-            self.close_for_shutdown();
-        }
-        let Cx { conns, inflight, notices, metrics, cfg, dirty, .. } = self;
-        let mut posted_any = false;
-        for &slot in dirty.iter() {
-            let Some(c) = conns[slot as usize].as_mut() else { continue };
-            if c.phase == Phase::Closing {
-                while let Some(q) = c.queued.pop_front() {
-                    notices.push_back(failed(c.id, q, WcStatus::WrFlushErr));
-                }
-                continue;
-            }
-            while !c.queued.is_empty() && c.outstanding < cfg.sq_depth {
-                let room = (cfg.sq_depth - c.outstanding) as usize;
-                let n = c.queued.len().min(MAX_POST_LIST).min(room);
-                let mut sges = ArrayVec::<Sge, MAX_POST_LIST>::new();
-                let mut ops = ArrayVec::<(u64, Queued<P>), MAX_POST_LIST>::new();
-                for _ in 0..n {
-                    let Some(mut q) = c.queued.pop_front() else { break };
-                    let sge = match (&q.buf, q.kind) {
-                        (Some(b), OpKind::FetchAdd | OpKind::CompareSwap) => {
-                            Sge { length: 8, ..b.sge(true) }
-                        }
-                        (Some(b), _) => b.sge(false),
-                        (None, _) => Sge::default(),
-                    };
-                    let f = InFlight {
-                        conn: c.id,
-                        kind: q.kind,
-                        buf: q.buf.take(),
-                        token: q.token,
-                        origin: q.origin,
-                        ext_data: q.ext_data.take(),
-                    };
-                    match inflight.insert(f) {
-                        Ok(id) => {
-                            sges.push(sge);
-                            ops.push((id, q));
-                        }
-                        Err(f) => notices.push_back(inflight_failed(f, WcStatus::GeneralErr)),
-                    }
-                }
-                let wrs: ArrayVec<SendWr<'_, P>, MAX_POST_LIST> = ops
-                    .iter()
-                    .zip(sges.chunks(1))
-                    .map(|((id, q), sgl)| {
-                        let op = match q.kind {
-                            OpKind::Send => q.imm.map_or(SendOp::Send, SendOp::SendWithImm),
-                            OpKind::Write => match q.imm {
-                                Some(imm) => SendOp::WriteWithImm(q.remote, imm),
-                                None => SendOp::Write(q.remote),
-                            },
-                            OpKind::Read => SendOp::Read(q.remote),
-                            OpKind::FetchAdd => SendOp::FetchAdd { remote: q.remote, add: q.arg },
-                            OpKind::CompareSwap => SendOp::CompareSwap {
-                                remote: q.remote,
-                                compare: q.arg,
-                                swap: q.swap,
-                            },
-                        };
-                        let inline = matches!(q.kind, OpKind::Send | OpKind::Write)
-                            && sgl[0].length <= cfg.max_inline;
-                        let flags = if inline {
-                            SendFlags::SIGNALED | SendFlags::INLINE
-                        } else {
-                            SendFlags::SIGNALED
-                        };
-                        SendWr { wr_id: *id, op, sgl, flags, ud: None }
-                    })
-                    .collect();
-                // SAFETY: every buffer a request names is held by its in-flight slot (not by the
-                // application) until the request's completion is dispatched.
-                let res = unsafe { c.qp.post_send(&wrs) };
-                let k = match res {
-                    Ok(()) => wrs.len(),
-                    Err(VerbsError::PostSend { index, .. }) => index,
-                    Err(_) => 0,
-                };
-                drop(wrs);
-                c.outstanding += k as u32;
-                metrics.posted += k as u64;
-                metrics.doorbells += 1;
-                posted_any |= k > 0;
-                if k < ops.len() {
-                    for (id, _) in &ops[k..] {
-                        if let Some(f) = inflight.remove(*id) {
-                            notices.push_back(inflight_failed(f, WcStatus::GeneralErr));
-                        }
-                    }
-                    c.note_error(WcStatus::GeneralErr);
-                    break;
-                }
-            }
-        }
-        posted_any
-    }
-
     /// Puts receive buffer `idx` of connection `slot` back on the device.
     pub(crate) fn repost(&mut self, slot: usize, idx: usize, buf: crate::pool::Buf<P>) {
         let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else { return };
         if c.phase != Phase::Open {
             return;
         }
+        let (l, i) = (idx / RECVS_PER_CONN, idx % RECVS_PER_CONN);
+        let Some(lane) = c.lanes.get_mut(l) else { return };
         let sge = [buf.sge(true)];
         let wr = [RecvWr { wr_id: recv_id(slot as u16, idx), sgl: &sge }];
         // SAFETY: the buffer goes into `recvs` right below and stays there until its completion.
-        if unsafe { c.qp.post_recv(&wr) }.is_ok() {
-            c.recvs_posted += 1;
+        if unsafe { lane.qp.post_recv(&wr) }.is_ok() {
+            lane.recvs_posted += 1;
         }
-        c.recvs[idx] = Some(buf);
+        if let Some(r) = lane.recvs.get_mut(i) {
+            *r = Some(buf);
+        }
     }
 
     /// Turns an external client's request into a queued one (or its immediate failure).
@@ -222,27 +83,37 @@ impl<P: Provider> Cx<P> {
             }
             ExtOp::Connect { .. } => return Ok(()),
         };
-        let mut buf = match self.pool.get(len) {
-            Ok(b) => b,
-            Err(e) => return Err(fail(req, e.to_string())),
-        };
-        if matches!(kind, OpKind::Send | OpKind::Write) {
-            if let Err(e) = buf.fill(&req.data) {
-                return Err(fail(req, e.to_string()));
+        let op = match kind {
+            OpKind::FetchAdd => Op::FetchAdd { remote, add: arg },
+            OpKind::CompareSwap => Op::CompareSwap { remote, compare: arg, swap },
+            _ => {
+                let mut buf = match self.pool.get(len) {
+                    Ok(b) => b,
+                    Err(e) => return Err(fail(req, e.to_string())),
+                };
+                if kind == OpKind::Read {
+                    if let Err(e) = buf.set_len(len) {
+                        return Err(fail(req, e.to_string()));
+                    }
+                } else if let Err(e) = buf.fill(&req.data) {
+                    return Err(fail(req, e.to_string()));
+                }
+                match kind {
+                    OpKind::Send => Op::Send { buf, imm },
+                    OpKind::Write => Op::Write { buf, remote, imm },
+                    _ => Op::Read { buf, remote },
+                }
             }
-        }
-        let q = Queued {
-            kind,
-            buf: Some(buf),
-            remote,
-            imm,
-            arg,
-            swap,
-            token: req.token,
-            origin: Origin::Client(n),
-            ext_data: Some(req.data),
         };
-        self.enqueue(conn, q);
+        let class = self.cfg.classes[kind.index()];
+        let id = match self.accept(conn, op, req.token, Origin::Client(n)) {
+            Ok(id) => id,
+            Err((_, e)) => return Err(fail(req, e.to_string())),
+        };
+        if let Some(r) = self.reqs.get_mut(id) {
+            r.ext_data = Some(req.data);
+        }
+        self.enqueue(conn, id, class);
         Ok(())
     }
 
@@ -263,14 +134,15 @@ impl<P: Provider> Cx<P> {
         }
     }
 
-    fn close_for_shutdown(&mut self) {
+    pub(crate) fn close_for_shutdown(&mut self) {
         let late = self.shutdown_deadline.is_some_and(|d| self.now >= d);
         let ready: ArrayVec<ConnId, 64> = self
             .conns
             .iter()
             .flatten()
             .filter(|c| {
-                c.phase == Phase::Open && (late || (c.outstanding == 0 && c.queued.is_empty()))
+                c.phase == Phase::Open
+                    && (late || (c.waiting == 0 && c.lanes.iter().all(|l| l.posted.is_empty())))
             })
             .map(|c| c.id)
             .take(64)

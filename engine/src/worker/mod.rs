@@ -6,7 +6,9 @@
 
 mod conn;
 mod cx;
-mod flush;
+mod intake;
+mod retire;
+mod sched;
 
 use std::cmp::Reverse;
 use std::sync::{Arc, Mutex};
@@ -16,15 +18,21 @@ use corelink_verbs::{Cq, Provider, Qp, QpAttr, QpState, RecvWr, Wc, WcOpcode, Wc
 pub use cx::Cx;
 pub(crate) use cx::{Notice, WorkerCfg};
 
-use crate::handoff::{ExtCompletion, ExtRequest, Origin, ToControl, ToWorker};
+use std::collections::VecDeque;
+
+use arrayvec::ArrayVec;
+
+use crate::handoff::{ExtCompletion, ExtRequest, NewLane, Origin, ToControl, ToWorker};
 use crate::metrics::{thread_context_switches, Metrics};
 use crate::pool::Buf;
-use crate::request::{CloseReason, ConnId, ConnInfo, Done, Message, OpKind};
+use crate::request::{CloseReason, ConnId, ConnInfo, Done, Message};
 use crate::ring::{Consumer, Producer};
 use crate::tunables::{
-    CLIENT_BATCH, CLIENT_RING, MAX_POLL_BATCH, METRICS_EVERY, RECVS_PER_CONN, RECV_FLAG,
+    CLASSES, CLIENT_BATCH, CLIENT_RING, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY,
+    MIN_RECVS_PER_LANE, RECVS_PER_CONN, RECV_FLAG,
 };
-use conn::{Conn, InFlight, Phase};
+use conn::{Conn, Lane, Phase};
+pub(crate) use sched::MergeTable;
 
 /// What an application runs on each worker (thread-per-core): told of connections, messages,
 /// completions of its own requests, closes and timers, it issues requests through [`Cx`].
@@ -94,8 +102,25 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         self.cx.metrics.polls += 1;
         if n == 0 {
             self.cx.metrics.empty_polls += 1;
+            self.after_poll(&[])
+        } else {
+            self.after_completions(&wcs[..n])
         }
-        for wc in &wcs[..n] {
+    }
+
+    /// The rest of an iteration whose poll found completions (not inlined, so that a profiler
+    /// can count the instructions of busy iterations alone: `valgrind --tool=callgrind
+    /// --toggle-collect='*after_completions*'`).
+    #[inline(never)]
+    fn after_completions(&mut self, wcs: &[Wc]) -> bool {
+        self.after_poll(wcs)
+    }
+
+    /// The rest of an iteration: dispatch `wcs`, then everything else in the loop's order.
+    #[inline(always)]
+    fn after_poll(&mut self, wcs: &[Wc]) -> bool {
+        let n = wcs.len();
+        for wc in wcs {
             self.dispatch(wc);
         }
         self.handler.poll(&mut self.cx);
@@ -137,59 +162,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
 
     fn dispatch(&mut self, wc: &Wc) {
         if wc.wr_id & RECV_FLAG != 0 {
-            return self.dispatch_recv(wc);
-        }
-        let Some(f) = self.cx.inflight.remove(wc.wr_id) else { return };
-        let (status, kind) = (wc.status, f.kind);
-        self.cx.metrics.completion(wc_opcode(kind), status, wc.byte_len);
-        if let Some(c) = self.cx.conns.get_mut(f.conn.slot as usize).and_then(Option::as_mut) {
-            c.outstanding = c.outstanding.saturating_sub(1);
-            if status != WcStatus::Success && c.phase == Phase::Open {
-                c.note_error(status);
-                self.cx.dirty.push(f.conn.slot);
-            }
-        }
-        self.complete(f, status);
-    }
-
-    /// Tells the issuer of `f` how it ended.
-    fn complete(&mut self, f: InFlight<P>, status: WcStatus) {
-        let old_value = match (f.kind, &f.buf) {
-            (OpKind::FetchAdd | OpKind::CompareSwap, Some(b)) if status.is_success() => {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(&b.as_slice()[..8]);
-                Some(u64::from_ne_bytes(w))
-            }
-            _ => None,
-        };
-        match f.origin {
-            Origin::Handler => {
-                let done = Done {
-                    conn: f.conn,
-                    token: f.token,
-                    kind: f.kind,
-                    status,
-                    buf: f.buf,
-                    old_value,
-                };
-                self.handler.on_completion(&mut self.cx, done);
-            }
-            Origin::Client(n) => {
-                let mut data = f.ext_data.unwrap_or_default();
-                if let (OpKind::Read, Some(b), true) = (f.kind, &f.buf, status.is_success()) {
-                    data.clear();
-                    data.extend_from_slice(b.as_slice()); // within the capacity the client gave
-                }
-                let done = ExtCompletion {
-                    token: f.token,
-                    conn: Some(f.conn),
-                    status,
-                    data,
-                    old_value,
-                    error: None,
-                };
-                self.client_done(n, done);
-            }
+            self.dispatch_recv(wc)
+        } else {
+            self.dispatch_send(wc)
         }
     }
 
@@ -205,8 +180,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let slot = ((wc.wr_id >> 16) & 0xffff) as usize;
         let idx = (wc.wr_id & 0xffff) as usize;
         let Some(c) = self.cx.conns.get_mut(slot).and_then(Option::as_mut) else { return };
-        c.recvs_posted = c.recvs_posted.saturating_sub(1);
-        let Some(mut buf) = c.recvs.get_mut(idx).and_then(Option::take) else { return };
+        let (l, i) = (idx / RECVS_PER_CONN, idx % RECVS_PER_CONN);
+        let Some(lane) = c.lanes.get_mut(l) else { return };
+        lane.recvs_posted = lane.recvs_posted.saturating_sub(1);
+        let Some(mut buf) = lane.recvs.get_mut(i).and_then(Option::take) else { return };
         if wc.status != WcStatus::Success {
             if c.phase == Phase::Open {
                 c.note_error(wc.status);
@@ -269,20 +246,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         while let Some(m) = self.from_control.pop() {
             any = true;
             match m {
-                ToWorker::NewConn { lanes, info, origin } => {
-                    let mut lanes = lanes.into_iter();
-                    if let Some(first) = lanes.next() {
-                        // One QP per connection until the worker stripes over several.
-                        for extra in lanes {
-                            self.cx.tell_control(ToControl::Disconnect { cm_key: extra.cm_key });
-                            self.cx.tell_control(ToControl::Release {
-                                cm_key: extra.cm_key,
-                                qp: extra.qp,
-                            });
-                        }
-                        self.add_conn(first.qp, first.cm_key, info, origin)
-                    }
-                }
+                ToWorker::NewConn { lanes, info, origin } => self.add_conn(lanes, info, origin),
                 ToWorker::ConnectFailed { token, origin, error } => match origin {
                     Origin::Handler => {
                         self.cx.notices.push_back(Notice::ConnectFailed(token, error))
@@ -301,12 +265,20 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                     }
                 },
                 ToWorker::PeerClosed { cm_key } => {
-                    let found = self.cx.conns.iter_mut().flatten().find(|c| c.cm_key == cm_key);
+                    let found = self
+                        .cx
+                        .conns
+                        .iter_mut()
+                        .flatten()
+                        .find(|c| c.lanes.iter().any(|l| l.cm_key == cm_key));
                     if let Some(c) = found {
                         let id = c.id;
-                        // The peer is gone: move the QP to ERR so that everything posted flushes.
-                        let _ = c.qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() });
-                        c.disconnect_sent = true;
+                        // The peer is gone: move the QPs to ERR so that everything posted
+                        // flushes, and disconnect the other lanes.
+                        for lane in c.lanes.iter_mut() {
+                            let err = QpAttr { state: QpState::Err, ..QpAttr::default() };
+                            let _ = lane.qp.modify(&err);
+                        }
                         let _ = self.cx.begin_close(id, CloseReason::Peer);
                     }
                 }
@@ -319,38 +291,60 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         any
     }
 
-    fn add_conn(&mut self, mut qp: P::Qp, cm_key: u64, info: ConnInfo, origin: Origin) {
+    fn add_conn(
+        &mut self,
+        new: ArrayVec<NewLane<P>, MAX_QPS_PER_CONN>,
+        info: ConnInfo,
+        origin: Origin,
+    ) {
         let Some(slot) = self.cx.free_conns.pop() else {
-            // Full: give the QP back to be destroyed, and say so.
-            self.cx.tell_control(ToControl::Disconnect { cm_key });
-            self.cx.tell_control(ToControl::Release { cm_key, qp });
+            // Full: give the QPs back to be destroyed, and say so.
+            for l in new {
+                self.cx.tell_control(ToControl::Disconnect { cm_key: l.cm_key });
+                self.cx.tell_control(ToControl::Release { cm_key: l.cm_key, qp: l.qp });
+            }
             return;
         };
         let gen = &mut self.cx.generations[slot as usize];
         *gen = gen.wrapping_add(1);
         let id = ConnId { worker: self.cx.index as u16, slot, generation: *gen };
-        let mut recvs: Vec<Option<Buf<P>>> = Vec::with_capacity(RECVS_PER_CONN);
-        let mut posted = 0;
-        for i in 0..RECVS_PER_CONN {
-            let Ok(b) = self.cx.pool.get(self.cx.cfg.recv_size) else { break };
-            let sge = [b.sge(true)];
-            let wr = [RecvWr { wr_id: recv_id(slot, i), sgl: &sge }];
-            // SAFETY: the buffer is kept in `recvs` (not handed out) until its completion.
-            if unsafe { qp.post_recv(&wr) }.is_ok() {
-                posted += 1;
+        // The connection's receives, shared out over its lanes.
+        let per_lane = (RECVS_PER_CONN / new.len().max(1)).max(MIN_RECVS_PER_LANE);
+        let sq = self.cx.cfg.max_outstanding as usize;
+        let mut lanes = ArrayVec::new();
+        for (l, NewLane { mut qp, cm_key }) in new.into_iter().enumerate() {
+            let mut recvs: Vec<Option<Buf<P>>> = Vec::with_capacity(per_lane);
+            let mut posted = 0;
+            for i in 0..per_lane {
+                let Ok(b) = self.cx.pool.get(self.cx.cfg.recv_size) else { break };
+                let sge = [b.sge(true)];
+                let wr = [RecvWr { wr_id: recv_id(slot, l * RECVS_PER_CONN + i), sgl: &sge }];
+                // SAFETY: the buffer is kept in `recvs` (not handed out) until its completion.
+                if unsafe { qp.post_recv(&wr) }.is_ok() {
+                    posted += 1;
+                }
+                recvs.push(Some(b));
             }
-            recvs.push(Some(b));
+            lanes.push(Lane {
+                qp,
+                cm_key,
+                recvs,
+                recvs_posted: posted,
+                posted: VecDeque::with_capacity(sq),
+                rd_outstanding: 0,
+                unsignalled: 0,
+            });
         }
         let token = info.token;
         let conn = Conn {
             id,
-            qp,
-            cm_key,
             info: info.clone(),
-            recvs,
-            recvs_posted: posted,
-            queued: std::collections::VecDeque::with_capacity(self.cx.cfg.sq_depth as usize * 2),
-            outstanding: 0,
+            lanes,
+            next_lane: 0,
+            queues: std::array::from_fn(|_| VecDeque::with_capacity(sq)),
+            waiting: 0,
+            passed: [0; CLASSES],
+            write_epoch: 0,
             phase: Phase::Open,
             reason: None,
             disconnect_sent: false,
@@ -386,13 +380,16 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             if release {
                 if let Some(c) = self.cx.conns[slot].take() {
                     let reason = c.reason.clone().unwrap_or(CloseReason::Local);
-                    self.cx.tell_control(ToControl::Release { cm_key: c.cm_key, qp: c.qp });
+                    for lane in c.lanes {
+                        self.cx
+                            .tell_control(ToControl::Release { cm_key: lane.cm_key, qp: lane.qp });
+                    }
                     self.cx.free_conns.push(slot as u16);
                     self.cx.live_conns -= 1;
                     self.cx.notices.push_back(Notice::Closed(c.id, reason));
                 }
             }
-            let keep = matches!(&self.cx.conns[slot], Some(c) if c.phase == Phase::Closing || !c.queued.is_empty());
+            let keep = matches!(&self.cx.conns[slot], Some(c) if c.phase == Phase::Closing || c.has_waiting());
             if keep {
                 i += 1;
             } else {
@@ -424,14 +421,4 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
 /// The id of receive `i` of connection slot `slot`.
 pub(crate) fn recv_id(slot: u16, i: usize) -> u64 {
     RECV_FLAG | u64::from(slot) << 16 | i as u64
-}
-
-fn wc_opcode(kind: OpKind) -> WcOpcode {
-    match kind {
-        OpKind::Send => WcOpcode::Send,
-        OpKind::Write => WcOpcode::RdmaWrite,
-        OpKind::Read => WcOpcode::RdmaRead,
-        OpKind::FetchAdd => WcOpcode::FetchAdd,
-        OpKind::CompareSwap => WcOpcode::CompSwap,
-    }
 }

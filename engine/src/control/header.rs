@@ -1,0 +1,195 @@
+//! The engine's header at the start of connection private data.
+//!
+//! A connect request carries at most [`MAX_PRIVATE_DATA`] bytes (rdma_cm over the TCP port
+//! space: 56). The engine takes [`HEADER`] of them, in this order (little-endian):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 20 | the sender's worker region (`RemoteRegion::to_bytes`; all zeros: none) |
+//! | 8 | group nonce: the same in every lane of one engine connection, random per connection |
+//! | 1 | lane index, `0..lanes` |
+//! | 1 | lane count (`worker.qps.per_conn` of the connecting side; 0 reads as 1) |
+//! | 1 | length of the application's part |
+//!
+//! and the application's part follows: at most [`MAX_APP_PRIVATE_DATA`] bytes
+//! (`Cx::connect` checks it). Every lane carries the whole header, the application's part
+//! included. An accept answers with the same layout (its own region, the lane's nonce, index
+//! and count echoed, no application part). rdma_cm may pad private data with zeros, hence the
+//! length byte.
+
+use corelink_verbs::RemoteRegion;
+
+use crate::tunables::{MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
+
+const NONCE_AT: usize = RemoteRegion::WIRE_BYTES;
+const LANE_AT: usize = NONCE_AT + 8;
+const LANES_AT: usize = LANE_AT + 1;
+const LEN_AT: usize = LANES_AT + 1;
+
+/// Bytes of the engine's own header at the start of private data.
+pub const HEADER: usize = LEN_AT + 1;
+
+/// Bytes of private data an application may pass to `Cx::connect` (or an external client's
+/// connect): what rdma_cm carries in a connect request less the engine's header.
+pub const MAX_APP_PRIVATE_DATA: usize = MAX_PRIVATE_DATA - HEADER;
+
+// `Cx::connect` documents the application's budget as 25 bytes.
+const _: () = assert!(MAX_APP_PRIVATE_DATA == 25 && MAX_QPS_PER_CONN <= u8::MAX as usize);
+
+/// The engine's header of one lane, with the application's part.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    /// The sender's worker region (`None`: it exposes none).
+    pub(crate) region: Option<RemoteRegion>,
+    /// The engine connection the lane belongs to (chosen by the connecting side).
+    pub(crate) nonce: u64,
+    /// This lane's index, `0..lanes`.
+    pub(crate) lane: u8,
+    /// Lanes of the engine connection, `1..=MAX_QPS_PER_CONN`.
+    pub(crate) lanes: u8,
+    /// The application's part.
+    pub(crate) app: Vec<u8>,
+}
+
+impl Header {
+    /// The wire form (the application's part is cut at 255 bytes; callers check its length
+    /// against [`MAX_APP_PRIVATE_DATA`] first).
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        let app = &self.app[..self.app.len().min(u8::MAX as usize)];
+        let mut v = Vec::with_capacity(HEADER + app.len());
+        v.extend_from_slice(&self.region.map(|r| r.to_bytes()).unwrap_or_default());
+        v.extend_from_slice(&self.nonce.to_le_bytes());
+        v.push(self.lane);
+        v.push(self.lanes);
+        v.push(app.len() as u8);
+        v.extend_from_slice(app);
+        v
+    }
+
+    /// Parses private data made by [`Header::to_bytes`], tolerating zero padding and a short
+    /// or empty header (a peer that sent no engine header: one lane, no region, no data).
+    /// Fails on a lane count above [`MAX_QPS_PER_CONN`] or a lane index not below the count.
+    pub(crate) fn parse(pd: &[u8]) -> Result<Header, String> {
+        let region = RemoteRegion::from_bytes(pd).filter(|r| r.len > 0);
+        let nonce = pd
+            .get(NONCE_AT..LANE_AT)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .unwrap_or(0);
+        let lane = pd.get(LANE_AT).copied().unwrap_or(0);
+        let lanes = pd.get(LANES_AT).copied().unwrap_or(0).max(1);
+        if lanes as usize > MAX_QPS_PER_CONN || lane >= lanes {
+            return Err(format!(
+                "lane {lane} of {lanes}: a connection has 1 to {MAX_QPS_PER_CONN} lanes"
+            ));
+        }
+        let len = pd.get(LEN_AT).copied().unwrap_or(0) as usize;
+        let app = pd.get(HEADER..HEADER + len).unwrap_or_default().to_vec();
+        Ok(Header { region, nonce, lane, lanes, app })
+    }
+}
+
+/// What an engine's reject starts with, before its reason in text.
+const REJECT_PREFIX: &[u8] = b"corelink: ";
+/// Private data bytes a reject carries (rdma_cm over the TCP port space).
+const MAX_REJECT: usize = 148;
+
+/// The private data of a reject saying why (cut to what a reject carries).
+pub(crate) fn reject_data(why: &str) -> Vec<u8> {
+    let mut v = REJECT_PREFIX.to_vec();
+    v.extend_from_slice(why.as_bytes());
+    v.truncate(MAX_REJECT);
+    v
+}
+
+/// The reason in a reject made by [`reject_data`] (`None` for any other private data).
+pub(crate) fn reject_reason(pd: &[u8]) -> Option<String> {
+    let text = pd.strip_prefix(REJECT_PREFIX)?;
+    let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
+    Some(String::from_utf8_lossy(&text[..end]).into_owned())
+}
+
+/// A fresh group nonce: random per process (std's hasher keys) and distinct per call.
+pub(crate) fn nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Header {
+        Header {
+            region: Some(RemoteRegion { addr: 0x1000, len: 64, rkey: 7 }),
+            nonce: 0x0123_4567_89ab_cdef,
+            lane: 2,
+            lanes: 4,
+            app: b"app".to_vec(),
+        }
+    }
+
+    #[test]
+    fn round_trips_and_tolerates_padding() {
+        let h = sample();
+        let mut b = h.to_bytes();
+        assert_eq!(b.len(), HEADER + 3);
+        b.resize(MAX_PRIVATE_DATA, 0);
+        assert_eq!(Header::parse(&b), Ok(h));
+        let none = Header { region: None, app: vec![], lane: 0, lanes: 1, ..sample() };
+        assert_eq!(Header::parse(&none.to_bytes()), Ok(none));
+    }
+
+    #[test]
+    fn the_largest_application_part_fits() {
+        let h = Header { app: vec![0xa5; MAX_APP_PRIVATE_DATA], ..sample() };
+        let b = h.to_bytes();
+        assert_eq!(b.len(), MAX_PRIVATE_DATA);
+        assert_eq!(Header::parse(&b), Ok(h));
+    }
+
+    #[test]
+    fn missing_or_short_headers_read_as_one_lane() {
+        let empty = Header::parse(&[]).unwrap();
+        assert_eq!((empty.region, empty.lane, empty.lanes, empty.app), (None, 0, 1, vec![]));
+        let short = Header::parse(&sample().to_bytes()[..RemoteRegion::WIRE_BYTES + 3]).unwrap();
+        assert_eq!((short.region, short.lanes, short.app), (sample().region, 1, vec![]));
+        // A length byte beyond the data: no application part, no panic.
+        let mut b = sample().to_bytes();
+        b[LEN_AT] = 200;
+        assert_eq!(Header::parse(&b).unwrap().app, Vec::<u8>::new());
+    }
+
+    #[test]
+    fn bad_lane_numbers_are_refused() {
+        let mut b = sample().to_bytes();
+        b[LANE_AT] = 4; // index == count
+        assert!(Header::parse(&b).is_err());
+        b[LANE_AT] = 0;
+        b[LANES_AT] = MAX_QPS_PER_CONN as u8 + 1;
+        assert!(Header::parse(&b).unwrap_err().contains(&format!("1 to {MAX_QPS_PER_CONN} lanes")));
+    }
+
+    #[test]
+    fn reject_reasons_round_trip_padded_and_cut() {
+        let mut b = reject_data("worker.qps.max reached");
+        b.resize(MAX_REJECT, 0);
+        assert_eq!(reject_reason(&b).as_deref(), Some("worker.qps.max reached"));
+        assert_eq!(reject_reason(b"someone else's data"), None);
+        assert_eq!(reject_data(&"x".repeat(500)).len(), MAX_REJECT);
+    }
+
+    #[test]
+    fn nonces_differ() {
+        let a: std::collections::HashSet<u64> = (0..1000).map(|_| nonce()).collect();
+        assert_eq!(a.len(), 1000);
+    }
+}

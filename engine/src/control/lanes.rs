@@ -1,0 +1,397 @@
+//! A connection's lanes while they come up, on both sides.
+//!
+//! Connecting: [`Control::start_connect`] takes `worker.qps.per_conn` QPs from the worker's
+//! pool and starts one connector thread per lane, each sending the same header but for its
+//! lane index; when every lane has reported, the connection goes to the worker whole, or, if
+//! any lane failed, the lanes that came up are disconnected and recycled and the connect fails
+//! with the first cause.
+//!
+//! Accepting: lanes are grouped by their header's nonce. The first lane of a group decides
+//! its worker (the placement rule runs once per connection), every lane is accepted with a QP
+//! from that worker's pool, and the group goes to the worker when its last lane is up (the
+//! lane count is the connector's, whatever this side's `per_conn`). A group whose lane fails
+//! (no QP within `worker.qps.max`, a failed accept, a lane disconnected) or that waits longer
+//! than [`GROUP_TIMEOUT`] is dropped: its lanes are disconnected and recycled, and its late
+//! lanes rejected with the reason.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use corelink_verbs::{CmEvent, ConnRequest, Connection, Context, Listener, Provider};
+
+use super::header::{nonce, reject_data, reject_reason, Header, MAX_APP_PRIVATE_DATA};
+use super::{Control, LISTEN_SLICE};
+use crate::handoff::{Origin, ToWorker};
+use crate::request::ConnInfo;
+
+/// How long an outgoing lane's connect may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an accepted connection waits for the rest of its lanes (the connector gives up
+/// on a lane after [`CONNECT_TIMEOUT`]).
+pub(super) const GROUP_TIMEOUT: Duration = Duration::from_secs(20);
+
+type Up<P> = (<P as Provider>::Qp, <P as Provider>::Connection);
+
+/// One lane's connect, as its connector thread reports it (the QP comes back either way).
+struct LaneDone<P: Provider> {
+    conn: u64,
+    lane: usize,
+    qp: P::Qp,
+    result: Result<P::Connection, String>,
+}
+
+/// A connect in progress.
+struct Connecting<P: Provider> {
+    worker: usize,
+    token: u64,
+    origin: Origin,
+    /// By lane index: the lanes that came up.
+    lanes: Vec<Option<Up<P>>>,
+    /// Lanes not reported yet.
+    waiting: usize,
+    /// The first failure.
+    error: Option<String>,
+}
+
+/// The connects in progress and their connector threads' reports.
+pub(super) struct Outgoing<P: Provider> {
+    groups: HashMap<u64, Connecting<P>>,
+    tx: mpsc::Sender<LaneDone<P>>,
+    rx: mpsc::Receiver<LaneDone<P>>,
+    threads: usize,
+}
+
+impl<P: Provider> Outgoing<P> {
+    pub(super) fn new() -> Self {
+        let (tx, rx) = mpsc::channel();
+        Outgoing { groups: HashMap::new(), tx, rx, threads: 0 }
+    }
+
+    /// Connector threads still running.
+    pub(super) fn connecting(&self) -> usize {
+        self.threads
+    }
+}
+
+/// An accepted connection waiting for its lanes (or, failed, rejecting its late ones).
+struct Accepting<P: Provider> {
+    worker: usize,
+    deadline: Instant,
+    info: ConnInfo,
+    lanes: Vec<Option<Up<P>>>,
+    failed: Option<String>,
+}
+
+/// Accepted connections waiting for their lanes, by nonce.
+pub(super) struct Incoming<P: Provider> {
+    groups: HashMap<u64, Accepting<P>>,
+}
+
+impl<P: Provider> Incoming<P> {
+    pub(super) fn new() -> Self {
+        Incoming { groups: HashMap::new() }
+    }
+}
+
+/// A connect's error, with an engine's reject reason when it gave one.
+fn describe(e: &corelink_verbs::Error) -> String {
+    match e {
+        corelink_verbs::Error::Rejected { private_data, .. } => match reject_reason(private_data) {
+            Some(why) => format!("{e}: {why}"),
+            None => e.to_string(),
+        },
+        _ => e.to_string(),
+    }
+}
+
+fn lane_error(lane: usize, lanes: usize, e: String) -> String {
+    if lanes == 1 {
+        e
+    } else {
+        format!("lane {lane} of {lanes}: {e}")
+    }
+}
+
+impl<P: Provider> Control<P> {
+    /// Starts worker `w`'s connect to `addr`: `per_conn` lanes, each on its connector thread.
+    pub(super) fn start_connect(
+        &mut self,
+        w: usize,
+        addr: SocketAddr,
+        app: &[u8],
+        token: u64,
+        origin: Origin,
+    ) {
+        let refuse = if self.shutting_down {
+            Some("the engine is shutting down".to_string())
+        } else if app.len() > MAX_APP_PRIVATE_DATA {
+            Some(format!("{} bytes of private data; at most {MAX_APP_PRIVATE_DATA}", app.len()))
+        } else {
+            None
+        };
+        if let Some(error) = refuse {
+            return self.send(w, ToWorker::ConnectFailed { token, origin, error });
+        }
+        let k = self.cfg.per_conn;
+        let qps = match self.workers[w].qps.take(k) {
+            Ok(qps) => qps,
+            Err(e) => {
+                let error = e.to_string();
+                return self.send(w, ToWorker::ConnectFailed { token, origin, error });
+            }
+        };
+        let id = self.next_conn;
+        self.next_conn += 1;
+        let lanes = (0..k).map(|_| None).collect();
+        let group = Connecting { worker: w, token, origin, lanes, waiting: k, error: None };
+        self.outgoing.groups.insert(id, group);
+        let nonce = nonce();
+        for (lane, mut qp) in qps.into_iter().enumerate() {
+            let hdr = Header {
+                region: Some(self.workers[w].region),
+                nonce,
+                lane: lane as u8,
+                lanes: k as u8,
+                app: app.to_vec(),
+            }
+            .to_bytes();
+            let (ctx, attr, tx) = (self.ctx.clone(), self.cfg.attr, self.outgoing.tx.clone());
+            let spawned =
+                std::thread::Builder::new().name("corelink-connect".into()).spawn(move || {
+                    let result = ctx
+                        .connect(addr, &mut qp, &attr, &hdr, CONNECT_TIMEOUT)
+                        .map_err(|e| describe(&e));
+                    let _ = tx.send(LaneDone { conn: id, lane, qp, result });
+                });
+            match spawned {
+                Ok(_) => self.outgoing.threads += 1,
+                Err(e) => {
+                    // The QP went with the thread's closure.
+                    self.workers[w].qps.forget();
+                    if let Some(g) = self.outgoing.groups.get_mut(&id) {
+                        g.waiting -= 1;
+                        let e =
+                            lane_error(lane, k, format!("cannot start a connector thread: {e}"));
+                        g.error.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        self.finish_connect(id);
+    }
+
+    /// Takes the connector threads' reports; returns whether there were any.
+    pub(super) fn finish_connects(&mut self) -> bool {
+        let mut any = false;
+        while let Ok(d) = self.outgoing.rx.try_recv() {
+            any = true;
+            self.outgoing.threads -= 1;
+            let Some(g) = self.outgoing.groups.get_mut(&d.conn) else { continue };
+            let w = g.worker;
+            g.waiting -= 1;
+            match d.result {
+                Ok(cm) => g.lanes[d.lane] = Some((d.qp, cm)),
+                Err(e) => {
+                    g.error.get_or_insert(lane_error(d.lane, g.lanes.len(), e));
+                    self.workers[w].qps.give_back(d.qp, &self.cfg.attr);
+                }
+            }
+            self.finish_connect(d.conn);
+        }
+        any
+    }
+
+    /// Once every lane of connect `id` has reported: hands the connection over, or fails it.
+    fn finish_connect(&mut self, id: u64) {
+        if self.outgoing.groups.get(&id).is_none_or(|g| g.waiting > 0) {
+            return;
+        }
+        let Some(g) = self.outgoing.groups.remove(&id) else { return };
+        let (w, token, origin) = (g.worker, g.token, g.origin);
+        let error = match g.error {
+            Some(e) => Some(e),
+            None if self.shutting_down => Some("the engine is shutting down".to_string()),
+            None => None,
+        };
+        let up: Vec<Up<P>> = g.lanes.into_iter().flatten().collect();
+        if let Some(error) = error {
+            for (qp, cm) in up {
+                self.recycle(w, qp, cm);
+            }
+            return self.send(w, ToWorker::ConnectFailed { token, origin, error });
+        }
+        let peer = up.first().map(|(_, cm)| Header::parse(cm.peer_private_data()));
+        let (peer_region, private_data) = match peer {
+            Some(Ok(h)) => (h.region, h.app),
+            _ => (None, Vec::new()),
+        };
+        let info = ConnInfo { private_data, peer_region, initiated: true, token };
+        self.workers[w].conns += 1;
+        self.hand_off(w, up, info, origin);
+    }
+
+    /// Accepts one lane if a request is waiting; returns whether one was.
+    pub(super) fn accept_one(&mut self) -> bool {
+        let Some(l) = self.listener.as_mut() else { return false };
+        let req = match l.get_request(LISTEN_SLICE) {
+            Ok(Some(r)) => r,
+            _ => return false,
+        };
+        let hdr = match Header::parse(req.private_data()) {
+            Ok(h) => h,
+            Err(why) => {
+                let _ = req.reject(&reject_data(&why));
+                return true;
+            }
+        };
+        let (nonce, lane, k) = (hdr.nonce, hdr.lane as usize, hdr.lanes as usize);
+        let w = match self.incoming.groups.get(&nonce) {
+            Some(g) => {
+                let refuse = match &g.failed {
+                    Some(why) => Some(why.clone()),
+                    None if g.lanes.len() != k || g.lanes[lane].is_some() => {
+                        Some(format!("lane {lane} of {k} does not fit its connection"))
+                    }
+                    None => None,
+                };
+                if let Some(why) = refuse {
+                    let _ = req.reject(&reject_data(&why));
+                    return true;
+                }
+                g.worker
+            }
+            None => {
+                let w = self.choose_worker(&hdr.app);
+                self.workers[w].conns += 1;
+                let info = ConnInfo {
+                    private_data: hdr.app,
+                    peer_region: hdr.region,
+                    initiated: false,
+                    token: 0,
+                };
+                let group = Accepting {
+                    worker: w,
+                    deadline: Instant::now() + GROUP_TIMEOUT,
+                    info,
+                    lanes: (0..k).map(|_| None).collect(),
+                    failed: None,
+                };
+                self.incoming.groups.insert(nonce, group);
+                w
+            }
+        };
+        let mut qp = match self.workers[w].qps.take(1).map(|mut v| v.pop()) {
+            Ok(Some(qp)) => qp,
+            Ok(None) => return true, // `take(1)` gives one QP
+            Err(e) => {
+                let why = e.to_string();
+                let _ = req.reject(&reject_data(&why));
+                self.fail_incoming(nonce, lane_error(lane, k, why));
+                return true;
+            }
+        };
+        let answer = Header {
+            region: Some(self.workers[w].region),
+            nonce,
+            lane: lane as u8,
+            lanes: k as u8,
+            app: Vec::new(),
+        }
+        .to_bytes();
+        match req.accept(&mut qp, &self.cfg.attr, &answer) {
+            Ok(cm) => match self.incoming.groups.get_mut(&nonce) {
+                Some(g) => {
+                    g.lanes[lane] = Some((qp, cm));
+                    if g.lanes.iter().all(Option::is_some) {
+                        if let Some(g) = self.incoming.groups.remove(&nonce) {
+                            let up = g.lanes.into_iter().flatten().collect();
+                            self.hand_off(g.worker, up, g.info, Origin::Handler);
+                        }
+                    }
+                }
+                None => self.recycle(w, qp, cm),
+            },
+            Err(e) => {
+                self.workers[w].qps.give_back(qp, &self.cfg.attr);
+                self.fail_incoming(nonce, lane_error(lane, k, e.to_string()));
+            }
+        }
+        true
+    }
+
+    /// Drops accepted group `nonce`: its lanes are disconnected and recycled, and (for a group
+    /// of several lanes) its late lanes rejected with `why` until its deadline.
+    fn fail_incoming(&mut self, nonce: u64, why: String) {
+        let Some(g) = self.incoming.groups.get_mut(&nonce) else { return };
+        if g.failed.is_some() {
+            return;
+        }
+        let w = g.worker;
+        let up: Vec<Up<P>> = g.lanes.iter_mut().filter_map(Option::take).collect();
+        if g.lanes.len() == 1 {
+            // No lane will follow (and peers without a header all share nonce 0).
+            self.incoming.groups.remove(&nonce);
+        } else {
+            g.failed = Some(why);
+        }
+        let c = &mut self.workers[w].conns;
+        *c = c.saturating_sub(1);
+        for (qp, cm) in up {
+            self.recycle(w, qp, cm);
+        }
+    }
+
+    /// Drops accepted groups one of whose lanes the peer disconnected.
+    pub(super) fn watch_incoming(&mut self) {
+        let mut gone = Vec::new();
+        for (nonce, g) in self.incoming.groups.iter_mut() {
+            let k = g.lanes.len();
+            for (lane, up) in g.lanes.iter_mut().enumerate() {
+                let Some((_, cm)) = up else { continue };
+                if let Ok(Some(CmEvent::Disconnected | CmEvent::DeviceRemoval)) =
+                    cm.poll_event(Duration::ZERO)
+                {
+                    gone.push((
+                        *nonce,
+                        lane_error(lane, k, "disconnected before all lanes were up".into()),
+                    ));
+                    break;
+                }
+            }
+        }
+        for (nonce, why) in gone {
+            self.fail_incoming(nonce, why);
+        }
+    }
+
+    /// Drops accepted groups past their deadline (and forgets failed ones then).
+    pub(super) fn expire_incoming(&mut self) {
+        if self.incoming.groups.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let due: Vec<u64> = self
+            .incoming
+            .groups
+            .iter()
+            .filter(|(_, g)| g.deadline <= now)
+            .map(|(n, _)| *n)
+            .collect();
+        for nonce in due {
+            let why = format!("not all lanes came within {GROUP_TIMEOUT:?}");
+            self.fail_incoming(nonce, why);
+            self.incoming.groups.remove(&nonce);
+        }
+    }
+
+    /// Drops every accepted group still waiting (at shutdown).
+    pub(super) fn drop_incoming(&mut self) {
+        let all: Vec<u64> = self.incoming.groups.keys().copied().collect();
+        for nonce in all {
+            self.fail_incoming(nonce, "the engine is shutting down".into());
+        }
+        self.incoming.groups.clear();
+    }
+}

@@ -1,0 +1,354 @@
+//! The control core: one pinned thread that owns connection management. It listens and
+//! accepts, runs connects (each blocking rdma_cm connect on a short-lived connector thread of the
+//! control plane, so that one slow peer stalls nothing), gives each connection QPs from the
+//! chosen worker's pool ([`pool`]: pre-created on the worker's PD and CQ, reset and reused
+//! after release, at most `worker.qps.max` per worker), exchanges the workers' region
+//! descriptors in private data ([`header`]), hands finished connections to workers over SPSC
+//! rings, watches connection events, disconnects and recycles what workers release, and runs
+//! the shutdown.
+//!
+//! One engine connection is `worker.qps.per_conn` rdma_cm connections (lanes) between the same
+//! two workers: the connecting side opens them all, and the accepting side groups them by the
+//! nonce in their header and hands them over once all are up ([`lanes`]). Releases,
+//! disconnects and peer closes stay per lane (by cm key); a worker's connection count counts
+//! engine connections.
+
+mod header;
+mod lanes;
+mod pool;
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrayvec::ArrayVec;
+use corelink_verbs::{CmEvent, Connection, Provider, QpAttr, RemoteRegion};
+
+use crate::handoff::{NewLane, Origin, ToControl, ToWorker};
+use crate::metrics::{ControlMetrics, WorkerCounts};
+use crate::request::ConnInfo;
+use crate::ring::{Consumer, Producer};
+use crate::tunables::MAX_QPS_PER_CONN;
+
+pub use header::{HEADER, MAX_APP_PRIVATE_DATA};
+pub(crate) use pool::QpPool;
+
+/// How long one look for a connection request waits (the control loop's pace when idle).
+const LISTEN_SLICE: Duration = Duration::from_millis(1);
+
+/// An application's placement rule: from the connector's private data (its part) and each
+/// worker's connection count, the worker to use.
+pub type PlaceFn = Box<dyn Fn(&[u8], &[usize]) -> usize + Send>;
+
+/// Which worker gets an accepted connection (all its lanes: placement is decided when its
+/// first lane arrives).
+pub enum Placement {
+    /// Each in turn.
+    RoundRobin,
+    /// The one with the fewest connections.
+    LeastLoaded,
+    /// The application decides, from the connector's private data (its part) and each
+    /// worker's connection count.
+    Custom(PlaceFn),
+}
+
+impl std::fmt::Debug for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Placement::RoundRobin => "RoundRobin",
+            Placement::LeastLoaded => "LeastLoaded",
+            Placement::Custom(_) => "Custom",
+        })
+    }
+}
+
+/// What the application asks of the control core.
+pub(crate) enum Command<P: Provider> {
+    Shutdown,
+    ToWorker(usize, ToWorker<P>),
+}
+
+/// One worker, as the control core sees it.
+pub(crate) struct WorkerLink<P: Provider> {
+    pub(crate) region: RemoteRegion,
+    pub(crate) to: Producer<ToWorker<P>>,
+    pub(crate) from: Consumer<ToControl<P>>,
+    pub(crate) thread: std::thread::Thread,
+    /// Its QPs: the pool, and the account of those in use.
+    pub(crate) qps: QpPool<P>,
+    /// Its engine connections (accepted ones waiting for lanes included).
+    pub(crate) conns: usize,
+    /// Lanes handed to it since start.
+    pub(crate) lanes: u64,
+    pub(crate) stopped: bool,
+}
+
+/// How the control core sets connections up.
+pub(crate) struct ControlCfg {
+    pub(crate) placement: Placement,
+    /// QP attributes for the connection manager's transitions (and the reset).
+    pub(crate) attr: QpAttr,
+    /// Lanes of a connection this side opens (`worker.qps.per_conn`).
+    pub(crate) per_conn: usize,
+}
+
+/// A lane handed to a worker, by cm key.
+struct Lane<P: Provider> {
+    cm: P::Connection,
+    worker: usize,
+    /// The engine connection it belongs to.
+    conn: u64,
+}
+
+/// The control core's state.
+pub(crate) struct Control<P: Provider> {
+    ctx: Arc<P::Context>,
+    listener: Option<P::Listener>,
+    workers: Vec<WorkerLink<P>>,
+    commands: mpsc::Receiver<Command<P>>,
+    cfg: ControlCfg,
+    next_worker: usize,
+    /// Lanes on workers, by cm key.
+    lanes: HashMap<u64, Lane<P>>,
+    /// Engine connections on workers: lanes not yet released.
+    conns: HashMap<u64, usize>,
+    next_key: u64,
+    next_conn: u64,
+    outgoing: lanes::Outgoing<P>,
+    incoming: lanes::Incoming<P>,
+    published: Arc<Mutex<ControlMetrics>>,
+    last_published: ControlMetrics,
+    shutting_down: bool,
+}
+
+impl<P: Provider> Control<P> {
+    pub(crate) fn new(
+        ctx: Arc<P::Context>,
+        listener: Option<P::Listener>,
+        workers: Vec<WorkerLink<P>>,
+        commands: mpsc::Receiver<Command<P>>,
+        cfg: ControlCfg,
+        published: Arc<Mutex<ControlMetrics>>,
+    ) -> Self {
+        let cfg = ControlCfg { per_conn: cfg.per_conn.clamp(1, MAX_QPS_PER_CONN), ..cfg };
+        let mut c = Control {
+            ctx,
+            listener,
+            workers,
+            commands,
+            cfg,
+            next_worker: 0,
+            lanes: HashMap::new(),
+            conns: HashMap::new(),
+            next_key: 1,
+            next_conn: 1,
+            outgoing: lanes::Outgoing::new(),
+            incoming: lanes::Incoming::new(),
+            published,
+            last_published: ControlMetrics::default(),
+            shutting_down: false,
+        };
+        c.publish();
+        c
+    }
+
+    /// Runs until every worker has stopped after a shutdown.
+    pub(crate) fn run(mut self) {
+        loop {
+            let mut busy = self.commands();
+            busy |= self.accept_one();
+            busy |= self.worker_messages();
+            busy |= self.finish_connects();
+            self.watch_events();
+            self.expire_incoming();
+            if !busy && !self.shutting_down {
+                // Off the critical path: nothing else to do in this iteration.
+                for w in &mut self.workers {
+                    w.qps.refill_one();
+                }
+            }
+            self.publish();
+            if self.shutting_down
+                && self.outgoing.connecting() == 0
+                && self.workers.iter().all(|w| w.stopped)
+            {
+                break;
+            }
+            if self.listener.is_none() {
+                std::thread::sleep(LISTEN_SLICE);
+            }
+        }
+        self.drop_incoming();
+        // Connection-manager sides first, then the QPs (in the pools, dropped with `self`).
+        self.lanes.clear();
+        self.publish();
+    }
+
+    /// Publishes the counters if they changed.
+    fn publish(&mut self) {
+        let now = ControlMetrics {
+            workers: self
+                .workers
+                .iter()
+                .map(|w| WorkerCounts {
+                    connections: w.conns as u64,
+                    lanes: w.lanes,
+                    ..w.qps.counts()
+                })
+                .collect(),
+        };
+        if now != self.last_published {
+            if let Ok(mut m) = self.published.lock() {
+                *m = now.clone();
+            }
+            self.last_published = now;
+        }
+    }
+
+    fn send(&mut self, w: usize, m: ToWorker<P>) {
+        let link = &mut self.workers[w];
+        let mut m = m;
+        // The ring is sized for bursts; a full one means the worker is behind: wait for it.
+        loop {
+            match link.to.push(m) {
+                Ok(()) => break,
+                Err(back) => {
+                    m = back;
+                    link.thread.unpark();
+                    std::thread::yield_now();
+                }
+            }
+        }
+        link.thread.unpark();
+    }
+
+    fn commands(&mut self) -> bool {
+        let mut any = false;
+        while let Ok(c) = self.commands.try_recv() {
+            any = true;
+            match c {
+                Command::Shutdown => {
+                    if !self.shutting_down {
+                        self.shutting_down = true;
+                        self.listener = None; // stop accepting
+                        self.drop_incoming();
+                        for w in 0..self.workers.len() {
+                            self.send(w, ToWorker::Shutdown);
+                        }
+                    }
+                }
+                Command::ToWorker(w, m) => self.send(w, m),
+            }
+        }
+        any
+    }
+
+    fn choose_worker(&mut self, app: &[u8]) -> usize {
+        let n = self.workers.len();
+        let w = match &self.cfg.placement {
+            Placement::RoundRobin => {
+                self.next_worker = (self.next_worker + 1) % n;
+                self.next_worker
+            }
+            Placement::LeastLoaded => (0..n).min_by_key(|&i| self.workers[i].conns).unwrap_or(0),
+            Placement::Custom(f) => {
+                let loads: Vec<usize> = self.workers.iter().map(|w| w.conns).collect();
+                f(app, &loads)
+            }
+        };
+        w.min(n - 1)
+    }
+
+    /// Gives a connection's lanes (in lane order, all up) to worker `w`. The caller has
+    /// counted the connection in the worker's `conns`.
+    fn hand_off(
+        &mut self,
+        w: usize,
+        up: Vec<(P::Qp, P::Connection)>,
+        info: ConnInfo,
+        origin: Origin,
+    ) {
+        let id = self.next_conn;
+        self.next_conn += 1;
+        let mut lanes = ArrayVec::<NewLane<P>, MAX_QPS_PER_CONN>::new();
+        for (qp, cm) in up {
+            if lanes.is_full() {
+                // Never more lanes than a connection may have (headers are checked): recycle.
+                self.recycle(w, qp, cm);
+                continue;
+            }
+            let key = self.next_key;
+            self.next_key += 1;
+            self.lanes.insert(key, Lane { cm, worker: w, conn: id });
+            lanes.push(NewLane { qp, cm_key: key });
+        }
+        self.conns.insert(id, lanes.len());
+        self.workers[w].lanes += lanes.len() as u64;
+        self.send(w, ToWorker::NewConn { lanes, info, origin });
+    }
+
+    /// Disconnects a lane that is up, drops its connection-manager side, and gives its QP
+    /// back to worker `w`'s pool.
+    fn recycle(&mut self, w: usize, qp: P::Qp, mut cm: P::Connection) {
+        let _ = cm.disconnect();
+        drop(cm); // before the reset: on `soft` the dropped side moves its QP to ERR
+        self.workers[w].qps.give_back(qp, &self.cfg.attr);
+    }
+
+    fn worker_messages(&mut self) -> bool {
+        let mut any = false;
+        for w in 0..self.workers.len() {
+            while let Some(m) = self.workers[w].from.pop() {
+                any = true;
+                match m {
+                    ToControl::Connect { addr, private_data, token, origin } => {
+                        self.start_connect(w, addr, &private_data, token, origin)
+                    }
+                    ToControl::Disconnect { cm_key } => {
+                        if let Some(l) = self.lanes.get_mut(&cm_key) {
+                            let _ = l.cm.disconnect();
+                        }
+                    }
+                    ToControl::Release { cm_key, qp } => self.release(w, cm_key, qp),
+                    ToControl::Stopped => self.workers[w].stopped = true,
+                }
+            }
+        }
+        any
+    }
+
+    /// A worker is done with a lane: drop its connection-manager side, then reset its QP for
+    /// reuse (or destroy it); the connection ends with its last lane.
+    fn release(&mut self, w: usize, cm_key: u64, qp: P::Qp) {
+        let mut owner = w;
+        if let Some(lane) = self.lanes.remove(&cm_key) {
+            owner = lane.worker;
+            drop(lane.cm);
+            if let Some(left) = self.conns.get_mut(&lane.conn) {
+                *left = left.saturating_sub(1);
+                if *left == 0 {
+                    self.conns.remove(&lane.conn);
+                    let c = &mut self.workers[lane.worker].conns;
+                    *c = c.saturating_sub(1);
+                }
+            }
+        }
+        self.workers[owner].qps.give_back(qp, &self.cfg.attr);
+    }
+
+    fn watch_events(&mut self) {
+        let mut closed = Vec::new();
+        for (key, l) in self.lanes.iter_mut() {
+            if let Ok(Some(CmEvent::Disconnected | CmEvent::DeviceRemoval)) =
+                l.cm.poll_event(Duration::ZERO)
+            {
+                closed.push((*key, l.worker));
+            }
+        }
+        for (key, w) in closed {
+            self.send(w, ToWorker::PeerClosed { cm_key: key });
+        }
+        self.watch_incoming();
+    }
+}

@@ -1,0 +1,125 @@
+//! Completions of the send queue: a completion retires, in post order, every work request of
+//! its lane up to itself (the unsignalled ones before it succeeded), and each retired request
+//! tells its issuer — and the requests riding on it (merged reads get a copy of the bytes
+//! read; coalesced writes share the outcome).
+
+use corelink_verbs::{Provider, Wc, WcOpcode, WcStatus};
+
+use super::conn::{Phase, Req, NONE};
+use super::{Handler, Worker};
+use crate::handoff::{ExtCompletion, Origin};
+use crate::request::{Done, OpKind};
+
+impl<P: Provider, H: Handler<P>> Worker<P, H> {
+    /// A send-queue completion.
+    pub(super) fn dispatch_send(&mut self, wc: &Wc) {
+        let Some(r) = self.cx.reqs.get(wc.wr_id) else { return };
+        let (slot, l) = (r.conn.slot as usize, r.lane as usize);
+        loop {
+            let Some(c) = self.cx.conns.get_mut(slot).and_then(Option::as_mut) else { return };
+            let Some(lane) = c.lanes.get_mut(l) else { return };
+            let Some(id) = lane.posted.pop_front() else { return };
+            let mine = id == wc.wr_id;
+            let status = if mine { wc.status } else { WcStatus::Success };
+            let Some(r) = self.cx.reqs.remove(id) else {
+                if mine {
+                    return;
+                }
+                continue;
+            };
+            if r.is_rd_atomic() {
+                lane.rd_outstanding = lane.rd_outstanding.saturating_sub(1);
+            }
+            if status != WcStatus::Success && c.phase == Phase::Open {
+                c.note_error(status);
+                self.cx.dirty.push(slot as u16);
+            }
+            self.finish(id, r, status);
+            if mine {
+                return;
+            }
+        }
+    }
+
+    /// Tells request `id` (taken out of the slab as `r`) and every request riding on it how
+    /// it ended.
+    pub(super) fn finish(&mut self, id: u64, r: Req<P>, status: WcStatus) {
+        if let Some(key) = r.merge_key {
+            if self.cx.merges.get(&key) == Some(&id) {
+                self.cx.merges.remove(&key);
+            }
+        }
+        let mut next = r.next;
+        if r.kind == OpKind::Read && status.is_success() {
+            // The bytes read go to every merged requester too.
+            let mut n = next;
+            while n != NONE {
+                let Some(f) = self.cx.reqs.get_mut(n) else { break };
+                if let (Some(src), Some(dst)) = (&r.buf, &mut f.buf) {
+                    let len = src.len().min(dst.capacity());
+                    let _ = dst.fill(&src.as_slice()[..len]);
+                }
+                n = f.next;
+            }
+        }
+        self.complete(r, status);
+        while next != NONE {
+            let Some(f) = self.cx.reqs.remove(next) else { break };
+            next = f.next;
+            self.complete(f, status);
+        }
+    }
+
+    /// Tells the issuer of `r` how it ended.
+    pub(super) fn complete(&mut self, r: Req<P>, status: WcStatus) {
+        self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
+        let old_value = match (r.kind, &r.buf) {
+            (OpKind::FetchAdd | OpKind::CompareSwap, Some(b)) if status.is_success() => {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&b.as_slice()[..8]);
+                Some(u64::from_ne_bytes(w))
+            }
+            _ => None,
+        };
+        match r.origin {
+            Origin::Handler => {
+                let done = Done {
+                    conn: r.conn,
+                    token: r.token,
+                    kind: r.kind,
+                    status,
+                    buf: r.buf,
+                    old_value,
+                };
+                self.handler.on_completion(&mut self.cx, done);
+            }
+            Origin::Client(n) => {
+                let mut data = r.ext_data.unwrap_or_default();
+                if let (OpKind::Read, Some(b), true) = (r.kind, &r.buf, status.is_success()) {
+                    data.clear();
+                    data.extend_from_slice(b.as_slice()); // within the capacity the client gave
+                }
+                let done = ExtCompletion {
+                    token: r.token,
+                    conn: Some(r.conn),
+                    status,
+                    data,
+                    old_value,
+                    error: None,
+                };
+                self.client_done(n, done);
+            }
+        }
+    }
+}
+
+/// The completion opcode of a kind of request (for the metrics).
+pub(crate) fn wc_opcode(kind: OpKind) -> WcOpcode {
+    match kind {
+        OpKind::Send => WcOpcode::Send,
+        OpKind::Write => WcOpcode::RdmaWrite,
+        OpKind::Read => WcOpcode::RdmaRead,
+        OpKind::FetchAdd => WcOpcode::FetchAdd,
+        OpKind::CompareSwap => WcOpcode::CompSwap,
+    }
+}

@@ -1,0 +1,341 @@
+//! The scheduler: how waiting requests become work requests. Per connection, requests wait in
+//! priority classes (class 0 first, with aging so that no class starves); each batch goes to
+//! the next lane with room, as one linked list (one doorbell) of at most `post_list` work
+//! requests; a QP never has more than its send-queue depth (`max_outstanding`) nor more reads
+//! and atomics than `max_rd_atomic` on the device (beyond, requests wait); identical reads in
+//! flight share one RDMA read; adjacent writes may go as one gathered write; one work request
+//! in `signal_every` asks for a completion (a batch's last one does whenever nothing follows
+//! it at once, so every request learns its outcome).
+
+use arrayvec::ArrayVec;
+use corelink_verbs::{Error as VerbsError, Provider, Qp, SendFlags, SendOp, SendWr, Sge, WcStatus};
+
+use super::conn::{Conn, MergeKey, Phase, Req, NONE};
+use super::cx::{Cx, Notice, WorkerCfg};
+use crate::metrics::Metrics;
+use crate::request::OpKind;
+use crate::slab::Slab;
+use crate::tunables::{CLASSES, MAX_POST_LIST, MAX_SGE};
+
+/// The worker's merge table: identical reads in flight, by key, to the request posted.
+pub(crate) type MergeTable = std::collections::HashMap<MergeKey, u64>;
+
+/// Everything a flush touches besides the connection.
+struct Ctx<'a, P: Provider> {
+    reqs: &'a mut Slab<Req<P>>,
+    notices: &'a mut std::collections::VecDeque<Notice<P>>,
+    metrics: &'a mut Metrics,
+    cfg: &'a WorkerCfg,
+    merges: &'a mut MergeTable,
+}
+
+impl<P: Provider> Cx<P> {
+    /// Posts what the connections have waiting; returns whether anything was posted.
+    pub(crate) fn flush(&mut self) -> bool {
+        if self.stopping {
+            self.close_for_shutdown();
+        }
+        let Cx { conns, reqs, notices, metrics, cfg, dirty, merges, .. } = self;
+        let mut x = Ctx { reqs, notices, metrics, cfg, merges };
+        let mut posted_any = false;
+        for &slot in dirty.iter() {
+            let Some(c) = conns[slot as usize].as_mut() else { continue };
+            if c.phase == Phase::Closing {
+                flush_waiting(c, &mut x);
+                continue;
+            }
+            posted_any |= flush_conn(c, slot, &mut x);
+        }
+        posted_any
+    }
+}
+
+/// Fails every waiting request of a closing connection with `WrFlushErr`.
+fn flush_waiting<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
+    for q in c.queues.iter_mut() {
+        while let Some(id) = q.pop_front() {
+            if let Some(r) = x.reqs.remove(id) {
+                x.notices.push_back(Notice::failed(r, WcStatus::WrFlushErr));
+            }
+        }
+    }
+    c.waiting = 0;
+}
+
+/// Posts batches on the connection's lanes in turn until nothing more can go.
+fn flush_conn<P: Provider>(c: &mut Conn<P>, slot: u16, x: &mut Ctx<'_, P>) -> bool {
+    let mut served = [false; CLASSES];
+    let mut any = false;
+    let mut idle = 0;
+    let lanes = c.lanes.len();
+    while c.waiting > 0 && idle < lanes && c.phase == Phase::Open {
+        let l = c.next_lane % lanes;
+        c.next_lane = (l + 1) % lanes;
+        if post_batch(c, slot, l, x, &mut served) > 0 {
+            idle = 0;
+            any = true;
+        } else {
+            idle += 1;
+        }
+    }
+    // Aging: a class that waited while others were served moves up.
+    if any {
+        for ((passed, queue), served) in c.passed.iter_mut().zip(&c.queues).zip(served) {
+            *passed = if served || queue.is_empty() { 0 } else { passed.saturating_add(1) };
+        }
+    }
+    any
+}
+
+/// The key a read is merged by.
+fn merge_key<P: Provider>(c: &Conn<P>, slot: u16, r: &Req<P>) -> MergeKey {
+    MergeKey { slot, epoch: c.write_epoch, addr: r.remote.addr, len: r.len, rkey: r.remote.rkey }
+}
+
+/// The class whose head goes next on a lane with `rd_room` reads/atomics to spare, if any.
+fn pick_class<P: Provider>(c: &Conn<P>, slot: u16, rd_room: bool, x: &Ctx<'_, P>) -> Option<usize> {
+    let admissible = |k: usize| {
+        let Some(&id) = c.queues[k].front() else { return false };
+        let Some(r) = x.reqs.get(id) else { return true }; // gone: popped and skipped
+        if !r.is_rd_atomic() || rd_room {
+            return true;
+        }
+        r.kind == OpKind::Read && x.cfg.merge_reads && x.merges.contains_key(&merge_key(c, slot, r))
+    };
+    if x.cfg.priorities {
+        // The class passed over longest, once it has waited `aging_rounds` flushes, goes first.
+        let aged = (0..CLASSES)
+            .filter(|&k| c.passed[k] >= x.cfg.aging_rounds)
+            .max_by_key(|&k| c.passed[k]);
+        if let Some(k) = aged.filter(|&k| admissible(k)) {
+            return Some(k);
+        }
+    }
+    (0..CLASSES).find(|&k| admissible(k))
+}
+
+/// One batch on lane `l`: returns the work requests posted.
+fn post_batch<P: Provider>(
+    c: &mut Conn<P>,
+    slot: u16,
+    l: usize,
+    x: &mut Ctx<'_, P>,
+    served: &mut [bool; CLASSES],
+) -> usize {
+    let cfg = x.cfg;
+    let lane = &c.lanes[l];
+    let room = cfg.max_outstanding.saturating_sub(lane.outstanding()) as usize;
+    let limit = room.min(cfg.post_list);
+    let mut rd = lane.rd_outstanding;
+    let mut ids = ArrayVec::<u64, MAX_POST_LIST>::new();
+    let mut ends = ArrayVec::<usize, MAX_POST_LIST>::new();
+    let mut sges = ArrayVec::<Sge, { MAX_POST_LIST * MAX_SGE }>::new();
+    while ids.len() < limit {
+        let Some(k) = pick_class(c, slot, rd < cfg.max_rd_atomic, x) else { break };
+        let Some(id) = c.queues[k].pop_front() else { break };
+        c.waiting -= 1;
+        served[k] = true;
+        let key = {
+            let Some(r) = x.reqs.get(id) else { continue };
+            (r.kind == OpKind::Read && cfg.merge_reads).then(|| merge_key(c, slot, r))
+        };
+        if let Some(key) = key {
+            if let Some(&primary) = x.merges.get(&key) {
+                // An identical read is in flight: ride on it.
+                let after = x.reqs.get(primary).map_or(NONE, |p| p.next);
+                if let Some(r) = x.reqs.get_mut(id) {
+                    r.next = after;
+                }
+                if let Some(p) = x.reqs.get_mut(primary) {
+                    p.next = id;
+                }
+                x.metrics.merged_reads += 1;
+                continue;
+            }
+            x.merges.insert(key, id);
+        }
+        let Some(r) = x.reqs.get_mut(id) else { continue };
+        r.merge_key = key;
+        r.lane = l as u8;
+        if r.is_rd_atomic() {
+            rd += 1;
+        }
+        if r.kind != OpKind::Read {
+            c.write_epoch = c.write_epoch.wrapping_add(1);
+        }
+        let first = sge_of(r);
+        let coalesce = cfg.coalesce_writes && r.kind == OpKind::Write && r.imm.is_none();
+        sges.push(first);
+        if coalesce {
+            coalesce_after(c, k, id, x, &mut sges);
+        }
+        ids.push(id);
+        ends.push(sges.len());
+    }
+    if ids.is_empty() {
+        return 0;
+    }
+    post(c, l, &ids, &ends, &sges, x)
+}
+
+/// The verbs operation of a request.
+pub(crate) fn send_op<P: Provider>(r: &Req<P>) -> SendOp<'static, P> {
+    match r.kind {
+        OpKind::Send => r.imm.map_or(SendOp::Send, SendOp::SendWithImm),
+        OpKind::Write => match r.imm {
+            Some(imm) => SendOp::WriteWithImm(r.remote, imm),
+            None => SendOp::Write(r.remote),
+        },
+        OpKind::Read => SendOp::Read(r.remote),
+        OpKind::FetchAdd => SendOp::FetchAdd { remote: r.remote, add: r.arg },
+        OpKind::CompareSwap => {
+            SendOp::CompareSwap { remote: r.remote, compare: r.arg, swap: r.swap }
+        }
+    }
+}
+
+/// The scatter/gather entry of a request's buffer.
+pub(crate) fn sge_of<P: Provider>(r: &Req<P>) -> Sge {
+    match (&r.buf, r.kind) {
+        (Some(b), OpKind::FetchAdd | OpKind::CompareSwap) => Sge { length: 8, ..b.sge(true) },
+        (Some(b), _) => b.sge(false),
+        (None, _) => Sge::default(),
+    }
+}
+
+/// Takes the writes queued right behind write `id` in class `k` that continue its remote range
+/// (same key, no immediate, within `coalesce_max_bytes` and the gather list), chaining them to it.
+fn coalesce_after<P: Provider>(
+    c: &mut Conn<P>,
+    k: usize,
+    id: u64,
+    x: &mut Ctx<'_, P>,
+    sges: &mut ArrayVec<Sge, { MAX_POST_LIST * MAX_SGE }>,
+) {
+    let Some(head) = x.reqs.get(id) else { return };
+    let (rkey, mut end, mut total) =
+        (head.remote.rkey, head.remote.addr + head.len as u64, head.len);
+    let mut tail = id;
+    let mut n = 1;
+    while n < MAX_SGE && !sges.is_full() {
+        let Some(&next) = c.queues[k].front() else { break };
+        let Some(r) = x.reqs.get(next) else { break };
+        let fits = r.kind == OpKind::Write
+            && r.imm.is_none()
+            && r.remote.rkey == rkey
+            && r.remote.addr == end
+            && total + r.len <= x.cfg.coalesce_max;
+        if !fits {
+            break;
+        }
+        sges.push(sge_of(r));
+        end += r.len as u64;
+        total += r.len;
+        c.queues[k].pop_front();
+        c.waiting -= 1;
+        if let Some(t) = x.reqs.get_mut(tail) {
+            t.next = next;
+        }
+        tail = next;
+        n += 1;
+        x.metrics.coalesced_writes += 1;
+    }
+}
+
+/// Posts the staged work requests on lane `l` with one doorbell; returns how many the device
+/// took (the rest fail, and the connection closes).
+fn post<P: Provider>(
+    c: &mut Conn<P>,
+    l: usize,
+    ids: &[u64],
+    ends: &[usize],
+    sges: &[Sge],
+    x: &mut Ctx<'_, P>,
+) -> usize {
+    let cfg = x.cfg;
+    let lanes = c.lanes.len();
+    let waiting = c.waiting;
+    let lane = &mut c.lanes[l];
+    let room_after = cfg.max_outstanding.saturating_sub(lane.outstanding() + ids.len() as u32);
+    // The batch's last request is signalled unless another batch follows on this lane at once.
+    let follows = lanes == 1 && ids.len() == cfg.post_list && room_after > 0 && waiting > 0;
+    let mut rd = lane.rd_outstanding;
+    let mut signalled = 0;
+    let mut start = 0;
+    let wrs: ArrayVec<SendWr<'_, P>, MAX_POST_LIST> = ids
+        .iter()
+        .zip(ends)
+        .enumerate()
+        .filter_map(|(i, (&id, &end))| {
+            let r = x.reqs.get(id)?;
+            let sgl = &sges[start..end];
+            start = end;
+            let op = send_op(r);
+            if r.is_rd_atomic() {
+                rd += 1;
+            }
+            lane.unsignalled += 1;
+            let last = i + 1 == ids.len();
+            let signal = lane.unsignalled >= cfg.signal_every
+                || (last && !follows)
+                || (r.is_rd_atomic() && rd >= cfg.max_rd_atomic);
+            let mut flags = SendFlags::empty();
+            if signal {
+                flags |= SendFlags::SIGNALED;
+                lane.unsignalled = 0;
+                signalled += 1;
+            }
+            let bytes: u32 = sgl.iter().map(|s| s.length).sum();
+            if matches!(r.kind, OpKind::Send | OpKind::Write) && bytes <= cfg.max_inline {
+                flags |= SendFlags::INLINE;
+            }
+            Some(SendWr { wr_id: id, op, sgl, flags, ud: None })
+        })
+        .collect();
+    // SAFETY: every buffer a work request names is held by its request in the slab (not by the
+    // application) until the request's completion is dispatched.
+    let res = unsafe { lane.qp.post_send(&wrs) };
+    let k = match res {
+        Ok(()) => wrs.len(),
+        Err(VerbsError::PostSend { index, .. }) => index,
+        Err(_) => 0,
+    };
+    drop(wrs);
+    for &id in &ids[..k] {
+        lane.posted.push_back(id);
+        if x.reqs.get(id).is_some_and(Req::is_rd_atomic) {
+            lane.rd_outstanding += 1;
+        }
+    }
+    x.metrics.posted += k as u64;
+    x.metrics.signalled += signalled;
+    x.metrics.doorbells += 1;
+    if k < ids.len() {
+        for &id in &ids[k..] {
+            fail_chain(id, WcStatus::GeneralErr, x.reqs, x.merges, x.notices);
+        }
+        c.note_error(WcStatus::GeneralErr);
+    }
+    k
+}
+
+/// Fails request `id` and every request riding on it, taking them out of the slab.
+pub(crate) fn fail_chain<P: Provider>(
+    id: u64,
+    status: WcStatus,
+    reqs: &mut Slab<Req<P>>,
+    merges: &mut MergeTable,
+    notices: &mut std::collections::VecDeque<Notice<P>>,
+) {
+    let mut next = id;
+    while next != NONE {
+        let Some(r) = reqs.remove(next) else { break };
+        if let Some(key) = r.merge_key {
+            if merges.get(&key) == Some(&next) {
+                merges.remove(&key);
+            }
+        }
+        next = r.next;
+        notices.push_back(Notice::failed(r, status));
+    }
+}
