@@ -50,8 +50,49 @@ fn perf_refuses_what_verbs_forbids_and_the_engine_lacks() {
     assert!(matches!(o.check(false), Err(PerfError::Usage(_))));
     let mut o = PerfOpts::new(Test::SendLat);
     o.transport = Transport::Ud;
-    assert!(matches!(o.check(false), Err(PerfError::Unsupported(_))));
+    o.check(false).expect("UD send_lat runs on verbs (tests/perf_verbs_soft.rs)");
+    assert!(o.on_verbs());
     let mut o = PerfOpts::new(Test::WriteBw);
-    o.cq_mod = 16;
-    assert!(matches!(o.check(false), Err(PerfError::Unsupported(_))));
+    o.cq_mod = 0;
+    assert!(matches!(o.check(false), Err(PerfError::Usage(_))));
+    let mut o = PerfOpts::new(Test::WriteBw);
+    o.post_list = 33;
+    assert!(matches!(o.check(false), Err(PerfError::Usage(_))));
+}
+
+fn perf_with(test: Test, size: usize, iters: u64, f: impl Fn(&mut PerfOpts)) -> Report {
+    let mut o = PerfOpts::new(test);
+    o.sizes = vec![size];
+    o.iters = iters;
+    f(&mut o);
+    o.check(false).expect("a supported combination");
+    let r = run(&o, &mut |_| {}, &mut |_| {}).expect("the run");
+    assert_eq!((r.len(), r[0].iterations), (1, iters), "{r:?}");
+    r.into_iter().next().unwrap()
+}
+
+#[test]
+fn scheduler_options_run_on_soft_loopback() {
+    // Batching and selective signalling on and off, several QPs, the flat path.
+    for (l, q) in [(1, 1), (16, 64)] {
+        perf_with(Test::WriteBw, 8, 300, |o| (o.post_list, o.cq_mod) = (l, q));
+    }
+    perf_with(Test::WriteBw, 64, 300, |o| o.qps = 4);
+    perf_with(Test::WriteBw, 8, 300, |o| o.sched.flat = true);
+    perf_with(Test::WriteLat, 8, 50, |o| o.sched.flat = true);
+    // A skewed read workload with merging on and off, a mixed load with priorities on and off.
+    for no_merge in [false, true] {
+        perf_with(Test::ReadBw, 64, 300, |o| {
+            o.sched.hot_records = 4;
+            o.sched.no_merge = no_merge;
+        });
+    }
+    for no_priority in [false, true] {
+        let r = perf_with(Test::ReadLat, 8, 50, |o| {
+            o.sched.bg_writes = 16;
+            o.sched.max_outstanding = Some(4);
+            o.sched.no_priority = no_priority;
+        });
+        assert!(r.lat.is_some());
+    }
 }

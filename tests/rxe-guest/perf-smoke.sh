@@ -4,7 +4,10 @@
 # server (`corelink-perf TEST --provider ibverbs --bind $CORELINK_IP -p PORT`) and a client
 # (`corelink-perf TEST --provider ibverbs $CORELINK_IP -p PORT`), -n 200 at a small size; both must
 # exit 0 and the client must print its table row. The guest has two vCPUs: each process pins its
-# control core to 0 and its worker to 1 (they share them). Build first on the host:
+# control core to 0 and its worker to 1 (they share them). Then the tests UC and UD allow, and RC
+# with --use-srq, which run on verbs (queue pairs connected by hand after an exchange over a TCP
+# socket on the same -p; the server's thread pins core 0, the client's core 1).
+# Build first on the host:
 # cargo build -p corelink-apps --bins (set CORELINK_PERF to the binary if it is elsewhere).
 set -u
 bin=${CORELINK_PERF:-${CARGO_TARGET_DIR:-target}/debug/corelink-perf}
@@ -34,5 +37,16 @@ for t in write_lat read_lat send_lat; do one $t -n 200 -s 64; done
 for t in atomic_bw atomic_lat; do one $t -n 200; done
 # JSON output of a client is one object per size.
 one send_lat -n 100 -s 8 --json
+# On verbs: UC (sends and writes), UD (sends of at most the MTU: rxe0's is 1024 here), an SRQ.
+for t in write_bw send_bw; do one $t -c UC -n 200 -s 4096; done
+for t in write_lat send_lat; do one $t -c UC -n 200 -s 64; done
+one send_bw -c UD -n 200 -s 1024
+one send_lat -c UD -n 200 -s 64
+one send_bw --use-srq -n 200 -s 4096
+one send_lat --use-srq -n 200 -s 64
+# Several QPs, post lists and CQ moderation; a UD client's JSON.
+one send_bw -c UD -q 2 -l 4 -Q 8 -n 400 -s 512
+one write_bw -c UC -q 2 -l 4 -Q 8 -n 400 -s 4096
+one send_lat -c UD -n 100 -s 8 --json
 echo "perf-smoke: $passed passed, $failed failed"
 [ $failed = 0 ]

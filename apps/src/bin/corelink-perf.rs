@@ -27,13 +27,16 @@ use corelink_apps::perf::opts::{
     PerfError, PerfOpts, Prov, Role, Test, Transport, DEFAULT_PORT, MAX_BYTES_IN_FLIGHT,
     SEND_WINDOW,
 };
+use corelink_apps::perf::verbs_run::{self, VerbsInfo};
 use corelink_apps::perf::{all_sizes, plot, Latency, Report};
 
 const AFTER_HELP: &str = "\
 Tests run on RC over the corelink engine. Latency is one-way (half the round trip) for
 send_lat and write_lat (a write-with-immediate ping-pong), the full round trip for read_lat
-and atomic_lat, as perftest reports them. Not supported by the engine yet (exit 2): -c UC/UD,
--q > 1, -l > 1, -Q > 1, --use-srq, one-sided messages over 1 MiB.
+and atomic_lat, as perftest reports them. Not supported by the engine yet (exit 2): one-sided
+messages over 1 MiB. -c UC, -c UD and --use-srq run on verbs directly, as perftest does (queue
+pairs connected by hand after an exchange over a TCP socket on -p; -T 1 there; latency tests
+on one QP; UD messages of at most the port MTU, which is also UD send_bw's default size).
 
 Examples:
   corelink-perf write_bw -s 65536 -n 1000                     # soft, loopback
@@ -70,12 +73,33 @@ struct Cli {
     /// queue pairs per worker
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     qps: u32,
-    /// requests posted with one doorbell
-    #[arg(short = 'l', long = "post_list", default_value_t = 1)]
+    /// requests posted with one doorbell at most (1: doorbell batching off)
+    #[arg(short = 'l', long = "post_list", default_value_t = 16)]
     post_list: u32,
-    /// completions per signalled request (CQ moderation)
-    #[arg(short = 'Q', long = "cq-mod", default_value_t = 1)]
+    /// one request in this many asks for a completion (1: selective signalling off)
+    #[arg(short = 'Q', long = "cq-mod", default_value_t = 16)]
     cq_mod: u32,
+    /// post each request at once, bypassing the engine's scheduler (the flat path)
+    #[arg(long)]
+    flat: bool,
+    /// no read merging (with --hot-records)
+    #[arg(long = "no-merge")]
+    no_merge: bool,
+    /// requests in arrival order (no priority classes)
+    #[arg(long = "no-priority")]
+    no_priority: bool,
+    /// reads hit one of N hot records 9 times in 10 (a skewed workload; merging on)
+    #[arg(long = "hot-records", default_value_t = 0)]
+    hot_records: u32,
+    /// during a read test, keep N background writes in flight on the connection (mixed load)
+    #[arg(long = "bg-writes", default_value_t = 0)]
+    bg_writes: usize,
+    /// bytes per background write
+    #[arg(long = "bg-size", default_value_t = 4096, value_parser = parse_size)]
+    bg_size: usize,
+    /// work requests per QP on the device at most (more wait in the engine's scheduler)
+    #[arg(long = "max-outstanding")]
+    max_outstanding: Option<u32>,
     /// inline bytes (the core map's worker.max_inline)
     #[arg(short = 'I', long = "inline_size")]
     inline: Option<u32>,
@@ -181,6 +205,9 @@ fn perf_opts(
     o.transport = Transport::parse(&cli.connection)
         .ok_or_else(|| PerfError::Usage(format!("-c {}: RC, UC or UD", cli.connection)))?;
     o.sizes = sizes(cli, o.sizes[0]);
+    if o.transport == Transport::Ud && cli.size.is_none() && !cli.all && !test.is_lat() {
+        o.sizes.clear(); // verbs_run: one message of the port MTU
+    }
     if let Some(n) = cli.iters {
         o.iters = n;
     }
@@ -188,6 +215,15 @@ fn perf_opts(
     o.qps = cli.qps;
     o.post_list = cli.post_list;
     o.cq_mod = cli.cq_mod;
+    o.sched = corelink_apps::perf::opts::SchedOpts {
+        flat: cli.flat,
+        no_merge: cli.no_merge,
+        no_priority: cli.no_priority,
+        hot_records: cli.hot_records,
+        bg_writes: cli.bg_writes,
+        bg_size: cli.bg_size,
+        max_outstanding: cli.max_outstanding,
+    };
     o.inline = cli.inline;
     o.use_srq = cli.use_srq;
     o.tx_depth = cli.tx_depth;
@@ -273,7 +309,8 @@ fn header_block(o: &PerfOpts, info: &RunInfo, notes: &[String]) -> String {
          Mode            : {mode}\n \
          Workers         : {} (cores {:?}), control core {}\n \
          TX depth        : {depth}\n \
-         Max inline      : {} B   Signalled: every request\n \
+         Max inline      : {} B   Post list: {}   Signalled: one in {}\n \
+         Scheduler       : {}\n \
          {}\n \
          Sizes           : {}\n",
         o.test.title(),
@@ -284,6 +321,9 @@ fn header_block(o: &PerfOpts, info: &RunInfo, notes: &[String]) -> String {
         info.worker_cores,
         info.control_core,
         info.max_inline,
+        o.post_list,
+        o.cq_mod,
+        sched_line(o),
         match o.duration {
             Some(d) => format!("Duration        : {} s per size", d.as_secs()),
             None => format!("Iterations      : {} per size", o.iters),
@@ -312,8 +352,7 @@ fn table_header(lat: bool) -> String {
 fn run_test(cli: &Cli, test: Test, addr: Option<&str>) -> Result<(), PerfError> {
     let (o, notes) = perf_opts(cli, test, addr)?;
     let json = cli.json;
-    let mut on_start = |info: &RunInfo| {
-        let block = header_block(&o, info, &notes);
+    let show = |block: String| {
         if json {
             eprintln!("{block}");
         } else {
@@ -330,7 +369,13 @@ fn run_test(cli: &Cli, test: Test, addr: Option<&str>) -> Result<(), PerfError> 
             println!("{}", r.row());
         }
     };
-    let reports = engine_run::run(&o, &mut on_start, &mut on_report)?;
+    let reports = if o.on_verbs() {
+        let mut on_start = |i: &VerbsInfo| show(verbs_run::header_block(&o, i, &notes));
+        verbs_run::run(&o, &mut on_start, &mut on_report)?
+    } else {
+        let mut on_start = |i: &RunInfo| show(header_block(&o, i, &notes));
+        engine_run::run(&o, &mut on_start, &mut on_report)?
+    };
     if o.role == Role::Server {
         let m = "corelink-perf server: the client disconnected; done";
         if json {
@@ -345,8 +390,12 @@ fn run_test(cli: &Cli, test: Test, addr: Option<&str>) -> Result<(), PerfError> 
         if o.role == Role::Server {
             eprintln!("corelink-perf: --plot: a server has nothing to plot");
         } else {
-            let title =
-                format!("corelink-perf {} ({}, RC)", test.name(), reports_provider(&reports));
+            let title = format!(
+                "corelink-perf {} ({}, {})",
+                test.name(),
+                reports_provider(&reports),
+                o.transport.name()
+            );
             plot::plot(path, &title, &reports)
                 .map_err(|e| PerfError::Run(format!("--plot {}: {e}", path.display())))?;
             eprintln!("corelink-perf: plot written to {}", path.display());
@@ -436,4 +485,24 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The header's scheduler line.
+fn sched_line(o: &PerfOpts) -> String {
+    let s = &o.sched;
+    if s.flat {
+        return "flat (each request posted at once, signalled)".into();
+    }
+    let merge = match (s.hot_records, s.no_merge) {
+        (0, _) => "merging off (one work request per iteration)".to_string(),
+        (n, false) => format!("merging on, {n} hot records"),
+        (n, true) => format!("merging off, {n} hot records"),
+    };
+    let prio = if s.no_priority { "arrival order" } else { "priorities on" };
+    let bg = match s.bg_writes {
+        0 => String::new(),
+        n => format!(", {n} background writes of {} B", s.bg_size),
+    };
+    let out = s.max_outstanding.map(|n| format!(", {n} per QP on the device")).unwrap_or_default();
+    format!("{prio}, {merge}{bg}{out}")
 }

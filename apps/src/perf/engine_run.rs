@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 
 use corelink_config::{parse, CoreMap, CoreSpec, MachineTopology, PoolClass, ProviderKind};
 use corelink_config::{Topology, Validated};
+use corelink_engine::engine::REGION_BYTES;
 use corelink_engine::pool::Buf;
 use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
-use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, Engine, Handler, Message};
+use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, Engine, Handler, Message, Op};
 use corelink_engine::{EngineError, Placement};
 
 use super::opts::{PerfError, PerfOpts, Prov, Role, Test, Verb, DEFAULT_PORT};
@@ -207,7 +208,24 @@ struct ClientPart<P: Provider> {
     warming: bool,
     /// Buffers (None for atomics) waiting for the timed part.
     spare: Vec<Option<Buf<P>>>,
+    /// Flat path: requests the QPs had no room for, to post again at the next poll.
+    retry: Vec<Option<Buf<P>>>,
+    /// Background writes started (`--bg-writes`).
+    bg_started: bool,
+    /// State of the record picker (`--hot-records`).
+    rng: u64,
     _p: std::marker::PhantomData<fn() -> P>,
+}
+
+/// The token of background writes (`--bg-writes`).
+const BG_TOKEN: u64 = u64::MAX - 1;
+
+/// An operation's buffer, back (none for atomics).
+fn op_buf<P: Provider>(op: Op<P>) -> Option<Buf<P>> {
+    match op {
+        Op::Send { buf, .. } | Op::Write { buf, .. } | Op::Read { buf, .. } => Some(buf),
+        Op::FetchAdd { .. } | Op::CompareSwap { .. } => None,
+    }
 }
 
 impl<P: Provider> ClientPart<P> {
@@ -234,6 +252,9 @@ impl<P: Provider> ClientPart<P> {
             samples: Vec::new(),
             warming: false,
             spare: Vec::new(),
+            retry: Vec::new(),
+            bg_started: false,
+            rng: 0x9e37_79b9_7f4a_7c15,
             _p: std::marker::PhantomData,
         }
     }
@@ -303,6 +324,7 @@ impl<P: Provider> ClientPart<P> {
         self.started = now;
         self.mark = (now, 0);
         self.deadline = o.duration.map(|d| now + d);
+        self.start_background(cx);
         for b in std::mem::take(&mut self.spare) {
             if !self.more(now) {
                 break;
@@ -314,22 +336,74 @@ impl<P: Provider> ClientPart<P> {
         }
     }
 
+    /// Where a read goes: offset 0 (perftest), or with `--hot-records N` one of N hot records
+    /// 9 times in 10, else any record of the region's first half (xorshift; no allocation).
+    fn read_offset(&mut self) -> u64 {
+        let hot = u64::from(self.opts.sched.hot_records);
+        if hot == 0 {
+            return 0;
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let records = ((REGION_BYTES / 2) / self.size.max(1)).max(1) as u64;
+        let r = self.rng;
+        let rec = if r % 10 < 9 { (r >> 8) % hot.min(records) } else { (r >> 8) % records };
+        rec * self.size as u64
+    }
+
+    /// Starts `--bg-writes` writes, once, kept in flight until the run ends.
+    fn start_background(&mut self, cx: &mut Cx<P>) {
+        let (n, size) = (self.opts.sched.bg_writes, self.opts.sched.bg_size);
+        if self.bg_started || n == 0 {
+            return;
+        }
+        self.bg_started = true;
+        for _ in 0..n {
+            match cx.alloc(size) {
+                Ok(b) => self.background(cx, b),
+                Err(e) => return self.fail(cx, format!("a background write buffer: {e}")),
+            }
+        }
+    }
+
+    /// One background write (into the region's second half).
+    fn background(&mut self, cx: &mut Cx<P>, buf: Buf<P>) {
+        let (Some(conn), Some(rg)) = (self.conn, self.region) else { return };
+        let at = rg.at((REGION_BYTES / 2) as u64);
+        if let Err((_, e)) = cx.write(conn, buf, at, None, BG_TOKEN) {
+            self.fail(cx, format!("a background write: {e}"));
+        }
+    }
+
     /// Issues one request of the test (with `buf` for sends, writes and reads).
     fn issue(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
         let (Some(conn), token) = (self.conn, self.token()) else { return };
         let lat = self.opts.test.is_lat();
         let imm = lat.then_some(ECHO_IMM);
         let region = self.region;
-        let r = match (self.opts.test.verb(), buf, region) {
-            (Verb::Send, Some(b), _) => cx.send(conn, b, imm, token),
-            (Verb::Write, Some(b), Some(rg)) => cx.write(conn, b, rg.at(0), imm, token),
-            (Verb::Read, Some(b), Some(rg)) => cx.read(conn, b, rg.at(0), token),
-            (Verb::Atomic, _, Some(rg)) => cx.fetch_add(conn, rg.at(0), 1, token),
+        let op = match (self.opts.test.verb(), buf, region) {
+            (Verb::Send, Some(buf), _) => Op::Send { buf, imm },
+            (Verb::Write, Some(buf), Some(rg)) => Op::Write { buf, remote: rg.at(0), imm },
+            (Verb::Read, Some(buf), Some(rg)) => {
+                let off = self.read_offset();
+                Op::Read { buf, remote: rg.at(off) }
+            }
+            (Verb::Atomic, _, Some(rg)) => Op::FetchAdd { remote: rg.at(0), add: 1 },
             (_, None, _) => return self.fail(cx, "no buffer for the request".into()),
             (_, _, None) => return self.fail(cx, "the server exposes no region".into()),
         };
-        if let Err((_, e)) = r {
-            return self.fail(cx, format!("{} of {} B: {e}", self.opts.test.name(), self.size));
+        let r = if self.opts.sched.flat {
+            cx.post_now(conn, op, token)
+        } else {
+            cx.submit(conn, op, token)
+        };
+        match r {
+            Ok(()) => {}
+            Err((op, EngineError::QueueFull(_))) => return self.retry.push(op_buf(op)),
+            Err((_, e)) => {
+                return self.fail(cx, format!("{} of {} B: {e}", self.opts.test.name(), self.size))
+            }
         }
         self.posted += 1;
         if lat {
@@ -381,6 +455,13 @@ impl<P: Provider> ClientPart<P> {
 
 impl<P: Provider> Handler<P> for ClientPart<P> {
     fn poll(&mut self, cx: &mut Cx<P>) {
+        while let Some(b) = self.retry.pop() {
+            let before = self.retry.len();
+            self.issue(cx, b);
+            if self.retry.len() > before || self.error.is_some() {
+                break; // still full: next iteration
+            }
+        }
         if let (false, Some(&addr)) = (self.asked, self.shared.target.get()) {
             self.asked = true;
             let h = hello(self.opts.test, self.opts.max_size(), self.conns);
@@ -413,6 +494,12 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
 
     fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
         if self.error.is_some() {
+            return;
+        }
+        if done.token == BG_TOKEN && done.status.is_success() {
+            if let (false, Some(b)) = (self.finished, done.buf) {
+                self.background(cx, b);
+            }
             return;
         }
         if !done.status.is_success() {
@@ -573,6 +660,14 @@ pub fn pools(o: &PerfOpts, conns_per_worker: usize) -> Vec<PoolClass> {
             None => classes.push(PoolClass { size: c, count }),
         }
     }
+    if o.sched.bg_writes > 0 {
+        let c = class_of(o.sched.bg_size);
+        let count = o.sched.bg_writes * w + 16;
+        match classes.iter_mut().find(|k| k.size == c) {
+            Some(k) => k.count += count,
+            None => classes.push(PoolClass { size: c, count }),
+        }
+    }
     classes.sort_by_key(|k| k.size);
     let recv_size = if o.test.verb() == Verb::Send { big } else { 4096 };
     match classes.iter_mut().find(|k| k.size == recv_size) {
@@ -635,8 +730,19 @@ fn core_map(o: &PerfOpts, listen: Option<SocketAddr>) -> Result<Validated, PerfE
     }
     let conns = if o.role == Role::Loopback { 2 } else { 1 };
     map.worker.pools = pools(o, conns);
+    let s = &o.sched;
     let depth = o.sizes.iter().map(|&s| o.window(s)).max().unwrap_or(1) as u32;
+    let depth = depth + s.bg_writes as u32;
     map.worker.send_queue_depth = map.worker.send_queue_depth.max(depth + 16);
+    let w = &mut map.worker;
+    w.batching.post_list = o.post_list;
+    w.batching.signal_every = o.cq_mod.min(w.send_queue_depth);
+    w.qps.per_conn = o.qps;
+    w.scheduler.priorities = !s.no_priority;
+    w.scheduler.merge_reads = s.hot_records > 0 && !s.no_merge;
+    if let Some(n) = s.max_outstanding {
+        w.scheduler.max_outstanding = n.min(w.send_queue_depth);
+    }
     map.worker.cq_depth = map.worker.cq_depth.max(4 * (depth + 64) * conns as u32);
     map.listen = listen.map(|a| a.to_string());
     let topo = MachineTopology::load().map_err(|e| PerfError::Run(e.to_string()))?;
@@ -784,7 +890,8 @@ fn run_on<P: Provider>(
     let result = collect(o, &info, &rx, on_report);
     let shut = engine.shutdown();
     let reports = result?;
-    shut.map_err(|e| PerfError::Run(format!("shutting the engine down: {e}")))?;
+    let metrics = shut.map_err(|e| PerfError::Run(format!("shutting the engine down: {e}")))?;
+    eprintln!("{}", engine_summary(&metrics));
     Ok(reports)
 }
 
@@ -877,6 +984,24 @@ fn collect(
         true => Ok(reports),
         false => Err(PerfError::Run(errors.join("; "))),
     }
+}
+
+/// One line on how requests became work requests, over the whole run (both ends in loopback).
+pub fn engine_summary(metrics: &[corelink_engine::metrics::Metrics]) -> String {
+    let sum =
+        |f: fn(&corelink_engine::metrics::Metrics) -> u64| -> u64 { metrics.iter().map(f).sum() };
+    // Requests: successful sends, writes, reads and atomics (not receives).
+    let requests = sum(|m| m.ops[..5].iter().sum());
+    let (wrs, bells, sig) = (sum(|m| m.posted), sum(|m| m.doorbells), sum(|m| m.signalled));
+    let (merged, coalesced) = (sum(|m| m.merged_reads), sum(|m| m.coalesced_writes));
+    let per = |n: u64| n as f64 / requests.max(1) as f64;
+    format!(
+        "engine: {requests} requests, {wrs} work requests ({:.3} per request), {bells} doorbells \
+         ({:.3}), {sig} signalled ({:.3}), {merged} reads merged, {coalesced} writes coalesced",
+        per(wrs),
+        per(bells),
+        per(sig)
+    )
 }
 
 /// One size's report from every client part's measurement of it.

@@ -270,6 +270,31 @@ pub struct PerfOpts {
     pub timeout: Option<Duration>,
     /// Print a progress line per size to stderr.
     pub progress: bool,
+    /// The engine's scheduler knobs (`--flat`, `--no-merge`, `--no-priority`, ...).
+    pub sched: SchedOpts,
+}
+
+/// How the engine runner drives the engine's scheduler (issue 6's experiments).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SchedOpts {
+    /// `--flat`: post each request at once (`Cx::post_now`), bypassing the scheduler.
+    pub flat: bool,
+    /// `--no-merge`: no read merging (the engine merges only with `--hot-records`: plain tests
+    /// keep perftest's meaning of one work request per iteration).
+    pub no_merge: bool,
+    /// `--no-priority`: requests in arrival order.
+    pub no_priority: bool,
+    /// `--hot-records N`: reads go to one of N hot records 9 times in 10 (a skewed workload),
+    /// else anywhere in the peer's region; merging is on unless `--no-merge`.
+    pub hot_records: u32,
+    /// `--bg-writes N`: during a read test, N writes of `bg_size` bytes stay in flight on the
+    /// same connection (a mixed load).
+    pub bg_writes: usize,
+    /// `--bg-size`: bytes per background write.
+    pub bg_size: usize,
+    /// `--max-outstanding N`: work requests per QP on the device at most (more wait in the
+    /// engine, where priorities apply).
+    pub max_outstanding: Option<u32>,
 }
 
 impl PerfOpts {
@@ -303,6 +328,7 @@ impl PerfOpts {
             bind: None,
             timeout: Some(Duration::from_secs(600)),
             progress: false,
+            sched: SchedOpts { bg_size: 4096, ..SchedOpts::default() },
         }
     }
 
@@ -328,35 +354,23 @@ impl PerfOpts {
             }
             _ => {}
         }
-        if self.transport != Transport::Rc {
-            return Err(PerfError::Unsupported(format!(
-                "-c {}: the engine creates RC queue pairs only",
-                self.transport.name()
-            )));
+        // -c UC/UD and --use-srq run on verbs (`verbs_run`, which checks its own limits).
+        let engine = !self.on_verbs();
+        let lim = corelink_config::limits::MAX_QPS_PER_CONN;
+        if self.qps == 0 || self.qps > lim {
+            return Err(PerfError::Usage(format!("-q {}: 1..={lim} queue pairs", self.qps)));
         }
-        if self.qps != 1 {
-            return Err(PerfError::Unsupported(format!(
-                "-q {}: the engine runs one queue pair per connection",
-                self.qps
-            )));
+        let lim = corelink_config::limits::MAX_POST_LIST;
+        if self.post_list == 0 || self.post_list > lim {
+            return Err(PerfError::Usage(format!("-l {}: 1..={lim} per doorbell", self.post_list)));
         }
-        if self.post_list != 1 {
-            return Err(PerfError::Unsupported(format!(
-                "-l {}: the engine posts what a connection has queued with one doorbell per loop \
-                 iteration; an explicit post list is not available",
-                self.post_list
-            )));
+        if self.cq_mod == 0 {
+            return Err(PerfError::Usage("-Q 0: at least 1".into()));
         }
-        if self.cq_mod != 1 {
-            return Err(PerfError::Unsupported(format!(
-                "-Q {}: the engine signals every request (no selective signalling)",
-                self.cq_mod
-            )));
-        }
-        if self.use_srq {
-            return Err(PerfError::Unsupported(
-                "--use-srq: the engine posts receives per connection (no shared receive queue)"
-                    .into(),
+        let reads = matches!(t.verb(), Verb::Read);
+        if (self.sched.hot_records > 0 || self.sched.bg_writes > 0) && !reads {
+            return Err(PerfError::Usage(
+                "--hot-records and --bg-writes go with read_bw / read_lat".into(),
             ));
         }
         if self.workers == 0 {
@@ -382,7 +396,7 @@ impl PerfOpts {
         if self.sizes.contains(&0) {
             return Err(PerfError::Usage("-s 0: messages of at least 1 byte".into()));
         }
-        if matches!(t.verb(), Verb::Write | Verb::Read) {
+        if engine && matches!(t.verb(), Verb::Write | Verb::Read) {
             let too_big: Vec<usize> =
                 self.sizes.iter().copied().filter(|&s| s > MAX_ONE_SIDED).collect();
             if !too_big.is_empty() {
@@ -398,6 +412,12 @@ impl PerfOpts {
             }
         }
         Ok(notes)
+    }
+
+    /// Whether the run goes to the verbs runner (`verbs_run`): `-c UC`, `-c UD` or
+    /// `--use-srq`, which the engine (RC, receives per connection) does not offer.
+    pub fn on_verbs(&self) -> bool {
+        self.transport != Transport::Rc || self.use_srq
     }
 
     /// Requests kept in flight at `size`: 1 for latency tests; else `tx_depth`, at most
@@ -433,10 +453,20 @@ mod tests {
         assert!(matches!(o.check(false), Err(PerfError::Usage(_))));
         let mut o = PerfOpts::new(Test::SendBw);
         o.transport = Transport::Ud;
-        assert!(matches!(o.check(false), Err(PerfError::Unsupported(_))));
+        assert!(o.on_verbs());
+        o.check(false).expect("UD send_bw runs on verbs");
+        let mut o = PerfOpts::new(Test::WriteBw);
+        o.use_srq = true;
+        o.sizes = super::super::all_sizes();
+        assert!(o.on_verbs());
+        assert!(o.check(true).unwrap().is_empty(), "verbs registers regions of any size");
+        assert_eq!(o.max_size(), 8 << 20);
         let mut o = PerfOpts::new(Test::SendBw);
-        o.qps = 2;
-        assert!(matches!(o.check(false), Err(PerfError::Unsupported(_))));
+        o.qps = 9;
+        assert!(matches!(o.check(false), Err(PerfError::Usage(_))));
+        let mut o = PerfOpts::new(Test::WriteBw);
+        o.sched.hot_records = 4;
+        assert!(matches!(o.check(false), Err(PerfError::Usage(_))), "hot records are for reads");
         let mut o = PerfOpts::new(Test::WriteBw);
         o.sizes = super::super::all_sizes();
         let notes = o.check(true).unwrap();

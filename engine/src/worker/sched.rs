@@ -262,36 +262,34 @@ fn post<P: Provider>(
     let mut rd = lane.rd_outstanding;
     let mut signalled = 0;
     let mut start = 0;
-    let wrs: ArrayVec<SendWr<'_, P>, MAX_POST_LIST> = ids
-        .iter()
-        .zip(ends)
-        .enumerate()
-        .filter_map(|(i, (&id, &end))| {
-            let r = x.reqs.get(id)?;
-            let sgl = &sges[start..end];
-            start = end;
-            let op = send_op(r);
-            if r.is_rd_atomic() {
-                rd += 1;
-            }
-            lane.unsignalled += 1;
-            let last = i + 1 == ids.len();
-            let signal = lane.unsignalled >= cfg.signal_every
-                || (last && !follows)
-                || (r.is_rd_atomic() && rd >= cfg.max_rd_atomic);
-            let mut flags = SendFlags::empty();
-            if signal {
-                flags |= SendFlags::SIGNALED;
-                lane.unsignalled = 0;
-                signalled += 1;
-            }
-            let bytes: u32 = sgl.iter().map(|s| s.length).sum();
-            if matches!(r.kind, OpKind::Send | OpKind::Write) && bytes <= cfg.max_inline {
-                flags |= SendFlags::INLINE;
-            }
-            Some(SendWr { wr_id: id, op, sgl, flags, ud: None })
-        })
-        .collect();
+    // Built in place (collecting would build it elsewhere and copy all 32 slots).
+    let mut wrs = ArrayVec::<SendWr<'_, P>, MAX_POST_LIST>::new();
+    for (i, (&id, &end)) in ids.iter().zip(ends).enumerate() {
+        let sgl = &sges[start..end];
+        start = end;
+        // Staged just now, so present; a hole would misnumber the device's answer.
+        let Some(r) = x.reqs.get(id) else { break };
+        let rd_atomic = r.is_rd_atomic();
+        if rd_atomic {
+            rd += 1;
+        }
+        lane.unsignalled += 1;
+        let last = i + 1 == ids.len();
+        let signal = lane.unsignalled >= cfg.signal_every
+            || (last && !follows)
+            || (rd_atomic && rd >= cfg.max_rd_atomic);
+        let mut flags = SendFlags::empty();
+        if signal {
+            flags |= SendFlags::SIGNALED;
+            lane.unsignalled = 0;
+            signalled += 1;
+        }
+        let bytes: u32 = sgl.iter().map(|s| s.length).sum();
+        if matches!(r.kind, OpKind::Send | OpKind::Write) && bytes <= cfg.max_inline {
+            flags |= SendFlags::INLINE;
+        }
+        wrs.push(SendWr { wr_id: id, op: send_op(r), sgl, flags, ud: None });
+    }
     // SAFETY: every buffer a work request names is held by its request in the slab (not by the
     // application) until the request's completion is dispatched.
     let res = unsafe { lane.qp.post_send(&wrs) };
