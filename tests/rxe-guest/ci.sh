@@ -6,7 +6,7 @@
 # 3. the fidelity report on rxe0, compared scenario by scenario with SOFT_REPORT (the same report
 #    made on the host with the soft provider); any difference fails, printed side by side;
 # 4. the two-process connection-manager exchange (cm-pair.sh);
-# 5. the engine's end-to-end tests on ibverbs;
+# 5. the engine's end-to-end tests on ibverbs (requests, scheduler scenarios, QP pools and lanes);
 # 6. the engine examples (echo, one-sided) as two processes (engine-examples.sh);
 # 7. corelink-perf's eight tests as server and client processes (perf-smoke.sh).
 # Everything must have been built on the host first (cargo runs --offline here).
@@ -32,7 +32,7 @@ step "two processes over rdma_cm"
 bash "$here/cm-pair.sh" || failed+=(cm-pair)
 
 step "the engine on ibverbs"
-cargo test --offline -q -p corelink-engine --test engine_ibverbs || failed+=(engine)
+cargo test --offline -q -p corelink-engine --test engine_ibverbs --test qp_pool_ibverbs || failed+=(engine)
 
 step "engine examples as two processes"
 bash "$here/engine-examples.sh" || failed+=(engine-examples)

@@ -430,6 +430,7 @@ fn run_baseline(cli: &Cli, kind: &str, addr: Option<&str>) -> Result<(), PerfErr
         duration: cli.duration.map(Duration::from_secs),
         server: addr.map(|a| server_addr(a, cli.port)).transpose()?,
         cores: (0, 1),
+        tx_depth: cli.tx_depth.max(1),
     };
     if o.iters == 0 {
         return Err(PerfError::Usage("-n 0: at least one iteration".into()));

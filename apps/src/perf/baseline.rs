@@ -6,8 +6,10 @@
 //! address: the RDMA-versus-TCP comparison).
 //!
 //! How each is measured:
-//! - `memcpy`: one thread pinned to `cores.0` copies between two page-aligned buffers of the
-//!   message size, allocated and touched before timing. The run is split into about ten
+//! - `memcpy`: one thread pinned to `cores.0` copies page-aligned buffers of the message size
+//!   into one destination, cycling through as many sources as `write_bw` keeps in flight at
+//!   that size (its window: `-t`, at most 16 MiB; so the same working set as the test, in or out
+//!   of cache alike), all allocated and touched before timing. The run is split into about ten
 //!   intervals: the peak bandwidth is the best interval's, the average the whole run's.
 //! - `ring_pingpong`: a thread on `cores.0` pushes a 64-byte payload (one cache line, a
 //!   `[u8; 64]`) into one [`corelink_engine::ring`], a thread on `cores.1` pops it and pushes it
@@ -59,6 +61,10 @@ pub struct BaselineOpts {
     pub server: Option<SocketAddr>,
     /// Cores to pin the two threads of `ring_pingpong` (and the TCP ends) to.
     pub cores: (usize, usize),
+    /// `memcpy`: the write test's TX depth (`-t`): the copies cycle through as many source
+    /// buffers as that test keeps in flight at the size (at most 16 MiB of them), into one
+    /// destination, as a software provider's writes do.
+    pub tx_depth: usize,
 }
 
 /// Intervals a bandwidth run is split into (the peak is the best of them).
@@ -328,19 +334,28 @@ fn io_err(what: &str) -> impl Fn(io::Error) -> String + '_ {
 fn memcpy(size: usize, o: &BaselineOpts) -> Result<Report, String> {
     let o2 = o.clone();
     let h = spawn_pinned("memcpy", o.cores.0, move || {
-        let mut src = Aligned::new(size)?;
-        let mut dst = Aligned::new(size)?;
-        for (i, b) in src.get_mut().iter_mut().enumerate() {
-            *b = i as u8;
+        let n = o2.tx_depth.min(super::opts::MAX_BYTES_IN_FLIGHT / size).max(1);
+        let mut srcs = Vec::with_capacity(n);
+        for k in 0..n {
+            let mut src = Aligned::new(size)?;
+            for (i, b) in src.get_mut().iter_mut().enumerate() {
+                *b = (i + k) as u8;
+            }
+            srcs.push(src);
         }
+        let mut dst = Aligned::new(size)?;
         dst.get_mut().fill(1);
         let check = (64 << 10) / size as u64 + 1;
+        let mut next = 0;
         let samples = intervals(&o2, check, || {
+            let src = &srcs[next];
+            next = (next + 1) % n;
             std::hint::black_box(dst.get_mut()).copy_from_slice(std::hint::black_box(src.get()));
             std::hint::black_box(dst.get());
             Ok(())
         })?;
-        if dst.get() != src.get() {
+        let last = &srcs[(next + n - 1) % n];
+        if dst.get() != last.get() {
             return Err("memcpy: the copy differs".into());
         }
         Ok(bw_report("baseline_memcpy", size, &samples))
@@ -602,6 +617,7 @@ mod tests {
         BaselineOpts {
             sizes: sizes.to_vec(),
             iters,
+            tx_depth: 4,
             duration: None,
             server: None,
             cores: (cores[0].id, cores[cores.len() - 1].id),

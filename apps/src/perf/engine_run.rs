@@ -2,7 +2,8 @@
 //! client part, routed by `ConnInfo::initiated` so that a loopback run is one engine connected
 //! to itself), and the main thread's start / collect / shut down.
 //!
-//! How each test runs (the client part, on its worker; times are `Instant::now()` there):
+//! How each test runs (the client part, on its worker; latency samples are `Instant::now()`
+//! there, bandwidth tests use the worker loop's clock, read once per iteration):
 //! - `write_bw`, `read_bw`, `send_bw`, `atomic_bw`: a window of requests in flight (the TX
 //!   depth, see [`PerfOpts::window`]); each completion re-issues its request with the same
 //!   buffer until `-n` were issued (or `-D` passed). Average = all bytes / all time; peak = the
@@ -320,7 +321,7 @@ impl<P: Provider> ClientPart<P> {
             let want = if o.duration.is_some() { 1 << 20 } else { o.iters as usize };
             self.samples.reserve(want.min(1 << 24));
         }
-        let now = Instant::now();
+        let now = if o.test.is_lat() { Instant::now() } else { cx.now() };
         self.started = now;
         self.mark = (now, 0);
         self.deadline = o.duration.map(|d| now + d);
@@ -529,8 +530,9 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             return;
         }
         self.completed += 1;
-        let now = Instant::now();
-        let dt = now.duration_since(self.mark.0);
+        // The loop's own clock (read once per iteration): no clock read per request.
+        let now = cx.now();
+        let dt = now.saturating_duration_since(self.mark.0);
         if dt >= PEAK_INTERVAL {
             let rate = (self.completed - self.mark.1) as f64 / dt.as_secs_f64();
             self.peak_rate = self.peak_rate.max(rate);

@@ -49,11 +49,22 @@ pub(crate) struct Req<P: Provider> {
     pub(crate) ext_data: Option<Vec<u8>>,
     /// The next request riding on this one's work request (merged reads, coalesced writes).
     pub(crate) next: u64,
-    /// Its key in the worker's merge table, while it is there.
-    pub(crate) merge_key: Option<MergeKey>,
+    /// While it is in the worker's merge table: the write epoch of its key there.
+    pub(crate) merge_epoch: Option<u32>,
 }
 
 impl<P: Provider> Req<P> {
+    /// Its key in the merge table, as a read posted at write epoch `epoch`.
+    pub(crate) fn merge_key(&self, epoch: u32) -> MergeKey {
+        MergeKey {
+            slot: self.conn.slot,
+            epoch,
+            addr: self.remote.addr,
+            len: self.len,
+            rkey: self.remote.rkey,
+        }
+    }
+
     /// The operation back, for a request refused before it was queued.
     pub(crate) fn into_op(self) -> crate::request::Op<P> {
         use crate::request::Op;
@@ -121,6 +132,8 @@ pub(crate) struct Conn<P: Provider> {
     pub(crate) waiting: usize,
     /// Flushes each waiting class was passed over in a row (aging).
     pub(crate) passed: [u32; CLASSES],
+    /// The largest of `passed`.
+    pub(crate) most_passed: u32,
     /// Bumped by every non-read posted (see [`MergeKey::epoch`]).
     pub(crate) write_epoch: u32,
     pub(crate) phase: Phase,

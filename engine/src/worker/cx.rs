@@ -344,7 +344,7 @@ impl<P: Provider> Cx<P> {
             origin,
             ext_data: None,
             next: NONE,
-            merge_key: None,
+            merge_epoch: None,
         };
         match self.reqs.insert(r) {
             Ok(id) => Ok(id),

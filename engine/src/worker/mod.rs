@@ -344,6 +344,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             queues: std::array::from_fn(|_| VecDeque::with_capacity(sq)),
             waiting: 0,
             passed: [0; CLASSES],
+            most_passed: 0,
             write_epoch: 0,
             phase: Phase::Open,
             reason: None,

@@ -44,7 +44,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// Tells request `id` (taken out of the slab as `r`) and every request riding on it how
     /// it ended.
     pub(super) fn finish(&mut self, id: u64, r: Req<P>, status: WcStatus) {
-        if let Some(key) = r.merge_key {
+        if let Some(epoch) = r.merge_epoch {
+            let key = r.merge_key(epoch);
             if self.cx.merges.get(&key) == Some(&id) {
                 self.cx.merges.remove(&key);
             }

@@ -44,7 +44,7 @@ impl<P: Provider> Cx<P> {
                 flush_waiting(c, &mut x);
                 continue;
             }
-            posted_any |= flush_conn(c, slot, &mut x);
+            posted_any |= flush_conn(c, &mut x);
         }
         posted_any
     }
@@ -63,7 +63,7 @@ fn flush_waiting<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
 }
 
 /// Posts batches on the connection's lanes in turn until nothing more can go.
-fn flush_conn<P: Provider>(c: &mut Conn<P>, slot: u16, x: &mut Ctx<'_, P>) -> bool {
+fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
     let mut served = [false; CLASSES];
     let mut any = false;
     let mut idle = 0;
@@ -71,7 +71,7 @@ fn flush_conn<P: Provider>(c: &mut Conn<P>, slot: u16, x: &mut Ctx<'_, P>) -> bo
     while c.waiting > 0 && idle < lanes && c.phase == Phase::Open {
         let l = c.next_lane % lanes;
         c.next_lane = (l + 1) % lanes;
-        if post_batch(c, slot, l, x, &mut served) > 0 {
+        if post_batch(c, l, x, &mut served) > 0 {
             idle = 0;
             any = true;
         } else {
@@ -80,35 +80,34 @@ fn flush_conn<P: Provider>(c: &mut Conn<P>, slot: u16, x: &mut Ctx<'_, P>) -> bo
     }
     // Aging: a class that waited while others were served moves up.
     if any {
+        let mut most = 0;
         for ((passed, queue), served) in c.passed.iter_mut().zip(&c.queues).zip(served) {
             *passed = if served || queue.is_empty() { 0 } else { passed.saturating_add(1) };
+            most = most.max(*passed);
         }
+        c.most_passed = most;
     }
     any
 }
 
-/// The key a read is merged by.
-fn merge_key<P: Provider>(c: &Conn<P>, slot: u16, r: &Req<P>) -> MergeKey {
-    MergeKey { slot, epoch: c.write_epoch, addr: r.remote.addr, len: r.len, rkey: r.remote.rkey }
-}
-
 /// The class whose head goes next on a lane with `rd_room` reads/atomics to spare, if any.
-fn pick_class<P: Provider>(c: &Conn<P>, slot: u16, rd_room: bool, x: &Ctx<'_, P>) -> Option<usize> {
+fn pick_class<P: Provider>(c: &Conn<P>, rd_room: bool, x: &Ctx<'_, P>) -> Option<usize> {
     let admissible = |k: usize| {
         let Some(&id) = c.queues[k].front() else { return false };
-        let Some(r) = x.reqs.get(id) else { return true }; // gone: popped and skipped
-        if !r.is_rd_atomic() || rd_room {
-            return true;
+        if rd_room {
+            return true; // the common case: no need to look at the request
         }
-        r.kind == OpKind::Read && x.cfg.merge_reads && x.merges.contains_key(&merge_key(c, slot, r))
+        let Some(r) = x.reqs.get(id) else { return true }; // gone: popped and skipped
+        !r.is_rd_atomic()
+            || (r.kind == OpKind::Read
+                && x.cfg.merge_reads
+                && x.merges.contains_key(&r.merge_key(c.write_epoch)))
     };
-    if x.cfg.priorities {
+    if c.most_passed >= x.cfg.aging_rounds {
         // The class passed over longest, once it has waited `aging_rounds` flushes, goes first.
-        let aged = (0..CLASSES)
-            .filter(|&k| c.passed[k] >= x.cfg.aging_rounds)
-            .max_by_key(|&k| c.passed[k]);
-        if let Some(k) = aged.filter(|&k| admissible(k)) {
-            return Some(k);
+        let aged = (0..CLASSES).max_by_key(|&k| c.passed[k]).filter(|&k| admissible(k));
+        if aged.is_some() {
+            return aged;
         }
     }
     (0..CLASSES).find(|&k| admissible(k))
@@ -117,7 +116,6 @@ fn pick_class<P: Provider>(c: &Conn<P>, slot: u16, rd_room: bool, x: &Ctx<'_, P>
 /// One batch on lane `l`: returns the work requests posted.
 fn post_batch<P: Provider>(
     c: &mut Conn<P>,
-    slot: u16,
     l: usize,
     x: &mut Ctx<'_, P>,
     served: &mut [bool; CLASSES],
@@ -131,13 +129,13 @@ fn post_batch<P: Provider>(
     let mut ends = ArrayVec::<usize, MAX_POST_LIST>::new();
     let mut sges = ArrayVec::<Sge, { MAX_POST_LIST * MAX_SGE }>::new();
     while ids.len() < limit {
-        let Some(k) = pick_class(c, slot, rd < cfg.max_rd_atomic, x) else { break };
+        let Some(k) = pick_class(c, rd < cfg.max_rd_atomic, x) else { break };
         let Some(id) = c.queues[k].pop_front() else { break };
         c.waiting -= 1;
         served[k] = true;
         let key = {
             let Some(r) = x.reqs.get(id) else { continue };
-            (r.kind == OpKind::Read && cfg.merge_reads).then(|| merge_key(c, slot, r))
+            (r.kind == OpKind::Read && cfg.merge_reads).then(|| r.merge_key(c.write_epoch))
         };
         if let Some(key) = key {
             if let Some(&primary) = x.merges.get(&key) {
@@ -155,7 +153,7 @@ fn post_batch<P: Provider>(
             x.merges.insert(key, id);
         }
         let Some(r) = x.reqs.get_mut(id) else { continue };
-        r.merge_key = key;
+        r.merge_epoch = key.map(|k| k.epoch);
         r.lane = l as u8;
         if r.is_rd_atomic() {
             rd += 1;
@@ -328,7 +326,8 @@ pub(crate) fn fail_chain<P: Provider>(
     let mut next = id;
     while next != NONE {
         let Some(r) = reqs.remove(next) else { break };
-        if let Some(key) = r.merge_key {
+        if let Some(epoch) = r.merge_epoch {
+            let key = r.merge_key(epoch);
             if merges.get(&key) == Some(&next) {
                 merges.remove(&key);
             }
