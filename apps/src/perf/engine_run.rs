@@ -394,6 +394,9 @@ impl<P: Provider> ClientPart<P> {
             (_, None, _) => return self.fail(cx, "no buffer for the request".into()),
             (_, _, None) => return self.fail(cx, "the server exposes no region".into()),
         };
+        // A sample runs from the request to its answer: the clock starts before the request
+        // goes in (the flat path posts, and soft executes, inside the call).
+        let t0 = if lat { Instant::now() } else { self.t0 };
         let r = if self.opts.sched.flat {
             cx.post_now(conn, op, token)
         } else {
@@ -407,9 +410,7 @@ impl<P: Provider> ClientPart<P> {
             }
         }
         self.posted += 1;
-        if lat {
-            self.t0 = Instant::now();
-        }
+        self.t0 = t0;
     }
 
     /// A round trip of a latency test ended (a completion, or an echo).
