@@ -201,6 +201,8 @@ struct ClientPart<P: Provider> {
     started: Instant,
     deadline: Option<Instant>,
     mark: (Instant, u64),
+    /// The loop clock of the last completion looked at.
+    last_now: Instant,
     peak_rate: f64,
     /// A latency test's request in flight since.
     t0: Instant,
@@ -248,6 +250,7 @@ impl<P: Provider> ClientPart<P> {
             started: now,
             deadline: None,
             mark: (now, 0),
+            last_now: now,
             peak_rate: 0.0,
             t0: now,
             samples: Vec::new(),
@@ -533,11 +536,15 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         self.completed += 1;
         // The loop's own clock (read once per iteration): no clock read per request.
         let now = cx.now();
-        let dt = now.saturating_duration_since(self.mark.0);
-        if dt >= PEAK_INTERVAL {
-            let rate = (self.completed - self.mark.1) as f64 / dt.as_secs_f64();
-            self.peak_rate = self.peak_rate.max(rate);
-            self.mark = (now, self.completed);
+        if now != self.last_now {
+            // Once per iteration (completions of one iteration share its clock).
+            self.last_now = now;
+            let dt = now.saturating_duration_since(self.mark.0);
+            if dt >= PEAK_INTERVAL {
+                let rate = (self.completed - self.mark.1) as f64 / dt.as_secs_f64();
+                self.peak_rate = self.peak_rate.max(rate);
+                self.mark = (now, self.completed);
+            }
         }
         if self.more(now) {
             let buf = match t.verb() {

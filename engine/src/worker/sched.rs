@@ -125,10 +125,9 @@ fn post_batch<P: Provider>(
     let room = cfg.max_outstanding.saturating_sub(lane.outstanding()) as usize;
     let limit = room.min(cfg.post_list);
     let mut rd = lane.rd_outstanding;
-    let mut ids = ArrayVec::<u64, MAX_POST_LIST>::new();
-    let mut ends = ArrayVec::<usize, MAX_POST_LIST>::new();
+    let mut staged = ArrayVec::<Staged<P>, MAX_POST_LIST>::new();
     let mut sges = ArrayVec::<Sge, { MAX_POST_LIST * MAX_SGE }>::new();
-    while ids.len() < limit {
+    while staged.len() < limit {
         let Some(k) = pick_class(c, rd < cfg.max_rd_atomic, x) else { break };
         let Some(id) = c.queues[k].pop_front() else { break };
         c.waiting -= 1;
@@ -155,9 +154,12 @@ fn post_batch<P: Provider>(
         let Some(r) = x.reqs.get_mut(id) else { continue };
         r.merge_epoch = key.map(|k| k.epoch);
         r.lane = l as u8;
-        if r.is_rd_atomic() {
+        let rd_atomic = r.is_rd_atomic();
+        if rd_atomic {
             rd += 1;
         }
+        let op = send_op(r);
+        let may_inline = matches!(r.kind, OpKind::Send | OpKind::Write);
         if r.kind != OpKind::Read {
             c.write_epoch = c.write_epoch.wrapping_add(1);
         }
@@ -167,13 +169,12 @@ fn post_batch<P: Provider>(
         if coalesce {
             coalesce_after(c, k, id, x, &mut sges);
         }
-        ids.push(id);
-        ends.push(sges.len());
+        staged.push(Staged { id, end: sges.len(), op, rd_atomic, may_inline });
     }
-    if ids.is_empty() {
+    if staged.is_empty() {
         return 0;
     }
-    post(c, l, &ids, &ends, &sges, x)
+    post(c, l, &staged, &sges, x)
 }
 
 /// The verbs operation of a request.
@@ -240,13 +241,23 @@ fn coalesce_after<P: Provider>(
     }
 }
 
+/// A request staged for a batch: what its work request needs, so that posting looks nothing up.
+struct Staged<P: Provider> {
+    id: u64,
+    /// Its gather list ends here in the batch's entries.
+    end: usize,
+    op: SendOp<'static, P>,
+    rd_atomic: bool,
+    /// A send or a write (may go inline).
+    may_inline: bool,
+}
+
 /// Posts the staged work requests on lane `l` with one doorbell; returns how many the device
 /// took (the rest fail, and the connection closes).
 fn post<P: Provider>(
     c: &mut Conn<P>,
     l: usize,
-    ids: &[u64],
-    ends: &[usize],
+    staged: &[Staged<P>],
     sges: &[Sge],
     x: &mut Ctx<'_, P>,
 ) -> usize {
@@ -254,28 +265,26 @@ fn post<P: Provider>(
     let lanes = c.lanes.len();
     let waiting = c.waiting;
     let lane = &mut c.lanes[l];
-    let room_after = cfg.max_outstanding.saturating_sub(lane.outstanding() + ids.len() as u32);
+    let n = staged.len();
+    let room_after = cfg.max_outstanding.saturating_sub(lane.outstanding() + n as u32);
     // The batch's last request is signalled unless another batch follows on this lane at once.
-    let follows = lanes == 1 && ids.len() == cfg.post_list && room_after > 0 && waiting > 0;
+    let follows = lanes == 1 && n == cfg.post_list && room_after > 0 && waiting > 0;
     let mut rd = lane.rd_outstanding;
     let mut signalled = 0;
     let mut start = 0;
     // Built in place (collecting would build it elsewhere and copy all 32 slots).
     let mut wrs = ArrayVec::<SendWr<'_, P>, MAX_POST_LIST>::new();
-    for (i, (&id, &end)) in ids.iter().zip(ends).enumerate() {
-        let sgl = &sges[start..end];
-        start = end;
-        // Staged just now, so present; a hole would misnumber the device's answer.
-        let Some(r) = x.reqs.get(id) else { break };
-        let rd_atomic = r.is_rd_atomic();
-        if rd_atomic {
+    for (i, st) in staged.iter().enumerate() {
+        let sgl = &sges[start..st.end];
+        start = st.end;
+        if st.rd_atomic {
             rd += 1;
         }
         lane.unsignalled += 1;
-        let last = i + 1 == ids.len();
+        let last = i + 1 == n;
         let signal = lane.unsignalled >= cfg.signal_every
             || (last && !follows)
-            || (rd_atomic && rd >= cfg.max_rd_atomic);
+            || (st.rd_atomic && rd >= cfg.max_rd_atomic);
         let mut flags = SendFlags::empty();
         if signal {
             flags |= SendFlags::SIGNALED;
@@ -283,10 +292,10 @@ fn post<P: Provider>(
             signalled += 1;
         }
         let bytes: u32 = sgl.iter().map(|s| s.length).sum();
-        if matches!(r.kind, OpKind::Send | OpKind::Write) && bytes <= cfg.max_inline {
+        if st.may_inline && bytes <= cfg.max_inline {
             flags |= SendFlags::INLINE;
         }
-        wrs.push(SendWr { wr_id: id, op: send_op(r), sgl, flags, ud: None });
+        wrs.push(SendWr { wr_id: st.id, op: st.op, sgl, flags, ud: None });
     }
     // SAFETY: every buffer a work request names is held by its request in the slab (not by the
     // application) until the request's completion is dispatched.
@@ -297,18 +306,16 @@ fn post<P: Provider>(
         Err(_) => 0,
     };
     drop(wrs);
-    for &id in &ids[..k] {
-        lane.posted.push_back(id);
-        if x.reqs.get(id).is_some_and(Req::is_rd_atomic) {
-            lane.rd_outstanding += 1;
-        }
+    for st in &staged[..k] {
+        lane.posted.push_back(st.id);
+        lane.rd_outstanding += u32::from(st.rd_atomic);
     }
     x.metrics.posted += k as u64;
     x.metrics.signalled += signalled;
     x.metrics.doorbells += 1;
-    if k < ids.len() {
-        for &id in &ids[k..] {
-            fail_chain(id, WcStatus::GeneralErr, x.reqs, x.merges, x.notices);
+    if k < n {
+        for st in &staged[k..] {
+            fail_chain(st.id, WcStatus::GeneralErr, x.reqs, x.merges, x.notices);
         }
         c.note_error(WcStatus::GeneralErr);
     }
