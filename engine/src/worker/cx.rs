@@ -211,6 +211,7 @@ impl<P: Provider> Cx<P> {
     /// Queues a request on `conn` in its kind's default class; it goes to the device at the
     /// end of this iteration, or later when the connection's QPs are busy (backpressure). On
     /// refusal the request (and its buffer) comes back.
+    #[inline]
     pub fn submit(
         &mut self,
         conn: ConnId,
@@ -224,6 +225,7 @@ impl<P: Provider> Cx<P> {
     /// Queues a request in request class `class` (0 goes first; at most
     /// [`crate::tunables::CLASSES`] - 1). With priorities off, every request goes in arrival
     /// order.
+    #[inline]
     pub fn submit_as(
         &mut self,
         conn: ConnId,
@@ -301,6 +303,7 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Checks `conn` and makes `op` a request in the slab; returns its id.
+    #[inline]
     pub(crate) fn accept(
         &mut self,
         conn: ConnId,
@@ -355,6 +358,7 @@ impl<P: Provider> Cx<P> {
         }
     }
 
+    #[inline]
     fn check_open(&self, conn: ConnId) -> Result<()> {
         if self.stopping {
             return Err(EngineError::ShuttingDown);
@@ -366,6 +370,7 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Puts request `id` of `conn` in the wait queue of `class`.
+    #[inline]
     pub(crate) fn enqueue(&mut self, conn: ConnId, id: u64, class: u8) {
         let Some(c) = self.conns.get_mut(conn.slot as usize).and_then(Option::as_mut) else {
             return;
