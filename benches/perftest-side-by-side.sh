@@ -5,7 +5,9 @@
 #   cargo build --release -p corelink-apps --bin corelink-perf
 #   tests/rxe-guest/run --timeout 900 -- bash benches/perftest-side-by-side.sh
 #
-# Each test runs as a server and a client process on the guest's IP. perftest reports MB/sec
+# Each test runs as a server and a client process on the guest's IP. TESTS="send_lat:8 ..."
+# picks tests (default: all seven), ITERS the iterations (1000), CORELINK_ARGS extra client
+# options for corelink-perf. perftest reports MB/sec
 # in MiB (2^20 bytes); corelink's MB/s (10^6 bytes) are converted to MiB for the ratio.
 # Bandwidth ratio = corelink / perftest (higher is better); latency ratio = corelink t_typical /
 # perftest t_typical (lower is better). The guest is emulated (TCG): for comparison only.
@@ -45,13 +47,14 @@ run_corelink() {
   timeout 120 "$perf" "$test" --provider ibverbs -d "$dev" -x "$gid" --bind "$ip" -p $port -s "$size" -n "$iters" > "$work/csrv.log" 2>&1 &
   local srv=$!
   for _ in $(seq 100); do grep -q listening "$work/csrv.log" && break; sleep 0.1; done
-  timeout 120 "$perf" "$test" --config "$work/client.toml" -p $port -s "$size" -n "$iters" --json "$ip" 2>/dev/null | head -1
+  # shellcheck disable=SC2086
+  timeout 120 "$perf" "$test" --config "$work/client.toml" -p $port -s "$size" -n "$iters" ${CORELINK_ARGS:-} --json "$ip" 2>/dev/null | head -1
   wait $srv
 }
 json() { python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('$1', 'nan'))"; }
 
 printf '%-10s %8s %14s %14s %8s  %s\n' test bytes perftest corelink ratio unit
-for spec in write_bw:65536 read_bw:65536 send_bw:65536 atomic_bw:8 write_lat:8 send_lat:8 read_lat:8; do
+for spec in ${TESTS:-write_bw:65536 read_bw:65536 send_bw:65536 atomic_bw:8 write_lat:8 send_lat:8 read_lat:8}; do
   test=${spec%%:*} size=${spec##*:}
   line=$(run_perftest "ib_$test" "$size")
   cl=$(run_corelink "$test" "$size")

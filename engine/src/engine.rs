@@ -156,7 +156,7 @@ impl<P: Provider> Engine<P> {
                     };
                     let cx = Cx {
                         index: i,
-                        now: std::time::Instant::now(),
+                        now: std::cell::Cell::new(None),
                         cfg: wcfg,
                         cq: cq2,
                         region: region2,
@@ -184,7 +184,7 @@ impl<P: Provider> Engine<P> {
                         clients: Vec::with_capacity(MAX_CLIENTS_PER_WORKER),
                         published,
                         switches_base: (0, 0),
-                        last_busy: std::time::Instant::now(),
+                        idle_since: None,
                         stopped: false,
                     };
                     let _ = ready_tx.send(Ok(()));

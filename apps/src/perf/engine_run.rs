@@ -2,8 +2,9 @@
 //! client part, routed by `ConnInfo::initiated` so that a loopback run is one engine connected
 //! to itself), and the main thread's start / collect / shut down.
 //!
-//! How each test runs (the client part, on its worker; latency samples are `Instant::now()`
-//! there, bandwidth tests use the worker loop's clock, read once per iteration):
+//! How each test runs (the client part, on its worker; latency samples read the time-stamp
+//! counter there, as perftest does (`clock.rs`), bandwidth tests the worker loop's clock, read
+//! once per iteration at most):
 //! - `write_bw`, `read_bw`, `send_bw`, `atomic_bw`: a window of requests in flight (the TX
 //!   depth, see [`PerfOpts::window`]); each completion re-issues its request with the same
 //!   buffer until `-n` were issued (or `-D` passed). Average = all bytes / all time; peak = the
@@ -33,6 +34,7 @@ use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
 use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, Engine, Handler, Message, Op};
 use corelink_engine::{EngineError, Placement};
 
+use super::clock::Clock;
 use super::opts::{PerfError, PerfOpts, Prov, Role, Test, Verb, DEFAULT_PORT};
 use super::{Latency, Report};
 
@@ -205,7 +207,9 @@ struct ClientPart<P: Provider> {
     last_now: Instant,
     peak_rate: f64,
     /// A latency test's request in flight since.
-    t0: Instant,
+    t0: u64,
+    /// The latency samples' clock (the time-stamp counter where there is one).
+    clock: Clock,
     samples: Vec<u64>,
     /// A bandwidth test's untimed first window is in flight.
     warming: bool,
@@ -252,7 +256,8 @@ impl<P: Provider> ClientPart<P> {
             mark: (now, 0),
             last_now: now,
             peak_rate: 0.0,
-            t0: now,
+            t0: 0,
+            clock: Clock::new(),
             samples: Vec::new(),
             warming: false,
             spare: Vec::new(),
@@ -399,7 +404,7 @@ impl<P: Provider> ClientPart<P> {
         };
         // A sample runs from the request to its answer: the clock starts before the request
         // goes in (the flat path posts, and soft executes, inside the call).
-        let t0 = if lat { Instant::now() } else { self.t0 };
+        let t0 = if lat { self.clock.ticks() } else { self.t0 };
         let r = if self.opts.sched.flat {
             cx.post_now(conn, op, token)
         } else {
@@ -418,9 +423,11 @@ impl<P: Provider> ClientPart<P> {
 
     /// A round trip of a latency test ended (a completion, or an echo).
     fn lat_sample(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
-        let now = Instant::now();
-        self.samples.push(now.duration_since(self.t0).as_nanos() as u64);
+        let end = self.clock.ticks();
+        self.samples.push(self.clock.ns_between(self.t0, end));
         self.completed += 1;
+        // The loop's clock, for -D (read once per iteration at most).
+        let now = cx.now();
         if !self.more(now) {
             return self.finish_size(cx, now);
         }

@@ -2,6 +2,7 @@
 //! the JSON keys other tools rely on), its table and JSON forms, and latency statistics.
 
 pub mod baseline;
+pub mod clock;
 pub mod engine_run;
 pub mod opts;
 pub mod plot;

@@ -119,7 +119,8 @@ impl<P: Provider> Notice<P> {
 /// A worker's state, as its handler uses it.
 pub struct Cx<P: Provider> {
     pub(crate) index: usize,
-    pub(crate) now: Instant,
+    /// This iteration's clock, once read (see [`Cx::now`]).
+    pub(crate) now: std::cell::Cell<Option<Instant>>,
     pub(crate) cfg: WorkerCfg,
     pub(crate) cq: Arc<P::Cq>,
     pub(crate) region: Arc<P::Mr>,
@@ -163,9 +164,19 @@ impl<P: Provider> Cx<P> {
         self.index
     }
 
-    /// The time read at the start of this loop iteration.
+    /// The loop's clock: read at the first call in a loop iteration, the same for the rest of
+    /// it (the loop itself reads it only when it needs it: a clock read is a system call on
+    /// some machines, e.g. a guest whose clock source is the HPET).
+    #[inline]
     pub fn now(&self) -> Instant {
-        self.now
+        match self.now.get() {
+            Some(t) => t,
+            None => {
+                let t = Instant::now();
+                self.now.set(Some(t));
+                t
+            }
+        }
     }
 
     /// A buffer of at least `len` bytes from the worker's registered pool.
@@ -507,7 +518,7 @@ impl<P: Provider> Cx<P> {
                 crate::tunables::MAX_TIMERS
             )));
         }
-        self.timers.push(Reverse((self.now + after, token)));
+        self.timers.push(Reverse((self.now() + after, token)));
         Ok(())
     }
 

@@ -130,12 +130,12 @@ impl<P: Provider> Cx<P> {
     pub(crate) fn begin_shutdown(&mut self) {
         if !self.stopping {
             self.stopping = true;
-            self.shutdown_deadline = Some(self.now + SHUTDOWN_GRACE);
+            self.shutdown_deadline = Some(self.now() + SHUTDOWN_GRACE);
         }
     }
 
     pub(crate) fn close_for_shutdown(&mut self) {
-        let late = self.shutdown_deadline.is_some_and(|d| self.now >= d);
+        let late = self.shutdown_deadline.is_some_and(|d| self.now() >= d);
         let ready: ArrayVec<ConnId, 64> = self
             .conns
             .iter()

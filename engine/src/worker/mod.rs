@@ -71,7 +71,8 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
     pub(crate) clients: Vec<ClientEnds>,
     pub(crate) published: Arc<Mutex<Metrics>>,
     pub(crate) switches_base: (u64, u64),
-    pub(crate) last_busy: std::time::Instant,
+    /// Since when a worker without connections has found nothing to do (read only then).
+    pub(crate) idle_since: Option<std::time::Instant>,
     pub(crate) stopped: bool,
 }
 
@@ -81,11 +82,13 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         self.switches_base = thread_context_switches();
         while !self.stopped {
             let busy = self.run_once();
-            if busy {
-                self.last_busy = self.cx.now;
+            if busy || self.cx.live_conns > 0 {
+                // A worker with connections always busy-polls (and reads no clock for this).
+                self.idle_since = None;
             } else if let Some(idle) = self.cx.cfg.idle_after {
-                // Parks only without connections: a worker with connections always busy-polls.
-                if self.cx.live_conns == 0 && self.cx.now.duration_since(self.last_busy) > idle {
+                let now = self.cx.now();
+                let since = *self.idle_since.get_or_insert(now);
+                if now.duration_since(since) > idle {
                     std::thread::park_timeout(std::time::Duration::from_millis(1));
                 }
             }
@@ -95,7 +98,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
 
     /// One iteration of the loop; returns whether anything happened.
     pub(crate) fn run_once(&mut self) -> bool {
-        self.cx.now = std::time::Instant::now();
+        self.cx.now.set(None);
         let mut wcs = [Wc::default(); MAX_POLL_BATCH];
         let budget = self.cx.cfg.poll_budget;
         let n = self.cx.cq.poll(&mut wcs[..budget]).unwrap_or(0);
@@ -401,7 +404,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
 
     fn fire_timers(&mut self) {
         while let Some(Reverse((at, token))) = self.cx.timers.peek().copied() {
-            if at > self.cx.now {
+            if at > self.cx.now() {
                 break;
             }
             self.cx.timers.pop();
