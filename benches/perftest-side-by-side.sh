@@ -7,7 +7,8 @@
 #
 # Each test runs as a server and a client process on the guest's IP. TESTS="send_lat:8 ..."
 # picks tests (default: all seven), ITERS the iterations (1000), CORELINK_ARGS extra client
-# options for corelink-perf. perftest reports MB/sec
+# options for corelink-perf, SERVER_YIELD / CLIENT_YIELD each side's
+# `worker.yield_after_empty_polls` (0: pure busy-polling; rxe's kernel work shares the vCPUs). perftest reports MB/sec
 # in MiB (2^20 bytes); corelink's MB/s (10^6 bytes) are converted to MiB for the ratio.
 # Bandwidth ratio = corelink / perftest (higher is better); latency ratio = corelink t_typical /
 # perftest t_typical (lower is better). The guest is emulated (TCG): for comparison only.
@@ -27,6 +28,17 @@ control_core = 1
 workers = [0]
 [worker]
 idle_after_us = 100
+yield_after_empty_polls = ${CLIENT_YIELD:-0}
+MAP
+cat > "$work/server.toml" <<MAP
+provider = "ibverbs"
+device = "$dev"
+gid_index = $gid
+control_core = 0
+workers = [1]
+[worker]
+idle_after_us = 100
+yield_after_empty_polls = ${SERVER_YIELD:-0}
 MAP
 port=18800
 # perftest TEST SIZE -> its result line's fields (server on core 1, client on core 0)
@@ -44,7 +56,7 @@ run_perftest() {
 run_corelink() {
   local test=$1 size=$2
   port=$((port + 1))
-  timeout 120 "$perf" "$test" --provider ibverbs -d "$dev" -x "$gid" --bind "$ip" -p $port -s "$size" -n "$iters" > "$work/csrv.log" 2>&1 &
+  timeout 120 "$perf" "$test" --config "$work/server.toml" --bind "$ip" -p $port -s "$size" -n "$iters" > "$work/csrv.log" 2>&1 &
   local srv=$!
   for _ in $(seq 100); do grep -q listening "$work/csrv.log" && break; sleep 0.1; done
   # shellcheck disable=SC2086

@@ -64,6 +64,10 @@ pub struct WorkerResources {
     /// Microseconds without work before a worker with no connections parks (0: never park; a
     /// worker with connections always busy-polls).
     pub idle_after_us: u64,
+    /// Empty polls in a row after which a worker with connections yields its core once per
+    /// iteration (`sched_yield`) until a completion comes (0: never; pure busy-polling). For
+    /// machines where the device's own work needs the worker's core (Soft-RoCE).
+    pub yield_after_empty_polls: u32,
     /// Registered buffer size classes, smallest first.
     pub pools: Vec<PoolClass>,
     /// How queued requests become work requests: doorbells and completions.
@@ -176,6 +180,7 @@ impl Default for WorkerResources {
             max_inline: 64,
             poll_budget: 32,
             idle_after_us: 1000,
+            yield_after_empty_polls: 0,
             pools: vec![
                 PoolClass { size: 256, count: 1024 },
                 PoolClass { size: 4096, count: 256 },

@@ -185,6 +185,8 @@ impl<P: Provider> Engine<P> {
                         published,
                         switches_base: (0, 0),
                         idle_since: None,
+                        empty_run: 0,
+                        wcs: [corelink_verbs::Wc::default(); MAX_POLL_BATCH],
                         stopped: false,
                     };
                     let _ = ready_tx.send(Ok(()));

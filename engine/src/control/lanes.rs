@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use corelink_verbs::{CmEvent, ConnRequest, Connection, Context, Listener, Provider};
 
 use super::header::{nonce, reject_data, reject_reason, Header, MAX_APP_PRIVATE_DATA};
-use super::{Control, LISTEN_SLICE};
+use super::Control;
 use crate::handoff::{Origin, ToWorker};
 use crate::request::ConnInfo;
 
@@ -234,8 +234,9 @@ impl<P: Provider> Control<P> {
 
     /// Accepts one lane if a request is waiting; returns whether one was.
     pub(super) fn accept_one(&mut self) -> bool {
+        let slice = self.slice();
         let Some(l) = self.listener.as_mut() else { return false };
-        let req = match l.get_request(LISTEN_SLICE) {
+        let req = match l.get_request(slice) {
             Ok(Some(r)) => r,
             _ => return false,
         };

@@ -34,8 +34,14 @@ use crate::tunables::MAX_QPS_PER_CONN;
 pub use header::{HEADER, MAX_APP_PRIVATE_DATA};
 pub(crate) use pool::QpPool;
 
-/// How long one look for a connection request waits (the control loop's pace when idle).
+/// How long one look for a connection request waits (the control loop's pace when busy).
 const LISTEN_SLICE: Duration = Duration::from_millis(1);
+/// Idle iterations after which the control loop's slice doubles, up to
+/// `LISTEN_SLICE << MAX_SLICE_SHIFT` (8 ms): an idle control core wakes about 125 times a
+/// second instead of 1000, and takes that much less from the cores it shares (workers, the
+/// device's own work under Soft-RoCE); any activity brings it back to 1 ms.
+const SLOWER_AFTER: u32 = 16;
+const MAX_SLICE_SHIFT: u32 = 3;
 
 /// An application's placement rule: from the connector's private data (its part) and each
 /// worker's connection count, the worker to use.
@@ -120,6 +126,8 @@ pub(crate) struct Control<P: Provider> {
     published: Arc<Mutex<ControlMetrics>>,
     last_published: ControlMetrics,
     shutting_down: bool,
+    /// Iterations in a row with nothing to do (see [`SLOWER_AFTER`]).
+    idle: u32,
 }
 
 impl<P: Provider> Control<P> {
@@ -148,6 +156,7 @@ impl<P: Provider> Control<P> {
             published,
             last_published: ControlMetrics::default(),
             shutting_down: false,
+            idle: 0,
         };
         c.publish();
         c
@@ -160,6 +169,7 @@ impl<P: Provider> Control<P> {
             busy |= self.accept_one();
             busy |= self.worker_messages();
             busy |= self.finish_connects();
+            self.idle = if busy { 0 } else { self.idle.saturating_add(1) };
             self.watch_events();
             self.expire_incoming();
             if !busy && !self.shutting_down {
@@ -176,13 +186,18 @@ impl<P: Provider> Control<P> {
                 break;
             }
             if self.listener.is_none() {
-                std::thread::sleep(LISTEN_SLICE);
+                std::thread::sleep(self.slice());
             }
         }
         self.drop_incoming();
         // Connection-manager sides first, then the QPs (in the pools, dropped with `self`).
         self.lanes.clear();
         self.publish();
+    }
+
+    /// How long the loop waits for something to happen this iteration.
+    pub(super) fn slice(&self) -> Duration {
+        LISTEN_SLICE * (1 << (self.idle / SLOWER_AFTER).min(MAX_SLICE_SHIFT))
     }
 
     /// Publishes the counters if they changed.

@@ -29,6 +29,8 @@ pub(crate) struct WorkerCfg {
     pub(crate) max_inline: u32,
     pub(crate) recv_size: usize,
     pub(crate) idle_after: Option<Duration>,
+    /// Empty polls in a row before a worker with connections yields its core (0: never).
+    pub(crate) yield_after: u32,
     /// Work requests per doorbell at most (1..=MAX_POST_LIST).
     pub(crate) post_list: usize,
     /// One work request in this many is signalled.
@@ -64,6 +66,7 @@ impl WorkerCfg {
             max_inline: w.max_inline,
             recv_size,
             idle_after: (w.idle_after_us > 0).then(|| Duration::from_micros(w.idle_after_us)),
+            yield_after: w.yield_after_empty_polls,
             post_list: (w.batching.post_list as usize).clamp(1, crate::tunables::MAX_POST_LIST),
             signal_every: w.batching.signal_every.max(1),
             priorities: s.priorities,

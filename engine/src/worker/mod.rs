@@ -71,6 +71,10 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
     pub(crate) clients: Vec<ClientEnds>,
     pub(crate) published: Arc<Mutex<Metrics>>,
     pub(crate) switches_base: (u64, u64),
+    /// Iterations in a row that found nothing to do.
+    pub(crate) empty_run: u32,
+    /// Where each poll puts its completions.
+    pub(crate) wcs: [Wc; MAX_POLL_BATCH],
     /// Since when a worker without connections has found nothing to do (read only then).
     pub(crate) idle_since: Option<std::time::Instant>,
     pub(crate) stopped: bool,
@@ -82,9 +86,17 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         self.switches_base = thread_context_switches();
         while !self.stopped {
             let busy = self.run_once();
-            if busy || self.cx.live_conns > 0 {
-                // A worker with connections always busy-polls (and reads no clock for this).
+            if busy {
                 self.idle_since = None;
+                self.empty_run = 0;
+            } else if self.cx.live_conns > 0 {
+                // A worker with connections busy-polls (reading no clock for this); where the
+                // core map says so, it lets others have the core while nothing comes.
+                self.idle_since = None;
+                self.empty_run = self.empty_run.saturating_add(1);
+                if self.cx.cfg.yield_after > 0 && self.empty_run >= self.cx.cfg.yield_after {
+                    std::thread::yield_now();
+                }
             } else if let Some(idle) = self.cx.cfg.idle_after {
                 let now = self.cx.now();
                 let since = *self.idle_since.get_or_insert(now);
@@ -99,15 +111,16 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// One iteration of the loop; returns whether anything happened.
     pub(crate) fn run_once(&mut self) -> bool {
         self.cx.now.set(None);
-        let mut wcs = [Wc::default(); MAX_POLL_BATCH];
         let budget = self.cx.cfg.poll_budget;
-        let n = self.cx.cq.poll(&mut wcs[..budget]).unwrap_or(0);
+        // The completion array lives in the worker (zeroing one per iteration costs more than
+        // an idle iteration's work).
+        let n = self.cx.cq.poll(&mut self.wcs[..budget]).unwrap_or(0);
         self.cx.metrics.polls += 1;
         if n == 0 {
             self.cx.metrics.empty_polls += 1;
-            self.after_poll(&[])
+            self.after_poll(0)
         } else {
-            self.after_completions(&wcs[..n])
+            self.after_completions(n)
         }
     }
 
@@ -115,16 +128,17 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// can count the instructions of busy iterations alone: `valgrind --tool=callgrind
     /// --toggle-collect='*after_completions*'`).
     #[inline(never)]
-    fn after_completions(&mut self, wcs: &[Wc]) -> bool {
-        self.after_poll(wcs)
+    fn after_completions(&mut self, n: usize) -> bool {
+        self.after_poll(n)
     }
 
-    /// The rest of an iteration: dispatch `wcs`, then everything else in the loop's order.
+    /// The rest of an iteration: dispatch the `n` completions polled, then everything else in
+    /// the loop's order.
     #[inline(always)]
-    fn after_poll(&mut self, wcs: &[Wc]) -> bool {
-        let n = wcs.len();
-        for wc in wcs {
-            self.dispatch(wc);
+    fn after_poll(&mut self, n: usize) -> bool {
+        for i in 0..n {
+            let wc = self.wcs[i];
+            self.dispatch(&wc);
         }
         self.handler.poll(&mut self.cx);
         let took = self.take_client_requests();
@@ -144,8 +158,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
         // Stops once every client's queued submissions were taken (and refused): none is lost.
         let clients_drained =
-            self.clients.iter().all(|c| c.submit.is_empty() || c.inflight >= CLIENT_RING);
-        if self.cx.stopping && self.cx.live_conns == 0 && clients_drained && !self.stopped {
+            || self.clients.iter().all(|c| c.submit.is_empty() || c.inflight >= CLIENT_RING);
+        if self.cx.stopping && self.cx.live_conns == 0 && !self.stopped && clients_drained() {
             self.cx.tell_control(ToControl::Stopped);
             self.flush_control_backlog();
             self.stopped = true;
