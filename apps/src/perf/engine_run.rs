@@ -12,9 +12,10 @@
 //! - `read_lat`, `atomic_lat`: one read (fetch-and-add) at a time; each sample is its full round
 //!   trip, reported as is (perftest's convention for reads and atomics).
 //! - `send_lat`: a send ping-pong, the server echoing each message; `write_lat`: a ping-pong of
-//!   RDMA writes with immediate (perftest's write_lat polls the last byte of the buffer instead;
-//!   the engine hands the handler a write only through its immediate). Both report half the
-//!   round trip (one-way), as perftest does.
+//!   RDMA writes, each side's handler polling the last byte of its region for the other's
+//!   write, as perftest does (see [`POLL_SLOT`]; sizes over half the region fall back to writes
+//!   with immediate, answered through the receive queue). Both report half the round trip
+//!   (one-way), as perftest does.
 //!
 //! The server part is generic: it echoes sends carrying [`ECHO_IMM`], answers writes carrying
 //! [`ECHO_IMM`] with a write of the same length into the client's region, and otherwise only
@@ -109,6 +110,10 @@ struct ServerPart {
     shared: Shared,
     test: Test,
     max_size: usize,
+    /// The sizes, in order (`write_lat` in polling mode answers with the marker's size).
+    sizes: Vec<usize>,
+    /// The last marker seen (polling mode).
+    last: u8,
     conn: Option<(ConnId, Option<RemoteRegion>, u16)>,
     error: Option<String>,
 }
@@ -117,6 +122,33 @@ impl ServerPart {
     fn fail<P: Provider>(&mut self, cx: &mut Cx<P>, conn: ConnId, e: String) {
         self.error.get_or_insert(e);
         let _ = cx.close(conn);
+    }
+
+    /// `write_lat` in polling mode: answers a new marker at the end of the server's slot.
+    fn poll<P: Provider>(&mut self, cx: &mut Cx<P>) {
+        if self.test != Test::WriteLat || !write_lat_polls(&self.sizes) || self.error.is_some() {
+            return;
+        }
+        let Some((conn, Some(region), _)) = self.conn else { return };
+        let b = region_byte(cx, POLL_SLOT - 1);
+        if b == 0 || b == self.last {
+            return;
+        }
+        self.last = b;
+        let Some(&size) = self.sizes.get(usize::from(b >> 3)) else {
+            return self.fail(cx, conn, format!("marker {b:#x}: a size this server lacks"));
+        };
+        let r = cx.alloc(size).and_then(|mut buf| {
+            buf.set_len(size)?;
+            buf.as_mut_slice()[size - 1] = b;
+            let at = region.at((2 * POLL_SLOT - size) as u64);
+            cx.write(conn, buf, at, None, 0).map_err(|(_, e)| e)
+        });
+        if let Err(e) = r {
+            if !matches!(e, EngineError::ConnectionClosing(_) | EngineError::ShuttingDown) {
+                self.fail(cx, conn, format!("answering: {e}"));
+            }
+        }
     }
 }
 
@@ -210,6 +242,10 @@ struct ClientPart<P: Provider> {
     t0: u64,
     /// The latency samples' clock (the time-stamp counter where there is one).
     clock: Clock,
+    /// `write_lat` polls memory for its answers (see [`POLL_SLOT`]).
+    polls: bool,
+    /// The marker whose answer is awaited (polling mode).
+    expect: Option<u8>,
     samples: Vec<u64>,
     /// A bandwidth test's untimed first window is in flight.
     warming: bool,
@@ -222,6 +258,32 @@ struct ClientPart<P: Provider> {
     /// State of the record picker (`--hot-records`).
     rng: u64,
     _p: std::marker::PhantomData<fn() -> P>,
+}
+
+/// `write_lat` in memory-polling mode (perftest's way): the client writes into the server's
+/// region so that the message ends at byte `POLL_SLOT - 1`, which the server's handler polls;
+/// the server writes the same length back so that it ends at byte `2 * POLL_SLOT - 1` of the
+/// client's region, which the client polls. No receive, no immediate. (In loopback the two
+/// regions are one: the two slots keep the directions apart.) The last byte is a marker: the
+/// size's index in `-s`/`-a` (so the server answers with the same length) and a sequence.
+const POLL_SLOT: usize = REGION_BYTES / 2;
+
+/// Whether `write_lat` runs in memory-polling mode for these sizes (else: writes with
+/// immediate, answered through the receive queue).
+pub fn write_lat_polls(sizes: &[usize]) -> bool {
+    sizes.len() <= 32 && sizes.iter().all(|&s| s > 0 && s <= POLL_SLOT)
+}
+
+/// The marker of round trip `seq` of size number `idx` (never 0, never the previous one).
+fn marker(idx: usize, seq: u64) -> u8 {
+    ((idx as u8 & 0x1f) << 3) | ((seq % 7) as u8 + 1)
+}
+
+/// The byte at `offset` of this worker's region.
+fn region_byte<P: Provider>(cx: &Cx<P>, offset: usize) -> u8 {
+    let mut b = [0u8; 1];
+    let _ = corelink_engine::verbs::Mr::read_at(cx.region(), offset, &mut b);
+    b[0]
 }
 
 /// The token of background writes (`--bg-writes`).
@@ -237,6 +299,7 @@ fn op_buf<P: Provider>(op: Op<P>) -> Option<Buf<P>> {
 
 impl<P: Provider> ClientPart<P> {
     fn new(shared: Shared, opts: Arc<PerfOpts>, conns: u16) -> Self {
+        let polls = opts.test == Test::WriteLat && write_lat_polls(&opts.sizes);
         let now = Instant::now();
         ClientPart {
             shared,
@@ -258,6 +321,8 @@ impl<P: Provider> ClientPart<P> {
             peak_rate: 0.0,
             t0: 0,
             clock: Clock::new(),
+            polls,
+            expect: None,
             samples: Vec::new(),
             warming: false,
             spare: Vec::new(),
@@ -393,6 +458,15 @@ impl<P: Provider> ClientPart<P> {
         let region = self.region;
         let op = match (self.opts.test.verb(), buf, region) {
             (Verb::Send, Some(buf), _) => Op::Send { buf, imm },
+            (Verb::Write, Some(mut buf), Some(rg)) if self.polls => {
+                let m = marker(self.index, self.posted);
+                if let Err(e) = buf.set_len(self.size) {
+                    return self.fail(cx, format!("a {} B write: {e}", self.size));
+                }
+                buf.as_mut_slice()[self.size - 1] = m;
+                self.expect = Some(m);
+                Op::Write { buf, remote: rg.at((POLL_SLOT - self.size) as u64), imm: None }
+            }
             (Verb::Write, Some(buf), Some(rg)) => Op::Write { buf, remote: rg.at(0), imm },
             (Verb::Read, Some(buf), Some(rg)) => {
                 let off = self.read_offset();
@@ -467,6 +541,12 @@ impl<P: Provider> ClientPart<P> {
 
 impl<P: Provider> Handler<P> for ClientPart<P> {
     fn poll(&mut self, cx: &mut Cx<P>) {
+        if let Some(m) = self.expect {
+            if region_byte(cx, 2 * POLL_SLOT - 1) == m && self.error.is_none() {
+                self.expect = None;
+                self.lat_sample(cx, None);
+            }
+        }
         while let Some(b) = self.retry.pop() {
             let before = self.retry.len();
             self.issue(cx, b);
@@ -639,6 +719,9 @@ impl<P: Provider> Handler<P> for PerfHandler<P> {
         }
     }
     fn poll(&mut self, cx: &mut Cx<P>) {
+        if let Some(s) = &mut self.server {
+            s.poll(cx);
+        }
         if let Some(c) = &mut self.client {
             c.poll(cx);
         }
@@ -879,6 +962,8 @@ fn run_on<P: Provider>(
             shared: s2.clone(),
             test: o2.test,
             max_size: o2.max_size(),
+            sizes: o2.sizes.clone(),
+            last: 0,
             conn: None,
             error: None,
         }),
