@@ -25,7 +25,18 @@ pub const OPCODES: [WcOpcode; 9] = [
 ];
 
 fn opcode_index(op: WcOpcode) -> usize {
-    OPCODES.iter().position(|o| *o == op).unwrap_or(0)
+    // A match, not a search: this runs once per completion.
+    match op {
+        WcOpcode::Send => 0,
+        WcOpcode::RdmaWrite => 1,
+        WcOpcode::RdmaRead => 2,
+        WcOpcode::CompSwap => 3,
+        WcOpcode::FetchAdd => 4,
+        WcOpcode::BindMw => 5,
+        WcOpcode::LocalInv => 6,
+        WcOpcode::Recv => 7,
+        WcOpcode::RecvRdmaWithImm => 8,
+    }
 }
 
 /// Voluntary and involuntary context switches of the calling thread (getrusage(RUSAGE_THREAD)).
@@ -194,6 +205,13 @@ impl fmt::Display for ControlMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn opcode_index_follows_opcodes() {
+        for (i, op) in OPCODES.iter().enumerate() {
+            assert_eq!(opcode_index(*op), i);
+        }
+    }
 
     #[test]
     fn counts_and_prints() {
