@@ -10,7 +10,8 @@ perf=target/release/corelink-perf
 run() { echo; echo "== corelink-perf $*"; "$perf" "$@"; }
 
 run write_bw -a
-run baseline memcpy -s 65536
+run write_bw -s 65536 -n 50000
+run baseline memcpy -s 65536 -n 50000
 run send_lat -s 8
 run baseline ring_pingpong -s 8
 run baseline tcp_lat -s 8
@@ -19,3 +20,6 @@ run atomic_bw
 run atomic_lat
 run send_bw -s 4096
 run baseline tcp_bw -s 65536
+
+echo; echo "== the engine scheduler's effects (benches/scheduler-effects.sh)"
+N=100000 NLAT=20000 bash benches/scheduler-effects.sh
