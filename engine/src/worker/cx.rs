@@ -225,6 +225,13 @@ impl<P: Provider> Cx<P> {
     /// Queues a request on `conn` in its kind's default class; it goes to the device at the
     /// end of this iteration, or later when the connection's QPs are busy (backpressure). On
     /// refusal the request (and its buffer) comes back.
+    ///
+    /// Order: requests of one class go to the device in submission order, on one QP per
+    /// batch. Across classes, and across the lanes of a multi-QP connection, there is no order:
+    /// with priorities on, a read submitted after a write may overtake it (that is the point).
+    /// A read that must see an earlier write goes in the write's class ([`Cx::submit_as`]), on
+    /// a connection with one lane; a read identical to one already in flight may share that
+    /// read's result, unless the connection posted a write in between (`merge_reads`).
     #[inline]
     pub fn submit(
         &mut self,
