@@ -9,10 +9,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
+use corelink_apps::pair::Pair;
 use corelink_config::{parse, CoreMap, CoreSpec, MachineTopology, ProviderKind, Validated};
-use corelink_engine::{
-    CloseReason, ConnId, ConnInfo, Cx, Done, Engine, Handler, Message, Placement,
-};
+use corelink_engine::{Cx, Engine, Handler, Placement};
 use corelink_verbs::Provider;
 
 /// Timer tokens from here on are the client part's; below, the server part's.
@@ -98,84 +97,6 @@ impl Link {
             if let Err(e) = cx.connect(addr, hello, 1) {
                 self.report(Err(format!("connect to {addr}: {e}")));
             }
-        }
-    }
-}
-
-/// A worker's handler: a server part for accepted connections, a client part for the one it
-/// made (`Cx::connect`); each hears only of its own connections, completions and timers.
-pub struct Pair<S, C> {
-    server: Option<S>,
-    client: Option<C>,
-    client_conn: Option<ConnId>,
-}
-
-impl<P: Provider, S: Handler<P>, C: Handler<P>> Handler<P> for Pair<S, C> {
-    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
-        if info.initiated {
-            self.client_conn = Some(conn);
-            if let Some(c) = &mut self.client {
-                c.on_connected(cx, conn, info);
-            }
-        } else if let Some(s) = &mut self.server {
-            s.on_connected(cx, conn, info);
-        }
-    }
-    fn on_connect_failed(&mut self, cx: &mut Cx<P>, token: u64, error: &str) {
-        if let Some(c) = &mut self.client {
-            c.on_connect_failed(cx, token, error);
-        }
-    }
-    fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
-        if self.client_conn == Some(conn) {
-            if let Some(c) = &mut self.client {
-                c.on_message(cx, conn, msg);
-            }
-        } else {
-            if let Some(s) = &mut self.server {
-                s.on_message(cx, conn, msg);
-            }
-        }
-    }
-    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
-        if self.client_conn == Some(done.conn) {
-            if let Some(c) = &mut self.client {
-                c.on_completion(cx, done);
-            }
-        } else {
-            if let Some(s) = &mut self.server {
-                s.on_completion(cx, done);
-            }
-        }
-    }
-    fn on_closed(&mut self, cx: &mut Cx<P>, conn: ConnId, reason: &CloseReason) {
-        if self.client_conn == Some(conn) {
-            if let Some(c) = &mut self.client {
-                c.on_closed(cx, conn, reason);
-            }
-        } else {
-            if let Some(s) = &mut self.server {
-                s.on_closed(cx, conn, reason);
-            }
-        }
-    }
-    fn on_timer(&mut self, cx: &mut Cx<P>, token: u64) {
-        if token >= CLIENT_TIMERS {
-            if let Some(c) = &mut self.client {
-                c.on_timer(cx, token);
-            }
-        } else {
-            if let Some(s) = &mut self.server {
-                s.on_timer(cx, token);
-            }
-        }
-    }
-    fn poll(&mut self, cx: &mut Cx<P>) {
-        if let Some(s) = &mut self.server {
-            s.poll(cx);
-        }
-        if let Some(c) = &mut self.client {
-            c.poll(cx);
         }
     }
 }
@@ -315,10 +236,8 @@ where
     let link = Link { target: Arc::new(OnceLock::new()), tx };
     let l = link.clone();
     let (serve, connect) = (role != Role::Client, role != Role::Server);
-    let engine = Engine::<P>::start(cfg, Placement::RoundRobin, move |_| Pair {
-        server: serve.then(|| ms(l.clone())),
-        client: connect.then(|| mc(l.clone())),
-        client_conn: None,
+    let engine = Engine::<P>::start(cfg, Placement::RoundRobin, move |_| {
+        Pair::new(serve.then(|| ms(l.clone())), connect.then(|| mc(l.clone())), CLIENT_TIMERS)
     })
     .map_err(|e| Fail::Run(format!("starting the engine: {e}")))?;
     let mut expected = 0;

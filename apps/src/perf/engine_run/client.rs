@@ -1,0 +1,431 @@
+//! The client part of a worker's handler: connects, issues a test's requests, times them.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use corelink_engine::engine::REGION_BYTES;
+use corelink_engine::pool::Buf;
+use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
+use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, EngineError, Handler, Message, Op};
+
+use super::{
+    hello, marker, region_byte, write_lat_polls, Event, Shared, SizeResult, ECHO_IMM,
+    PEAK_INTERVAL, POLL_SLOT,
+};
+use crate::perf::clock::Clock;
+use crate::perf::opts::{PerfOpts, Test, Verb};
+
+pub(super) struct ClientPart<P: Provider> {
+    shared: Shared,
+    opts: Arc<PerfOpts>,
+    conns: u16,
+    asked: bool,
+    conn: Option<ConnId>,
+    region: Option<RemoteRegion>,
+    /// The size being measured (index into `opts.sizes`).
+    index: usize,
+    finished: bool,
+    error: Option<String>,
+    // Per size:
+    size: usize,
+    posted: u64,
+    completed: u64,
+    started: Instant,
+    deadline: Option<Instant>,
+    mark: (Instant, u64),
+    /// The loop clock of the last completion looked at.
+    last_now: Instant,
+    peak_rate: f64,
+    /// A latency test's request in flight since.
+    t0: u64,
+    /// The latency samples' clock (the time-stamp counter where there is one).
+    clock: Clock,
+    /// `write_lat` polls memory for its answers (see [`POLL_SLOT`]).
+    polls: bool,
+    /// The marker whose answer is awaited (polling mode).
+    expect: Option<u8>,
+    samples: Vec<u64>,
+    /// A bandwidth test's untimed first window is in flight.
+    warming: bool,
+    /// Buffers (None for atomics) waiting for the timed part.
+    spare: Vec<Option<Buf<P>>>,
+    /// Flat path: requests the QPs had no room for, to post again at the next poll.
+    retry: Vec<Option<Buf<P>>>,
+    /// Background writes started (`--bg-writes`).
+    bg_started: bool,
+    /// State of the record picker (`--hot-records`).
+    rng: u64,
+    _p: std::marker::PhantomData<fn() -> P>,
+}
+
+/// The token of background writes (`--bg-writes`).
+const BG_TOKEN: u64 = u64::MAX - 1;
+
+/// An operation's buffer, back (none for atomics).
+fn op_buf<P: Provider>(op: Op<P>) -> Option<Buf<P>> {
+    match op {
+        Op::Send { buf, .. } | Op::Write { buf, .. } | Op::Read { buf, .. } => Some(buf),
+        Op::FetchAdd { .. } | Op::CompareSwap { .. } => None,
+    }
+}
+
+impl<P: Provider> ClientPart<P> {
+    pub(super) fn new(shared: Shared, opts: Arc<PerfOpts>, conns: u16) -> Self {
+        let polls = opts.test == Test::WriteLat && write_lat_polls(&opts.sizes);
+        let now = Instant::now();
+        ClientPart {
+            shared,
+            opts,
+            conns,
+            asked: false,
+            conn: None,
+            region: None,
+            index: 0,
+            finished: false,
+            error: None,
+            size: 0,
+            posted: 0,
+            completed: 0,
+            started: now,
+            deadline: None,
+            mark: (now, 0),
+            last_now: now,
+            peak_rate: 0.0,
+            t0: 0,
+            clock: Clock::new(),
+            polls,
+            expect: None,
+            samples: Vec::new(),
+            warming: false,
+            spare: Vec::new(),
+            retry: Vec::new(),
+            bg_started: false,
+            rng: 0x9e37_79b9_7f4a_7c15,
+            _p: std::marker::PhantomData,
+        }
+    }
+
+    fn fail(&mut self, cx: &mut Cx<P>, e: String) {
+        self.error.get_or_insert(e);
+        if let Some(c) = self.conn {
+            let _ = cx.close(c);
+        }
+    }
+
+    fn token(&self) -> u64 {
+        self.index as u64
+    }
+
+    /// Whether to issue one more request.
+    fn more(&self, now: Instant) -> bool {
+        match self.deadline {
+            Some(d) => now < d,
+            None => self.posted < self.opts.iters,
+        }
+    }
+
+    /// Starts measuring the next size; a bandwidth test first runs one untimed window (it
+    /// touches the buffers and the peer's region, as perftest's own set-up does).
+    fn start_size(&mut self, cx: &mut Cx<P>) {
+        let o = self.opts.clone();
+        self.size = o.sizes[self.index];
+        self.posted = 0;
+        self.spare.clear();
+        let mut bufs = Vec::new();
+        for _ in 0..o.window(self.size) {
+            bufs.push(match o.test.verb() {
+                Verb::Atomic => None,
+                _ => match cx.alloc(self.size) {
+                    Ok(b) => Some(b),
+                    Err(e) => return self.fail(cx, format!("a {} B buffer: {e}", self.size)),
+                },
+            });
+        }
+        if o.test.is_lat() {
+            self.warming = false;
+            self.spare = bufs;
+            return self.measure(cx);
+        }
+        self.warming = true;
+        for b in bufs {
+            self.issue(cx, b);
+            if self.error.is_some() {
+                return;
+            }
+        }
+    }
+
+    /// Starts the timed part of a size, with the buffers in `spare`.
+    fn measure(&mut self, cx: &mut Cx<P>) {
+        let o = self.opts.clone();
+        self.posted = 0;
+        self.completed = 0;
+        self.peak_rate = 0.0;
+        self.samples.clear();
+        if o.test.is_lat() {
+            let want = if o.duration.is_some() { 1 << 20 } else { o.iters as usize };
+            self.samples.reserve(want.min(1 << 24));
+        }
+        let now = if o.test.is_lat() { Instant::now() } else { cx.now() };
+        self.started = now;
+        self.mark = (now, 0);
+        self.deadline = o.duration.map(|d| now + d);
+        self.start_background(cx);
+        for b in std::mem::take(&mut self.spare) {
+            if !self.more(now) {
+                break;
+            }
+            self.issue(cx, b);
+            if self.error.is_some() {
+                return;
+            }
+        }
+    }
+
+    /// Where a read goes: offset 0 (perftest), or with `--hot-records N` one of N hot records
+    /// 9 times in 10, else any record of the region's first half (xorshift; no allocation).
+    fn read_offset(&mut self) -> u64 {
+        let hot = u64::from(self.opts.sched.hot_records);
+        if hot == 0 {
+            return 0;
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let records = ((REGION_BYTES / 2) / self.size.max(1)).max(1) as u64;
+        let r = self.rng;
+        let rec = if r % 10 < 9 { (r >> 8) % hot.min(records) } else { (r >> 8) % records };
+        rec * self.size as u64
+    }
+
+    /// Starts `--bg-writes` writes, once, kept in flight until the run ends.
+    fn start_background(&mut self, cx: &mut Cx<P>) {
+        let (n, size) = (self.opts.sched.bg_writes, self.opts.sched.bg_size);
+        if self.bg_started || n == 0 {
+            return;
+        }
+        self.bg_started = true;
+        for _ in 0..n {
+            match cx.alloc(size) {
+                Ok(b) => self.background(cx, b),
+                Err(e) => return self.fail(cx, format!("a background write buffer: {e}")),
+            }
+        }
+    }
+
+    /// One background write (into the region's second half).
+    fn background(&mut self, cx: &mut Cx<P>, buf: Buf<P>) {
+        let (Some(conn), Some(rg)) = (self.conn, self.region) else { return };
+        let at = rg.at((REGION_BYTES / 2) as u64);
+        if let Err((_, e)) = cx.write(conn, buf, at, None, BG_TOKEN) {
+            self.fail(cx, format!("a background write: {e}"));
+        }
+    }
+
+    /// Issues one request of the test (with `buf` for sends, writes and reads).
+    fn issue(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
+        let (Some(conn), token) = (self.conn, self.token()) else { return };
+        let lat = self.opts.test.is_lat();
+        let imm = lat.then_some(ECHO_IMM);
+        let region = self.region;
+        let op = match (self.opts.test.verb(), buf, region) {
+            (Verb::Send, Some(buf), _) => Op::Send { buf, imm },
+            (Verb::Write, Some(mut buf), Some(rg)) if self.polls => {
+                let m = marker(self.index, self.posted);
+                if let Err(e) = buf.set_len(self.size) {
+                    return self.fail(cx, format!("a {} B write: {e}", self.size));
+                }
+                buf.as_mut_slice()[self.size - 1] = m;
+                self.expect = Some(m);
+                Op::Write { buf, remote: rg.at((POLL_SLOT - self.size) as u64), imm: None }
+            }
+            (Verb::Write, Some(buf), Some(rg)) => Op::Write { buf, remote: rg.at(0), imm },
+            (Verb::Read, Some(buf), Some(rg)) => {
+                let off = self.read_offset();
+                Op::Read { buf, remote: rg.at(off) }
+            }
+            (Verb::Atomic, _, Some(rg)) => Op::FetchAdd { remote: rg.at(0), add: 1 },
+            (_, None, _) => return self.fail(cx, "no buffer for the request".into()),
+            (_, _, None) => return self.fail(cx, "the server exposes no region".into()),
+        };
+        // A sample runs from the request to its answer: the clock starts before the request
+        // goes in (the flat path posts, and soft executes, inside the call).
+        let t0 = if lat { self.clock.ticks() } else { self.t0 };
+        let r = if self.opts.sched.flat {
+            cx.post_now(conn, op, token)
+        } else {
+            cx.submit(conn, op, token)
+        };
+        match r {
+            Ok(()) => {}
+            Err((op, EngineError::QueueFull(_))) => return self.retry.push(op_buf(op)),
+            Err((_, e)) => {
+                return self.fail(cx, format!("{} of {} B: {e}", self.opts.test.name(), self.size))
+            }
+        }
+        self.posted += 1;
+        self.t0 = t0;
+    }
+
+    /// A round trip of a latency test ended (a completion, or an echo).
+    fn lat_sample(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
+        let end = self.clock.ticks();
+        self.samples.push(self.clock.ns_between(self.t0, end));
+        self.completed += 1;
+        // The loop's clock, for -D (read once per iteration at most).
+        let now = cx.now();
+        if !self.more(now) {
+            return self.finish_size(cx, now);
+        }
+        let buf = match (self.opts.test.verb(), buf) {
+            (Verb::Atomic, _) => None,
+            (_, Some(b)) => Some(b),
+            (_, None) => match cx.alloc(self.size) {
+                Ok(b) => Some(b),
+                Err(e) => return self.fail(cx, format!("a {} B buffer: {e}", self.size)),
+            },
+        };
+        self.issue(cx, buf);
+    }
+
+    fn finish_size(&mut self, cx: &mut Cx<P>, now: Instant) {
+        let elapsed = now.duration_since(self.started);
+        let samples = std::mem::take(&mut self.samples);
+        self.shared.tell(Event::Size(SizeResult {
+            index: self.index,
+            bytes: self.size,
+            iterations: self.completed,
+            elapsed,
+            peak_rate: self.peak_rate,
+            samples,
+        }));
+        self.index += 1;
+        if self.index < self.opts.sizes.len() {
+            self.start_size(cx);
+        } else {
+            self.finished = true;
+            if let Some(c) = self.conn {
+                let _ = cx.close(c);
+            }
+        }
+    }
+}
+
+impl<P: Provider> Handler<P> for ClientPart<P> {
+    fn poll(&mut self, cx: &mut Cx<P>) {
+        if let Some(m) = self.expect {
+            if region_byte(cx, 2 * POLL_SLOT - 1) == m && self.error.is_none() {
+                self.expect = None;
+                self.lat_sample(cx, None);
+            }
+        }
+        while let Some(b) = self.retry.pop() {
+            let before = self.retry.len();
+            self.issue(cx, b);
+            if self.retry.len() > before || self.error.is_some() {
+                break; // still full: next iteration
+            }
+        }
+        if let (false, Some(&addr)) = (self.asked, self.shared.target.get()) {
+            self.asked = true;
+            let h = hello(self.opts.test, self.opts.max_size(), self.conns);
+            if let Err(e) = cx.connect(addr, &h, 1) {
+                self.shared.tell(Event::ClientDone(Err(format!("connect to {addr}: {e}"))));
+            }
+        }
+    }
+
+    fn on_connect_failed(&mut self, _cx: &mut Cx<P>, _token: u64, error: &str) {
+        self.shared.tell(Event::ClientDone(Err(format!("connect failed: {error}"))));
+    }
+
+    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
+        self.conn = Some(conn);
+        self.region = info.peer_region;
+        self.start_size(cx);
+    }
+
+    fn on_message(&mut self, cx: &mut Cx<P>, _conn: ConnId, msg: &Message<'_>) {
+        if self.finished || self.error.is_some() {
+            return;
+        }
+        let t = self.opts.test;
+        if !matches!(t, Test::SendLat | Test::WriteLat) || msg.imm != Some(ECHO_IMM) {
+            return self.fail(cx, format!("an unexpected message (immediate {:?})", msg.imm));
+        }
+        self.lat_sample(cx, None);
+    }
+
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+        if self.error.is_some() {
+            return;
+        }
+        if done.token == BG_TOKEN && done.status.is_success() {
+            if let (false, Some(b)) = (self.finished, done.buf) {
+                self.background(cx, b);
+            }
+            return;
+        }
+        if !done.status.is_success() {
+            if self.finished && done.status == WcStatus::WrFlushErr {
+                return;
+            }
+            let (t, s) = (self.opts.test.name(), self.size);
+            return self.fail(cx, format!("{t} of {s} B: {}", done.status));
+        }
+        if self.finished || done.token != self.token() {
+            return; // a ping-pong's request of a size already measured
+        }
+        let t = self.opts.test;
+        if self.warming {
+            self.spare.push(if t.verb() == Verb::Atomic { None } else { done.buf });
+            if self.spare.len() as u64 == self.posted {
+                self.warming = false;
+                self.measure(cx);
+            }
+            return;
+        }
+        if t.is_lat() {
+            // Ping-pongs time the echo; reads and atomics their completion.
+            if matches!(t, Test::ReadLat | Test::AtomicLat) {
+                self.lat_sample(cx, done.buf);
+            }
+            return;
+        }
+        self.completed += 1;
+        // The loop's own clock (read once per iteration): no clock read per request.
+        let now = cx.now();
+        if now != self.last_now {
+            // Once per iteration (completions of one iteration share its clock).
+            self.last_now = now;
+            let dt = now.saturating_duration_since(self.mark.0);
+            if dt >= PEAK_INTERVAL {
+                let rate = (self.completed - self.mark.1) as f64 / dt.as_secs_f64();
+                self.peak_rate = self.peak_rate.max(rate);
+                self.mark = (now, self.completed);
+            }
+        }
+        if self.more(now) {
+            let buf = match t.verb() {
+                Verb::Atomic => None,
+                _ => done.buf,
+            };
+            self.issue(cx, buf);
+        } else if self.completed == self.posted {
+            self.finish_size(cx, now);
+        }
+    }
+
+    fn on_closed(&mut self, _cx: &mut Cx<P>, _conn: ConnId, reason: &CloseReason) {
+        let r = match (self.error.take(), self.finished) {
+            (Some(e), _) => Err(e),
+            (None, true) => Ok(()),
+            (None, false) => Err(format!(
+                "the connection closed ({reason:?}) during size {} (does the server run the \
+                 same test with the same -s / -a?)",
+                self.opts.sizes.get(self.index).copied().unwrap_or(0)
+            )),
+        };
+        self.shared.tell(Event::ClientDone(r));
+    }
+}

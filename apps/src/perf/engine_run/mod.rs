@@ -1,0 +1,403 @@
+//! The eight tests on the engine (RC): the core map, the worker handler (a server part and a
+//! client part, routed by `ConnInfo::initiated` so that a loopback run is one engine connected
+//! to itself), and the main thread's start / collect / shut down.
+//!
+//! How each test runs (the client part, on its worker; latency samples read the time-stamp
+//! counter there, as perftest does (`clock.rs`), bandwidth tests the worker loop's clock, read
+//! once per iteration at most):
+//! - `write_bw`, `read_bw`, `send_bw`, `atomic_bw`: a window of requests in flight (the TX
+//!   depth, see [`PerfOpts::window`]); each completion re-issues its request with the same
+//!   buffer until `-n` were issued (or `-D` passed). Average = all bytes / all time; peak = the
+//!   best rate over intervals of at least [`PEAK_INTERVAL`] (at least the average).
+//! - `read_lat`, `atomic_lat`: one read (fetch-and-add) at a time; each sample is its full round
+//!   trip, reported as is (perftest's convention for reads and atomics).
+//! - `send_lat`: a send ping-pong, the server echoing each message; `write_lat`: a ping-pong of
+//!   RDMA writes, each side's handler polling the last byte of its region for the other's
+//!   write, as perftest does (see [`POLL_SLOT`]; sizes over half the region fall back to writes
+//!   with immediate, answered through the receive queue). Both report half the round trip
+//!   (one-way), as perftest does.
+//!
+//! The server part is generic: it echoes sends carrying [`ECHO_IMM`], answers writes carrying
+//! [`ECHO_IMM`] with a write of the same length into the client's region, and otherwise only
+//! keeps its region and receives available; it refuses a client whose test or sizes it was not
+//! started for.
+
+use std::net::SocketAddr;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use corelink_config::{ProviderKind, Validated};
+use corelink_engine::engine::REGION_BYTES;
+use corelink_engine::verbs::Provider;
+use corelink_engine::{Cx, Engine, Placement};
+
+use super::opts::{PerfError, PerfOpts, Prov, Role, Test};
+use super::{Latency, Report};
+use crate::pair::Pair;
+use client::ClientPart;
+use map::{core_map, listen_addr};
+use server::ServerPart;
+
+mod client;
+mod map;
+mod server;
+
+pub use map::pools;
+
+/// The immediate that asks the server to answer (echo a send, write back a write).
+pub const ECHO_IMM: u32 = 0x6563_686f;
+
+/// The shortest interval a peak-bandwidth sample spans.
+pub const PEAK_INTERVAL: Duration = Duration::from_millis(1);
+
+const HELLO: &[u8; 7] = b"clperf1";
+
+/// What the handlers tell the main thread.
+#[derive(Debug)]
+enum Event {
+    /// A client part measured one size.
+    Size(SizeResult),
+    /// A client part finished (all sizes, then closed) or failed.
+    ClientDone(Result<(), String>),
+    /// A server part's client disconnected (`Ok(conns the client said it opens)`), or failed.
+    ServerDone(Result<u16, String>),
+}
+
+/// One client part's measurement of one size.
+#[derive(Debug)]
+struct SizeResult {
+    index: usize,
+    bytes: usize,
+    iterations: u64,
+    elapsed: Duration,
+    /// Best messages per second over an interval.
+    peak_rate: f64,
+    /// Latency samples (ns), for latency tests.
+    samples: Vec<u64>,
+}
+
+/// What every handler part shares.
+#[derive(Clone, Debug)]
+struct Shared {
+    target: Arc<OnceLock<SocketAddr>>,
+    tx: Sender<Event>,
+}
+
+impl Shared {
+    fn tell(&self, e: Event) {
+        let _ = self.tx.send(e);
+    }
+}
+
+/// The connection's private data: hello, test, largest size, connections the client opens.
+fn hello(test: Test, max: usize, conns: u16) -> Vec<u8> {
+    let mut v = HELLO.to_vec();
+    v.push(test.code());
+    v.extend_from_slice(&(max as u64).to_le_bytes());
+    v.extend_from_slice(&conns.to_le_bytes());
+    v
+}
+
+fn parse_hello(d: &[u8]) -> Option<(Test, usize, u16)> {
+    if d.len() < 18 || &d[..7] != HELLO {
+        return None;
+    }
+    let test = Test::from_code(d[7])?;
+    let max = u64::from_le_bytes(d[8..16].try_into().ok()?) as usize;
+    let conns = u16::from_le_bytes(d[16..18].try_into().ok()?);
+    Some((test, max, conns))
+}
+
+/// `write_lat` in memory-polling mode (perftest's way): the client writes into the server's
+/// region so that the message ends at byte `POLL_SLOT - 1`, which the server's handler polls;
+/// the server writes the same length back so that it ends at byte `2 * POLL_SLOT - 1` of the
+/// client's region, which the client polls. No receive, no immediate. (In loopback the two
+/// regions are one: the two slots keep the directions apart.) The last byte is a marker: the
+/// size's index in `-s`/`-a` (so the server answers with the same length) and a sequence.
+const POLL_SLOT: usize = REGION_BYTES / 2;
+
+/// Whether `write_lat` runs in memory-polling mode for these sizes (else: writes with
+/// immediate, answered through the receive queue).
+pub fn write_lat_polls(sizes: &[usize]) -> bool {
+    sizes.len() <= 32 && sizes.iter().all(|&s| s > 0 && s <= POLL_SLOT)
+}
+
+/// The marker of round trip `seq` of size number `idx` (never 0, never the previous one).
+fn marker(idx: usize, seq: u64) -> u8 {
+    ((idx as u8 & 0x1f) << 3) | ((seq % 7) as u8 + 1)
+}
+
+/// The byte at `offset` of this worker's region.
+fn region_byte<P: Provider>(cx: &Cx<P>, offset: usize) -> u8 {
+    let mut b = [0u8; 1];
+    let _ = corelink_engine::verbs::Mr::read_at(cx.region(), offset, &mut b);
+    b[0]
+}
+
+/// What the header block says about a run (before the table).
+#[derive(Debug, Clone)]
+pub struct RunInfo {
+    /// `soft` or `ibverbs`.
+    pub provider: &'static str,
+    /// Device name.
+    pub device: String,
+    /// Worker cores.
+    pub worker_cores: Vec<usize>,
+    /// The control core.
+    pub control_core: usize,
+    /// Inline bytes.
+    pub max_inline: u32,
+    /// Where the server listens / the client connects.
+    pub addr: Option<SocketAddr>,
+}
+
+/// Runs a test: builds the core map, starts the engine on its provider, runs the server part,
+/// the client part or both, and calls `on_start` once the engine runs and `on_report` with each
+/// size's report as it is measured (a server has none). Returns the reports.
+pub fn run(
+    o: &PerfOpts,
+    on_start: &mut dyn FnMut(&RunInfo),
+    on_report: &mut dyn FnMut(&Report),
+) -> Result<Vec<Report>, PerfError> {
+    let provider = match (&o.config, o.provider) {
+        (_, Some(Prov::Ibverbs)) => ProviderKind::Ibverbs,
+        (_, Some(Prov::Soft)) | (None, None) => ProviderKind::Soft,
+        (Some(_), None) => core_map(o, None)?.map.provider,
+    };
+    if provider == ProviderKind::Soft && matches!(o.role, Role::Client(_) | Role::Server) {
+        return Err(PerfError::Usage(
+            "soft is an in-process provider: its server and client run in one process \
+             (--loopback, the default for soft); use --provider ibverbs for two processes"
+                .into(),
+        ));
+    }
+    let cfg = core_map(o, listen_addr(o, provider)?)?;
+    for w in &cfg.warnings {
+        eprintln!("corelink-perf: warning: {w}");
+    }
+    match provider {
+        ProviderKind::Soft => {
+            run_on::<corelink_engine::verbs::soft::Soft>(o, &cfg, on_start, on_report)
+        }
+        #[cfg(feature = "ibverbs")]
+        ProviderKind::Ibverbs => {
+            run_on::<corelink_engine::verbs::ibverbs::Ibverbs>(o, &cfg, on_start, on_report)
+        }
+        #[cfg(not(feature = "ibverbs"))]
+        ProviderKind::Ibverbs => Err(PerfError::Usage("built without the ibverbs feature".into())),
+    }
+}
+
+fn run_on<P: Provider>(
+    o: &PerfOpts,
+    cfg: &Validated,
+    on_start: &mut dyn FnMut(&RunInfo),
+    on_report: &mut dyn FnMut(&Report),
+) -> Result<Vec<Report>, PerfError> {
+    let (tx, rx) = mpsc::channel();
+    let shared = Shared { target: Arc::new(OnceLock::new()), tx };
+    let serve = !matches!(o.role, Role::Client(_));
+    let connect = o.role != Role::Server;
+    let opts = Arc::new(o.clone());
+    let conns = o.workers as u16;
+    let (s2, o2) = (shared.clone(), opts.clone());
+    let engine = Engine::<P>::start(cfg, Placement::RoundRobin, move |_| {
+        let server = serve.then(|| ServerPart::new(s2.clone(), &o2));
+        let client = connect.then(|| ClientPart::<P>::new(s2.clone(), o2.clone(), conns));
+        Pair::new(server, client, 0)
+    })
+    .map_err(|e| PerfError::Run(format!("starting the engine: {e}")))?;
+    let target = match o.role {
+        Role::Client(a) => Some(a),
+        Role::Loopback => engine.listen_addr(),
+        Role::Server => None,
+    };
+    let info = RunInfo {
+        provider: P::NAME,
+        device: cfg.device.clone().unwrap_or_else(|| "(first)".into()),
+        worker_cores: cfg.workers.clone(),
+        control_core: cfg.map.control_core,
+        max_inline: cfg.map.worker.max_inline,
+        addr: if o.role == Role::Server { engine.listen_addr() } else { target },
+    };
+    on_start(&info);
+    if let Some(t) = target {
+        let _ = shared.target.set(t);
+    }
+    drop(shared);
+    let result = collect(o, &info, &rx, on_report);
+    let shut = engine.shutdown();
+    let reports = result?;
+    let metrics = shut.map_err(|e| PerfError::Run(format!("shutting the engine down: {e}")))?;
+    eprintln!("{}", engine_summary(&metrics));
+    Ok(reports)
+}
+
+/// Waits for the handlers' events: builds each size's report once every client part measured
+/// it, and returns when every client part (and server part) is done.
+fn collect(
+    o: &PerfOpts,
+    info: &RunInfo,
+    rx: &mpsc::Receiver<Event>,
+    on_report: &mut dyn FnMut(&Report),
+) -> Result<Vec<Report>, PerfError> {
+    let clients = if o.role == Role::Server { 0 } else { o.workers };
+    // A loopback run's server parts close with their clients; a server waits for as many
+    // connections as its client said it opens.
+    let mut servers_left: Option<usize> = match o.role {
+        Role::Client(_) => Some(0),
+        Role::Loopback => Some(o.workers),
+        Role::Server => None,
+    };
+    let mut clients_left = clients;
+    let mut pending: Vec<Vec<SizeResult>> = (0..o.sizes.len()).map(|_| Vec::new()).collect();
+    let mut reports = Vec::new();
+    let mut errors = Vec::new();
+    let deadline = o.timeout.map(|t| Instant::now() + t);
+    let started = Instant::now();
+    while clients_left > 0 || servers_left != Some(0) {
+        let ev = match deadline {
+            Some(d) => match rx.recv_timeout(d.saturating_duration_since(Instant::now())) {
+                Ok(ev) => ev,
+                Err(_) => {
+                    errors.push(format!(
+                        "timed out after {} s",
+                        o.timeout.unwrap_or_default().as_secs()
+                    ));
+                    break;
+                }
+            },
+            None => match rx.recv() {
+                Ok(ev) => ev,
+                Err(_) => break,
+            },
+        };
+        match ev {
+            Event::Size(r) => {
+                let i = r.index;
+                pending[i].push(r);
+                if pending[i].len() == clients {
+                    let rs = std::mem::take(&mut pending[i]);
+                    let rep = report(o, info, rs);
+                    if o.progress {
+                        eprintln!(
+                            "corelink-perf: {} {} B done: {} iterations ({}/{} sizes, {:.1} s)",
+                            o.test.name(),
+                            rep.bytes,
+                            rep.iterations,
+                            i + 1,
+                            o.sizes.len(),
+                            started.elapsed().as_secs_f64()
+                        );
+                    }
+                    on_report(&rep);
+                    reports.push(rep);
+                }
+            }
+            Event::ClientDone(r) => {
+                clients_left = clients_left.saturating_sub(1);
+                if let Err(e) = r {
+                    errors.push(format!("client: {e}"));
+                    if o.role == Role::Loopback {
+                        break;
+                    }
+                }
+            }
+            Event::ServerDone(r) => {
+                let left = servers_left.get_or_insert(match &r {
+                    Ok(n) => (*n).max(1) as usize,
+                    Err(_) => 1,
+                });
+                *left = left.saturating_sub(1);
+                if let Err(e) = r {
+                    errors.push(format!("server: {e}"));
+                    if o.role == Role::Server {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    match errors.is_empty() {
+        true => Ok(reports),
+        false => Err(PerfError::Run(errors.join("; "))),
+    }
+}
+
+/// One line on how requests became work requests, over the whole run (both ends in loopback).
+pub fn engine_summary(metrics: &[corelink_engine::metrics::Metrics]) -> String {
+    let sum =
+        |f: fn(&corelink_engine::metrics::Metrics) -> u64| -> u64 { metrics.iter().map(f).sum() };
+    // Requests: successful sends, writes, reads and atomics (not receives).
+    let requests = sum(|m| m.ops[..5].iter().sum());
+    let (wrs, bells, sig) = (sum(|m| m.posted), sum(|m| m.doorbells), sum(|m| m.signalled));
+    let (merged, coalesced) = (sum(|m| m.merged_reads), sum(|m| m.coalesced_writes));
+    let per = |n: u64| n as f64 / requests.max(1) as f64;
+    format!(
+        "engine: {requests} requests, {wrs} work requests ({:.3} per request), {bells} doorbells \
+         ({:.3}), {sig} signalled ({:.3}), {merged} reads merged, {coalesced} writes coalesced",
+        per(wrs),
+        per(bells),
+        per(sig)
+    )
+}
+
+/// One size's report from every client part's measurement of it.
+fn report(o: &PerfOpts, info: &RunInfo, rs: Vec<SizeResult>) -> Report {
+    let bytes = rs.first().map_or(0, |r| r.bytes);
+    let iterations: u64 = rs.iter().map(|r| r.iterations).sum();
+    let mut rep = Report {
+        test: o.test.name().into(),
+        transport: Some(o.transport.name().into()),
+        provider: Some(info.provider.into()),
+        workers: Some(rs.len()),
+        bytes,
+        iterations,
+        ..Report::default()
+    };
+    if o.test.is_lat() {
+        let mut samples: Vec<u64> = rs.into_iter().flat_map(|r| r.samples).collect();
+        rep.lat = Latency::from_ns(&mut samples, o.test.lat_divisor());
+    } else {
+        // Workers run at once: their rates add up.
+        let rate: f64 =
+            rs.iter().map(|r| r.iterations as f64 / r.elapsed.as_secs_f64().max(1e-9)).sum();
+        let peak: f64 = rs
+            .iter()
+            .map(|r| r.peak_rate.max(r.iterations as f64 / r.elapsed.as_secs_f64().max(1e-9)))
+            .sum();
+        rep.bw_avg_mbps = Some(rate * bytes as f64 / 1e6);
+        rep.bw_peak_mbps = Some(peak * bytes as f64 / 1e6);
+        rep.msg_rate_mpps = Some(rate / 1e6);
+    }
+    rep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trips() {
+        let h = hello(Test::SendLat, 1 << 20, 3);
+        assert!(h.len() <= 36);
+        assert_eq!(parse_hello(&h), Some((Test::SendLat, 1 << 20, 3)));
+        assert_eq!(parse_hello(b"echo client"), None);
+    }
+
+    #[test]
+    fn pools_hold_receives_of_the_largest_send() {
+        let mut o = PerfOpts::new(Test::SendBw);
+        o.sizes = super::super::all_sizes();
+        let p = pools(&o, 2);
+        let first_recv = p.iter().find(|k| k.size >= 4096).unwrap();
+        assert_eq!(first_recv.size, 8 << 20);
+        assert!(p.windows(2).all(|w| w[0].size < w[1].size));
+        let mut o = PerfOpts::new(Test::WriteBw);
+        o.sizes = vec![64, 65536];
+        let p = pools(&o, 1);
+        assert!(p.windows(2).all(|w| w[0].size < w[1].size));
+        assert_eq!(p.iter().find(|k| k.size >= 4096).unwrap().size, 4096);
+    }
+}

@@ -1,0 +1,127 @@
+//! The server part of a worker's handler: echoes, answers, keeps its region and receives.
+
+use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
+use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, EngineError, Handler, Message};
+
+use super::{parse_hello, region_byte, write_lat_polls, Event, Shared, ECHO_IMM, POLL_SLOT};
+use crate::perf::opts::{PerfOpts, Test};
+
+pub(super) struct ServerPart {
+    shared: Shared,
+    test: Test,
+    max_size: usize,
+    /// The sizes, in order (`write_lat` in polling mode answers with the marker's size).
+    sizes: Vec<usize>,
+    /// The last marker seen (polling mode).
+    last: u8,
+    conn: Option<(ConnId, Option<RemoteRegion>, u16)>,
+    error: Option<String>,
+}
+
+impl ServerPart {
+    pub(super) fn new(shared: Shared, o: &PerfOpts) -> Self {
+        ServerPart {
+            shared,
+            test: o.test,
+            max_size: o.max_size(),
+            sizes: o.sizes.clone(),
+            last: 0,
+            conn: None,
+            error: None,
+        }
+    }
+
+    fn fail<P: Provider>(&mut self, cx: &mut Cx<P>, conn: ConnId, e: String) {
+        self.error.get_or_insert(e);
+        let _ = cx.close(conn);
+    }
+}
+
+impl<P: Provider> Handler<P> for ServerPart {
+    /// `write_lat` in polling mode: answers a new marker at the end of the server's slot.
+    fn poll(&mut self, cx: &mut Cx<P>) {
+        if self.test != Test::WriteLat || !write_lat_polls(&self.sizes) || self.error.is_some() {
+            return;
+        }
+        let Some((conn, Some(region), _)) = self.conn else { return };
+        let b = region_byte(cx, POLL_SLOT - 1);
+        if b == 0 || b == self.last {
+            return;
+        }
+        self.last = b;
+        let Some(&size) = self.sizes.get(usize::from(b >> 3)) else {
+            return self.fail(cx, conn, format!("marker {b:#x}: a size this server lacks"));
+        };
+        let r = cx.alloc(size).and_then(|mut buf| {
+            buf.set_len(size)?;
+            buf.as_mut_slice()[size - 1] = b;
+            let at = region.at((2 * POLL_SLOT - size) as u64);
+            cx.write(conn, buf, at, None, 0).map_err(|(_, e)| e)
+        });
+        if let Err(e) = r {
+            if !matches!(e, EngineError::ConnectionClosing(_) | EngineError::ShuttingDown) {
+                self.fail(cx, conn, format!("answering: {e}"));
+            }
+        }
+    }
+
+    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
+        let Some((test, max, conns)) = parse_hello(&info.private_data) else {
+            self.conn = Some((conn, None, 1));
+            return self.fail(cx, conn, "a client that is not corelink-perf".into());
+        };
+        self.conn = Some((conn, info.peer_region, conns));
+        if test != self.test {
+            let (c, s) = (test.name(), self.test.name());
+            return self.fail(cx, conn, format!("the client runs {c}, this server {s}"));
+        }
+        if max > self.max_size {
+            let m = self.max_size;
+            let e = format!(
+                "the client sends up to {max} B, this server was started for {m} B (give both \
+                 the same -s / -a)"
+            );
+            self.fail(cx, conn, e);
+        }
+    }
+
+    fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
+        if msg.imm != Some(ECHO_IMM) {
+            return; // send_bw: receive and let the engine repost
+        }
+        let r = match msg.written {
+            None => cx.alloc(msg.data.len()).and_then(|mut b| {
+                b.fill(msg.data)?;
+                cx.send(conn, b, Some(ECHO_IMM), 0).map_err(|(_, e)| e)
+            }),
+            Some(n) => {
+                let Some(region) = self.conn.and_then(|c| c.1) else {
+                    return self.fail(cx, conn, "the client exposes no region".into());
+                };
+                cx.alloc(n as usize).and_then(|b| {
+                    cx.write(conn, b, region.at(0), Some(ECHO_IMM), 0).map_err(|(_, e)| e)
+                })
+            }
+        };
+        if let Err(e) = r {
+            if !matches!(e, EngineError::ConnectionClosing(_) | EngineError::ShuttingDown) {
+                self.fail(cx, conn, format!("answering: {e}"));
+            }
+        }
+    }
+
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+        if !done.status.is_success() && done.status != WcStatus::WrFlushErr {
+            self.fail(cx, done.conn, format!("answer: {}", done.status));
+        }
+    }
+
+    fn on_closed(&mut self, _cx: &mut Cx<P>, _conn: ConnId, reason: &CloseReason) {
+        let conns = self.conn.map_or(1, |c| c.2);
+        self.shared.tell(Event::ServerDone(match (self.error.take(), reason) {
+            (Some(e), _) => Err(e),
+            (None, CloseReason::Error(s)) => Err(format!("the connection failed: {s}")),
+            (None, _) => Ok(conns),
+        }));
+    }
+}

@@ -1,0 +1,120 @@
+//! The passive side's listener: `rdma_listen` and the CONNECT_REQUESTs it hands out.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdma_sys::{rdma_cm_event_type as Ev, rdma_cm_id};
+
+use super::channel::{Channel, Id};
+use super::request::IbvConnRequest;
+use super::{check_cm_ctx, cm_err, ctx_name, deadline, other};
+use crate::error::{Error, Result};
+use crate::ibverbs::context::CtxInner;
+use crate::ibverbs::convert::{last_err, sockaddr_from};
+use crate::ibverbs::Ibverbs;
+use crate::provider::Listener;
+
+/// [`crate::Context::listen`].
+pub(crate) fn listen(ctx: &Arc<CtxInner>, addr: SocketAddr) -> Result<IbvListener> {
+    check_cm_ctx(ctx, "rdma_listen", addr)?;
+    let ch = Channel::new().map_err(cm_err("rdma_create_event_channel", addr))?;
+    let id = Id::create(&ch).map_err(cm_err("rdma_create_id", addr))?;
+    let (mut ss, _) = sockaddr_from(addr);
+    // SAFETY: a live id; `ss` holds a valid socket address.
+    let ret =
+        unsafe { rdma_sys::rdma_bind_addr(id.0, (&mut ss as *mut libc::sockaddr_storage).cast()) };
+    if ret != 0 {
+        return Err(Error::Cm { op: "rdma_bind_addr", addr, source: last_err() });
+    }
+    let v = id.verbs();
+    if !v.is_null() && v != ctx.ctx {
+        return Err(Error::Cm {
+            op: "rdma_bind_addr",
+            addr,
+            source: other(format!(
+                "{addr} belongs to RDMA device {}, not {}",
+                ctx_name(v),
+                ctx.name
+            )),
+        });
+    }
+    // SAFETY: a bound id.
+    if unsafe { rdma_sys::rdma_listen(id.0, 128) } != 0 {
+        return Err(Error::Cm { op: "rdma_listen", addr, source: last_err() });
+    }
+    let local = id.local_addr().unwrap_or(addr);
+    Ok(IbvListener { id, ch, ctx: ctx.clone(), local })
+}
+
+/// A connection-manager listener. Bound to a wildcard address it hears requests arriving on
+/// any device; [`IbvConnRequest::accept`] then refuses a QP of another device.
+///
+/// [`IbvConnRequest::accept`]: crate::provider::ConnRequest::accept
+pub struct IbvListener {
+    // Field order matters: the id is destroyed before its channel.
+    id: Id,
+    ch: Channel,
+    ctx: Arc<CtxInner>,
+    local: SocketAddr,
+}
+
+// SAFETY: librdmacm ids and channels may be used from any thread; the listener is used by one
+// owner at a time (`&mut self`).
+unsafe impl Send for IbvListener {}
+
+impl std::fmt::Debug for IbvListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbvListener")
+            .field("device", &self.ctx.name)
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+impl IbvListener {
+    /// The listening `rdma_cm_id` (valid while `self` lives).
+    pub fn as_raw(&self) -> *mut rdma_cm_id {
+        self.id.0
+    }
+}
+
+impl Listener<Ibverbs> for IbvListener {
+    fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    fn get_request(&mut self, timeout: Duration) -> Result<Option<IbvConnRequest>> {
+        let addr = self.local;
+        let dl = deadline(timeout);
+        loop {
+            let Some(ev) = self.ch.wait(dl).map_err(cm_err("rdma_get_cm_event", addr))? else {
+                return Ok(None);
+            };
+            if ev.kind() != Ev::RDMA_CM_EVENT_CONNECT_REQUEST {
+                continue; // acked on drop
+            }
+            let private_data = ev.private_data();
+            let (responder_resources, initiator_depth) =
+                (ev.conn().responder_resources, ev.conn().initiator_depth);
+            let raw_id = ev.id();
+            drop(ev);
+            // The channel first: locals drop in reverse order, and the id may end up on it.
+            let ch = Channel::new().map_err(cm_err("rdma_create_event_channel", addr))?;
+            let id = Id(raw_id);
+            let peer = id.peer_addr().unwrap_or(addr);
+            // SAFETY: a live id (ours now) and a live channel; its events are all acked.
+            if unsafe { rdma_sys::rdma_migrate_id(id.0, ch.0) } != 0 {
+                return Err(Error::Cm { op: "rdma_migrate_id", addr: peer, source: last_err() });
+            }
+            return Ok(Some(IbvConnRequest {
+                id,
+                ch,
+                private_data,
+                peer,
+                responder_resources,
+                initiator_depth,
+            }));
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! QP state changes driven by `rdma_init_qp_attr`, and the connection parameters sent with a
+//! connect or an accept.
+
+use std::os::raw::c_int;
+
+use rdma_sys::{ibv_qp_attr, ibv_qp_attr_mask, rdma_conn_param};
+
+use super::channel::Id;
+use crate::error::Result;
+use crate::ibverbs::convert::{access_to_ibv, last_err};
+use crate::ibverbs::qp::IbvQp;
+use crate::types::{AccessFlags, LinkLayer, QpAttr, QpState, QpType};
+
+/// Moves `qp` to `to` with `rdma_init_qp_attr`'s attributes for `id`, plus local policy from
+/// `attr`; `rd_atomic` is the negotiated depth (responder resources at RTR, initiator depth at
+/// RTS).
+pub(super) fn cm_modify(
+    qp: &mut IbvQp,
+    id: &Id,
+    to: QpState,
+    attr: &QpAttr,
+    rd_atomic: u8,
+) -> Result<()> {
+    use ibv_qp_attr_mask as M;
+    // SAFETY: plain old data; all-zero is valid.
+    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = crate::ibverbs::convert::qp_state_to_ibv(to);
+    let mut mask: c_int = 0;
+    // SAFETY: a live id; `a` and `mask` are valid out-pointers.
+    let ret = unsafe { rdma_sys::rdma_init_qp_attr(id.0, &mut a, &mut mask) };
+    if ret != 0 {
+        return Err(qp.modify_err(to, last_err()));
+    }
+    let mut m = M(mask as u32);
+    let rc = qp.qp_type == QpType::Rc;
+    match to {
+        QpState::Init => {
+            let access = if rc { attr.access } else { attr.access & AccessFlags::REMOTE_WRITE };
+            a.qp_access_flags = access_to_ibv(access);
+            m |= M::IBV_QP_ACCESS_FLAGS;
+        }
+        QpState::Rtr => {
+            // librdmacm's workaround for an rdma_ucm bug: on InfiniBand, bits 21-24 of the
+            // mask (RoCE-only attributes) must not be passed.
+            if qp.inner.pd.ctx.link_layer(id.port_num()).ok() == Some(LinkLayer::InfiniBand) {
+                m = M(m.0 & !0x00e0_0000);
+            }
+            if rc {
+                a.max_dest_rd_atomic = rd_atomic;
+                a.min_rnr_timer = attr.min_rnr_timer;
+                m |= M::IBV_QP_MAX_DEST_RD_ATOMIC | M::IBV_QP_MIN_RNR_TIMER;
+            }
+        }
+        QpState::Rts if rc => {
+            a.max_rd_atomic = rd_atomic;
+            a.retry_cnt = attr.retry_cnt;
+            a.rnr_retry = attr.rnr_retry;
+            m |= M::IBV_QP_MAX_QP_RD_ATOMIC | M::IBV_QP_RETRY_CNT | M::IBV_QP_RNR_RETRY;
+        }
+        _ => {}
+    }
+    if !rc {
+        // The id is an RC one (TCP port space); UC has no reads, atomics or retries.
+        let not_uc = M::IBV_QP_MAX_DEST_RD_ATOMIC.0
+            | M::IBV_QP_MIN_RNR_TIMER.0
+            | M::IBV_QP_TIMEOUT.0
+            | M::IBV_QP_RETRY_CNT.0
+            | M::IBV_QP_RNR_RETRY.0
+            | M::IBV_QP_MAX_QP_RD_ATOMIC.0;
+        m = M(m.0 & !not_uc);
+    }
+    qp.modify_raw(&mut a, m.0 as c_int, to)
+}
+
+/// The connection parameters we send.
+pub(super) fn conn_param(
+    qp: &IbvQp,
+    attr: &QpAttr,
+    private_data: &[u8],
+    responder_resources: u8,
+    initiator_depth: u8,
+) -> rdma_conn_param {
+    rdma_conn_param {
+        private_data: if private_data.is_empty() {
+            std::ptr::null()
+        } else {
+            private_data.as_ptr().cast()
+        },
+        private_data_len: private_data.len() as u8,
+        responder_resources,
+        initiator_depth,
+        flow_control: 1,
+        retry_count: attr.retry_cnt.min(7),
+        rnr_retry_count: attr.rnr_retry.min(7),
+        srq: u8::from(qp.has_srq),
+        qp_num: qp.qp_num,
+    }
+}
