@@ -232,7 +232,7 @@ impl<P: Provider> Cx<P> {
     /// A read that must see an earlier write goes in the write's class ([`Cx::submit_as`]), on
     /// a connection with one lane; a read identical to one already in flight may share that
     /// read's result, unless the connection posted a write in between (`merge_reads`).
-    #[inline]
+    #[inline(always)]
     pub fn submit(
         &mut self,
         conn: ConnId,
@@ -246,7 +246,7 @@ impl<P: Provider> Cx<P> {
     /// Queues a request in request class `class` (0 goes first; at most
     /// [`crate::tunables::CLASSES`] - 1). With priorities off, every request goes in arrival
     /// order.
-    #[inline]
+    #[inline(always)]
     pub fn submit_as(
         &mut self,
         conn: ConnId,
@@ -324,7 +324,7 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Checks `conn` and makes `op` a request in the slab; returns its id.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn accept(
         &mut self,
         conn: ConnId,
@@ -379,7 +379,7 @@ impl<P: Provider> Cx<P> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn check_open(&self, conn: ConnId) -> Result<()> {
         if self.stopping {
             return Err(EngineError::ShuttingDown);
@@ -391,7 +391,7 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Puts request `id` of `conn` in the wait queue of `class`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn enqueue(&mut self, conn: ConnId, id: u64, class: u8) {
         let Some(c) = self.conns.get_mut(conn.slot as usize).and_then(Option::as_mut) else {
             return;
@@ -408,6 +408,7 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Sends `buf`'s bytes (with an immediate if `imm`).
+    #[inline(always)]
     pub fn send(
         &mut self,
         conn: ConnId,
@@ -419,6 +420,7 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Writes `buf`'s bytes to `remote` (with an immediate if `imm`).
+    #[inline(always)]
     pub fn write(
         &mut self,
         conn: ConnId,
@@ -431,6 +433,7 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Reads `buf.len()` bytes at `remote` into `buf`.
+    #[inline(always)]
     pub fn read(
         &mut self,
         conn: ConnId,
@@ -442,6 +445,7 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Adds `add` to the word at `remote`; the old value comes in the completion.
+    #[inline(always)]
     pub fn fetch_add(
         &mut self,
         conn: ConnId,
@@ -454,6 +458,7 @@ impl<P: Provider> Cx<P> {
 
     /// Swaps `swap` into the word at `remote` if it holds `compare`; the old value comes in the
     /// completion.
+    #[inline(always)]
     pub fn compare_swap(
         &mut self,
         conn: ConnId,

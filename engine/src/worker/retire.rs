@@ -43,7 +43,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
 
     /// Tells request `id` (taken out of the slab as `r`) and every request riding on it how
     /// it ended.
-    #[inline]
+    #[inline(always)]
     pub(super) fn finish(&mut self, id: u64, r: Req<P>, status: WcStatus) {
         if let Some(epoch) = r.merge_epoch {
             let key = r.merge_key(epoch);
@@ -73,7 +73,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     /// Tells the issuer of `r` how it ended.
-    #[inline]
+    #[inline(always)]
     pub(super) fn complete(&mut self, r: Req<P>, status: WcStatus) {
         self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
         let old_value = match (r.kind, &r.buf) {
