@@ -20,26 +20,21 @@ iters=${ITERS:-1000}
 [ -x "$perf" ] || { echo "no $perf: cargo build --release -p corelink-apps --bin corelink-perf"; exit 1; }
 work=$(mktemp -d)
 # The two processes on different cores: the server's worker on 1, the client's on 0.
-cat > "$work/client.toml" <<MAP
+# core_map FILE CONTROL_CORE WORKER_CORE YIELD_AFTER_EMPTY_POLLS
+core_map() {
+  cat > "$1" <<MAP
 provider = "ibverbs"
 device = "$dev"
 gid_index = $gid
-control_core = 1
-workers = [0]
+control_core = $2
+workers = [$3]
 [worker]
 idle_after_us = 100
-yield_after_empty_polls = ${CLIENT_YIELD:-0}
+yield_after_empty_polls = $4
 MAP
-cat > "$work/server.toml" <<MAP
-provider = "ibverbs"
-device = "$dev"
-gid_index = $gid
-control_core = 0
-workers = [1]
-[worker]
-idle_after_us = 100
-yield_after_empty_polls = ${SERVER_YIELD:-0}
-MAP
+}
+core_map "$work/client.toml" 1 0 "${CLIENT_YIELD:-0}"
+core_map "$work/server.toml" 0 1 "${SERVER_YIELD:-0}"
 port=18800
 # perftest TEST SIZE -> its result line's fields (server on core 1, client on core 0)
 run_perftest() {

@@ -15,7 +15,7 @@ use super::cx::{Cx, Notice, WorkerCfg};
 use crate::metrics::Metrics;
 use crate::request::OpKind;
 use crate::slab::Slab;
-use crate::tunables::{CLASSES, MAX_POST_LIST, MAX_SGE};
+use crate::tunables::{CLASSES, MAX_POST_LIST, MAX_SGE, MERGE_TABLE};
 
 /// The worker's merge table: identical reads in flight, by key, to the request posted.
 pub(crate) type MergeTable = std::collections::HashMap<MergeKey, u64>;
@@ -138,18 +138,24 @@ fn post_batch<P: Provider>(
         };
         if let Some(key) = key {
             if let Some(&primary) = x.merges.get(&key) {
-                // An identical read is in flight: ride on it.
-                let after = x.reqs.get(primary).map_or(NONE, |p| p.next);
-                if let Some(r) = x.reqs.get_mut(id) {
-                    r.next = after;
+                // An identical read is in flight: ride on it. (Its entry leaves the table when
+                // it completes; one that outlived its read would be a bug: drop it, post.)
+                if let Some(after) = x.reqs.get(primary).map(|p| p.next) {
+                    if let Some(r) = x.reqs.get_mut(id) {
+                        r.next = after;
+                    }
+                    if let Some(p) = x.reqs.get_mut(primary) {
+                        p.next = id;
+                    }
+                    x.metrics.merged_reads += 1;
+                    continue;
                 }
-                if let Some(p) = x.reqs.get_mut(primary) {
-                    p.next = id;
-                }
-                x.metrics.merged_reads += 1;
-                continue;
+                x.merges.remove(&key);
             }
-            x.merges.insert(key, id);
+            // Within the capacity reserved at start (no allocation): beyond it, no merging.
+            if x.merges.len() < MERGE_TABLE {
+                x.merges.insert(key, id);
+            }
         }
         let Some(r) = x.reqs.get_mut(id) else { continue };
         r.merge_epoch = key.map(|k| k.epoch);
