@@ -167,6 +167,7 @@ impl<P: Provider> Engine<P> {
                         free_conns: (0..MAX_CONNS_PER_WORKER as u16).rev().collect(),
                         dirty: Vec::with_capacity(MAX_CONNS_PER_WORKER * 2),
                         reqs: Slab::new(MAX_REQUESTS_PER_WORKER),
+                        ext_data: (0..MAX_REQUESTS_PER_WORKER).map(|_| Vec::new()).collect(),
                         merges: crate::worker::MergeTable::with_capacity(MERGE_TABLE),
                         to_control: to_c,
                         control_backlog: std::collections::VecDeque::with_capacity(CONTROL_RING),

@@ -31,6 +31,12 @@ impl<T> Slab<T> {
         Ok(u64::from(slot.0) << SLOT_BITS | u64::from(i))
     }
 
+    /// The slot index of `id` (for side tables kept in step with the slab).
+    #[inline]
+    pub fn slot(id: u64) -> usize {
+        (id & SLOT_MASK) as usize
+    }
+
     /// Takes the value of `id` out, if `id` is current.
     pub fn remove(&mut self, id: u64) -> Option<T> {
         let i = (id & SLOT_MASK) as usize;

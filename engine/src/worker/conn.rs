@@ -45,8 +45,6 @@ pub(crate) struct Req<P: Provider> {
     pub(crate) swap: u64,
     pub(crate) token: u64,
     pub(crate) origin: Origin,
-    /// For external clients: the caller's vector, given back in the completion.
-    pub(crate) ext_data: Option<Vec<u8>>,
     /// The next request riding on this one's work request (merged reads, coalesced writes).
     pub(crate) next: u64,
     /// While it is in the worker's merge table: the write epoch of its key there.

@@ -94,7 +94,8 @@ pub(crate) enum Notice<P: Provider> {
 
 impl<P: Provider> Notice<P> {
     /// The notice telling a request's issuer that it ended with `status` off the device.
-    pub(crate) fn failed(r: Req<P>, status: WcStatus) -> Notice<P> {
+    /// `data` is an external client's vector (see [`Cx::ext_data`]).
+    pub(crate) fn failed(r: Req<P>, status: WcStatus, data: Vec<u8>) -> Notice<P> {
         match r.origin {
             Origin::Handler => Notice::Done(Done {
                 conn: r.conn,
@@ -110,7 +111,7 @@ impl<P: Provider> Notice<P> {
                     token: r.token,
                     conn: Some(r.conn),
                     status,
-                    data: r.ext_data.unwrap_or_default(),
+                    data,
                     old_value: None,
                     error: None,
                 },
@@ -137,6 +138,9 @@ pub struct Cx<P: Provider> {
     pub(crate) dirty: Vec<u16>,
     /// Requests accepted and not yet completed (waiting or on the device), by id.
     pub(crate) reqs: Slab<Req<P>>,
+    /// External clients' vectors, by request slot (`Slab::slot`), given back in their
+    /// completions (kept out of `Req` so that a request moves in fewer bytes).
+    pub(crate) ext_data: Vec<Vec<u8>>,
     /// Reads in flight that identical reads may share.
     pub(crate) merges: MergeTable,
     pub(crate) to_control: Producer<ToControl<P>>,
@@ -286,7 +290,7 @@ impl<P: Provider> Cx<P> {
         };
         let Some(l) = lane else { return Err((op, EngineError::QueueFull(conn))) };
         let id = self.accept(conn, op, token, Origin::Handler)?;
-        let Cx { conns, reqs, metrics, cfg, merges, notices, .. } = self;
+        let Cx { conns, reqs, metrics, cfg, merges, notices, ext_data, .. } = self;
         let (Some(c), Some(r)) = (conns[conn.slot as usize].as_mut(), reqs.get_mut(id)) else {
             return Ok(());
         };
@@ -315,7 +319,8 @@ impl<P: Provider> Cx<P> {
                 metrics.doorbells += 1;
             }
             Err(_) => {
-                super::sched::fail_chain(id, WcStatus::GeneralErr, reqs, merges, notices);
+                let ext = ext_data;
+                super::sched::fail_chain(id, WcStatus::GeneralErr, reqs, merges, notices, ext);
                 c.note_error(WcStatus::GeneralErr);
                 self.dirty.push(conn.slot);
             }
@@ -366,7 +371,6 @@ impl<P: Provider> Cx<P> {
             swap,
             token,
             origin,
-            ext_data: None,
             next: NONE,
             merge_epoch: None,
         };

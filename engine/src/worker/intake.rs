@@ -110,9 +110,7 @@ impl<P: Provider> Cx<P> {
             Ok(id) => id,
             Err((_, e)) => return Err(fail(req, e.to_string())),
         };
-        if let Some(r) = self.reqs.get_mut(id) {
-            r.ext_data = Some(req.data);
-        }
+        self.ext_data[crate::slab::Slab::<()>::slot(id)] = req.data;
         self.enqueue(conn, id, class);
         Ok(())
     }

@@ -9,6 +9,7 @@ use super::conn::{Phase, Req, NONE};
 use super::{Handler, Worker};
 use crate::handoff::{ExtCompletion, Origin};
 use crate::request::{Done, OpKind};
+use crate::slab::Slab;
 
 impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// A send-queue completion.
@@ -64,17 +65,18 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 n = f.next;
             }
         }
-        self.complete(r, status);
+        self.complete(id, r, status);
         while next != NONE {
-            let Some(f) = self.cx.reqs.remove(next) else { break };
+            let f_id = next;
+            let Some(f) = self.cx.reqs.remove(f_id) else { break };
             next = f.next;
-            self.complete(f, status);
+            self.complete(f_id, f, status);
         }
     }
 
-    /// Tells the issuer of `r` how it ended.
+    /// Tells the issuer of request `id` (taken out of the slab as `r`) how it ended.
     #[inline(always)]
-    pub(super) fn complete(&mut self, r: Req<P>, status: WcStatus) {
+    pub(super) fn complete(&mut self, id: u64, r: Req<P>, status: WcStatus) {
         self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
         let old_value = match (r.kind, &r.buf) {
             (OpKind::FetchAdd | OpKind::CompareSwap, Some(b)) if status.is_success() => {
@@ -97,7 +99,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 self.handler.on_completion(&mut self.cx, done);
             }
             Origin::Client(n) => {
-                let mut data = r.ext_data.unwrap_or_default();
+                let mut data = std::mem::take(&mut self.cx.ext_data[Slab::<()>::slot(id)]);
                 if let (OpKind::Read, Some(b), true) = (r.kind, &r.buf, status.is_success()) {
                     data.clear();
                     data.extend_from_slice(b.as_slice()); // within the capacity the client gave

@@ -27,6 +27,7 @@ struct Ctx<'a, P: Provider> {
     metrics: &'a mut Metrics,
     cfg: &'a WorkerCfg,
     merges: &'a mut MergeTable,
+    ext_data: &'a mut [Vec<u8>],
 }
 
 impl<P: Provider> Cx<P> {
@@ -35,8 +36,8 @@ impl<P: Provider> Cx<P> {
         if self.stopping {
             self.close_for_shutdown();
         }
-        let Cx { conns, reqs, notices, metrics, cfg, dirty, merges, .. } = self;
-        let mut x = Ctx { reqs, notices, metrics, cfg, merges };
+        let Cx { conns, reqs, notices, metrics, cfg, dirty, merges, ext_data, .. } = self;
+        let mut x = Ctx { reqs, notices, metrics, cfg, merges, ext_data };
         let mut posted_any = false;
         for &slot in dirty.iter() {
             let Some(c) = conns[slot as usize].as_mut() else { continue };
@@ -55,7 +56,8 @@ fn flush_waiting<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
     for q in c.queues.iter_mut() {
         while let Some(id) = q.pop_front() {
             if let Some(r) = x.reqs.remove(id) {
-                x.notices.push_back(Notice::failed(r, WcStatus::WrFlushErr));
+                let data = std::mem::take(&mut x.ext_data[Slab::<()>::slot(id)]);
+                x.notices.push_back(Notice::failed(r, WcStatus::WrFlushErr, data));
             }
         }
     }
@@ -128,59 +130,86 @@ fn post_batch<P: Provider>(
     let mut staged = ArrayVec::<Staged<P>, MAX_POST_LIST>::new();
     let mut sges = ArrayVec::<Sge, { MAX_POST_LIST * MAX_SGE }>::new();
     while staged.len() < limit {
-        let Some(k) = pick_class(c, rd < cfg.max_rd_atomic, x) else { break };
-        let Some(id) = c.queues[k].pop_front() else { break };
-        c.waiting -= 1;
+        let rd_room = rd < cfg.max_rd_atomic;
+        let Some(k) = pick_class(c, rd_room, x) else { break };
         served[k] = true;
-        let key = {
-            let Some(r) = x.reqs.get(id) else { continue };
-            (r.kind == OpKind::Read && cfg.merge_reads).then(|| r.merge_key(c.write_epoch))
-        };
-        if let Some(key) = key {
-            if let Some(&primary) = x.merges.get(&key) {
-                // An identical read is in flight: ride on it. (Its entry leaves the table when
-                // it completes; one that outlived its read would be a bug: drop it, post.)
-                if let Some(after) = x.reqs.get(primary).map(|p| p.next) {
-                    if let Some(r) = x.reqs.get_mut(id) {
-                        r.next = after;
-                    }
-                    if let Some(p) = x.reqs.get_mut(primary) {
-                        p.next = id;
-                    }
-                    x.metrics.merged_reads += 1;
-                    continue;
-                }
-                x.merges.remove(&key);
-            }
-            // Within the capacity reserved at start (no allocation): beyond it, no merging.
-            if x.merges.len() < MERGE_TABLE {
-                x.merges.insert(key, id);
+        // Class `k` stays the one to serve while it has requests and reads and atomics have
+        // room (queues only shrink during a flush, so no class above it fills up): take its
+        // requests without choosing again. Without that room, each head is admitted alone.
+        loop {
+            let Some(id) = c.queues[k].pop_front() else { break };
+            c.waiting -= 1;
+            stage(c, k, l, id, x, &mut staged, &mut sges, &mut rd);
+            if staged.len() >= limit || !rd_room || rd >= cfg.max_rd_atomic {
+                break;
             }
         }
-        let Some(r) = x.reqs.get_mut(id) else { continue };
-        r.merge_epoch = key.map(|k| k.epoch);
-        r.lane = l as u8;
-        let rd_atomic = r.is_rd_atomic();
-        if rd_atomic {
-            rd += 1;
-        }
-        let op = send_op(r);
-        let may_inline = matches!(r.kind, OpKind::Send | OpKind::Write);
-        if r.kind != OpKind::Read {
-            c.write_epoch = c.write_epoch.wrapping_add(1);
-        }
-        let first = sge_of(r);
-        let coalesce = cfg.coalesce_writes && r.kind == OpKind::Write && r.imm.is_none();
-        sges.push(first);
-        if coalesce {
-            coalesce_after(c, k, id, x, &mut sges);
-        }
-        staged.push(Staged { id, end: sges.len(), op, rd_atomic, may_inline });
     }
     if staged.is_empty() {
         return 0;
     }
     post(c, l, &staged, &sges, x)
+}
+
+/// Stages request `id` (just taken from class `k`) for lane `l`: it rides on an identical read
+/// in flight, or becomes a work request (with the writes it coalesces).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn stage<P: Provider>(
+    c: &mut Conn<P>,
+    k: usize,
+    l: usize,
+    id: u64,
+    x: &mut Ctx<'_, P>,
+    staged: &mut ArrayVec<Staged<P>, MAX_POST_LIST>,
+    sges: &mut ArrayVec<Sge, { MAX_POST_LIST * MAX_SGE }>,
+    rd: &mut u32,
+) {
+    let cfg = x.cfg;
+    let key = {
+        let Some(r) = x.reqs.get(id) else { return };
+        (r.kind == OpKind::Read && cfg.merge_reads).then(|| r.merge_key(c.write_epoch))
+    };
+    if let Some(key) = key {
+        if let Some(&primary) = x.merges.get(&key) {
+            // An identical read is in flight: ride on it. (Its entry leaves the table when
+            // it completes; one that outlived its read would be a bug: drop it, post.)
+            if let Some(after) = x.reqs.get(primary).map(|p| p.next) {
+                if let Some(r) = x.reqs.get_mut(id) {
+                    r.next = after;
+                }
+                if let Some(p) = x.reqs.get_mut(primary) {
+                    p.next = id;
+                }
+                x.metrics.merged_reads += 1;
+                return;
+            }
+            x.merges.remove(&key);
+        }
+        // Within the capacity reserved at start (no allocation): beyond it, no merging.
+        if x.merges.len() < MERGE_TABLE {
+            x.merges.insert(key, id);
+        }
+    }
+    let Some(r) = x.reqs.get_mut(id) else { return };
+    r.merge_epoch = key.map(|k| k.epoch);
+    r.lane = l as u8;
+    let rd_atomic = r.is_rd_atomic();
+    if rd_atomic {
+        *rd += 1;
+    }
+    let op = send_op(r);
+    let may_inline = matches!(r.kind, OpKind::Send | OpKind::Write);
+    if r.kind != OpKind::Read {
+        c.write_epoch = c.write_epoch.wrapping_add(1);
+    }
+    let first = sge_of(r);
+    let coalesce = cfg.coalesce_writes && r.kind == OpKind::Write && r.imm.is_none();
+    sges.push(first);
+    if coalesce {
+        coalesce_after(c, k, id, x, sges);
+    }
+    staged.push(Staged { id, end: sges.len(), op, rd_atomic, may_inline });
 }
 
 /// The verbs operation of a request.
@@ -321,7 +350,7 @@ fn post<P: Provider>(
     x.metrics.doorbells += 1;
     if k < n {
         for st in &staged[k..] {
-            fail_chain(st.id, WcStatus::GeneralErr, x.reqs, x.merges, x.notices);
+            fail_chain(st.id, WcStatus::GeneralErr, x.reqs, x.merges, x.notices, x.ext_data);
         }
         c.note_error(WcStatus::GeneralErr);
     }
@@ -335,6 +364,7 @@ pub(crate) fn fail_chain<P: Provider>(
     reqs: &mut Slab<Req<P>>,
     merges: &mut MergeTable,
     notices: &mut std::collections::VecDeque<Notice<P>>,
+    ext_data: &mut [Vec<u8>],
 ) {
     let mut next = id;
     while next != NONE {
@@ -345,7 +375,8 @@ pub(crate) fn fail_chain<P: Provider>(
                 merges.remove(&key);
             }
         }
+        let data = std::mem::take(&mut ext_data[Slab::<()>::slot(next)]);
         next = r.next;
-        notices.push_back(Notice::failed(r, status));
+        notices.push_back(Notice::failed(r, status, data));
     }
 }
