@@ -136,8 +136,7 @@ fn post_batch<P: Provider>(
         // Class `k` stays the one to serve while it has requests and reads and atomics have
         // room (queues only shrink during a flush, so no class above it fills up): take its
         // requests without choosing again. Without that room, each head is admitted alone.
-        loop {
-            let Some(id) = c.queues[k].pop_front() else { break };
+        while let Some(id) = c.queues[k].pop_front() {
             c.waiting -= 1;
             stage(c, k, l, id, x, &mut staged, &mut sges, &mut rd);
             if staged.len() >= limit || !rd_room || rd >= cfg.max_rd_atomic {
