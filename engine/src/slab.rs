@@ -23,11 +23,15 @@ impl<T> Slab<T> {
     }
 
     /// Stores `v`; returns its id, or gives `v` back when every slot is taken.
+    #[inline(always)]
     pub fn insert(&mut self, v: T) -> Result<u64, T> {
         let Some(i) = self.free.pop() else { return Err(v) };
         let slot = &mut self.slots[i as usize];
         slot.0 = slot.0.wrapping_add(1);
-        slot.1 = Some(v);
+        // A free slot holds nothing, so there is nothing to drop (this skips the drop glue).
+        let old = slot.1.replace(v);
+        debug_assert!(old.is_none());
+        std::mem::forget(old);
         Ok(u64::from(slot.0) << SLOT_BITS | u64::from(i))
     }
 
@@ -66,6 +70,20 @@ impl<T> Slab<T> {
         slot.1.as_mut()
     }
 
+    /// The value in slot `i` and its id, if the slot holds one.
+    #[inline]
+    pub fn at(&self, i: u32) -> Option<(u64, &T)> {
+        let slot = self.slots.get(i as usize)?;
+        let v = slot.1.as_ref()?;
+        Some((u64::from(slot.0) << SLOT_BITS | u64::from(i), v))
+    }
+
+    /// The value in slot `i`, mutably, if the slot holds one.
+    #[inline]
+    pub fn at_mut(&mut self, i: u32) -> Option<&mut T> {
+        self.slots.get_mut(i as usize)?.1.as_mut()
+    }
+
     /// Values stored.
     pub fn len(&self) -> usize {
         self.slots.len() - self.free.len()
@@ -89,9 +107,124 @@ impl<T> Slab<T> {
     }
 }
 
+/// A value that can be a member of a [`Fifo`]: it carries the slot of the member after it.
+pub trait Linked {
+    /// The slot of the next member.
+    fn link(&self) -> u32;
+    /// Sets the slot of the next member.
+    fn set_link(&mut self, next: u32);
+}
+
+/// A first-in first-out queue of values in a [`Slab`], linked through the values themselves:
+/// it never allocates and has no capacity of its own. A value is in one `Fifo` at most, and
+/// stays in the slab while it is in one (it is taken out of the slab only after `pop`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Fifo {
+    head: u32,
+    tail: u32,
+    len: u32,
+}
+
+impl Fifo {
+    /// An empty queue.
+    pub const fn new() -> Fifo {
+        Fifo { head: 0, tail: 0, len: 0 }
+    }
+
+    /// Members.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Whether it has no member.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends the value of `id` (which must be in `slab` and in no other queue).
+    #[inline]
+    pub fn push<T: Linked>(&mut self, slab: &mut Slab<T>, id: u64) {
+        let i = Slab::<T>::slot(id) as u32;
+        let prev = self.tail;
+        if self.len > 0 {
+            let Some(t) = slab.at_mut(prev) else { return self.lost() };
+            t.set_link(i);
+        } else {
+            self.head = i;
+        }
+        self.tail = i;
+        self.len += 1;
+    }
+
+    /// The id of the first member.
+    #[inline]
+    pub fn front<T: Linked>(&self, slab: &Slab<T>) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
+        slab.at(self.head).map(|(id, _)| id)
+    }
+
+    /// Takes the first member out of the queue (it stays in the slab); returns its id.
+    #[inline]
+    pub fn pop<T: Linked>(&mut self, slab: &Slab<T>) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
+        let Some((id, v)) = slab.at(self.head) else {
+            self.lost();
+            return None;
+        };
+        self.head = v.link();
+        self.len -= 1;
+        Some(id)
+    }
+
+    /// A member left the slab while queued (a bug): the rest of the chain is unreachable.
+    #[cold]
+    fn lost(&mut self) {
+        debug_assert!(false, "a queued value left the slab");
+        *self = Fifo::new();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Linked for (char, u32) {
+        fn link(&self) -> u32 {
+            self.1
+        }
+        fn set_link(&mut self, next: u32) {
+            self.1 = next;
+        }
+    }
+
+    #[test]
+    fn fifos_link_through_the_slab() {
+        let mut s = Slab::new(8);
+        let (mut a, mut b) = (Fifo::new(), Fifo::new());
+        let ids: Vec<u64> = "wxyz".chars().map(|c| s.insert((c, 0)).unwrap()).collect();
+        a.push(&mut s, ids[0]);
+        b.push(&mut s, ids[1]);
+        a.push(&mut s, ids[2]);
+        a.push(&mut s, ids[3]);
+        assert_eq!((a.len(), b.len()), (3, 1));
+        assert_eq!(a.front(&s), Some(ids[0]));
+        assert_eq!(a.pop(&s), Some(ids[0]));
+        b.push(&mut s, ids[0]);
+        assert_eq!(a.pop(&s), Some(ids[2]));
+        assert_eq!(b.pop(&s), Some(ids[1]));
+        assert_eq!(b.pop(&s), Some(ids[0]));
+        assert_eq!(b.pop(&s), None);
+        assert!(b.is_empty());
+        assert_eq!(s.remove(ids[2]).map(|v| v.0), Some('y'));
+        assert_eq!(a.pop(&s), Some(ids[3]));
+        assert_eq!(a.pop(&s), None);
+    }
 
     #[test]
     fn ids_are_generational() {

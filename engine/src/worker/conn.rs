@@ -1,14 +1,13 @@
 //! A connection as its worker holds it: its lanes (QPs, each with its posted receives and the
 //! work requests it has on the device, in post order), and its requests waiting by class.
 
-use std::collections::VecDeque;
-
 use arrayvec::ArrayVec;
 use corelink_verbs::{Provider, RemoteAddr, WcStatus};
 
 use crate::handoff::Origin;
 use crate::pool::Buf;
 use crate::request::{ConnId, ConnInfo, OpKind};
+use crate::slab::{Fifo, Linked};
 use crate::tunables::{CLASSES, MAX_QPS_PER_CONN};
 
 /// "No request" in a chain of requests.
@@ -27,14 +26,15 @@ pub(crate) struct MergeKey {
 }
 
 /// A request, from the moment `Cx` accepts it until its issuer learns how it ended. It lives in
-/// the worker's request slab; queues and lanes hold its id.
+/// the worker's request slab; queues and lanes link it (through `link`).
 #[derive(Debug)]
 pub(crate) struct Req<P: Provider> {
     pub(crate) conn: ConnId,
     /// The lane it went on (once posted).
     pub(crate) lane: u8,
     pub(crate) kind: OpKind,
-    pub(crate) buf: Option<Buf<P>>,
+    /// Its buffer (an atomic's holds the old value).
+    pub(crate) buf: Buf<P>,
     pub(crate) remote: RemoteAddr,
     /// Bytes it moves.
     pub(crate) len: u32,
@@ -49,6 +49,20 @@ pub(crate) struct Req<P: Provider> {
     pub(crate) next: u64,
     /// While it is in the worker's merge table: the write epoch of its key there.
     pub(crate) merge_epoch: Option<u32>,
+    /// The slot of the request after it in the queue it is in: a class queue while it waits,
+    /// its lane's `posted` once on the device (see [`Fifo`]).
+    pub(crate) link: u32,
+}
+
+impl<P: Provider> Linked for Req<P> {
+    #[inline]
+    fn link(&self) -> u32 {
+        self.link
+    }
+    #[inline]
+    fn set_link(&mut self, next: u32) {
+        self.link = next;
+    }
 }
 
 impl<P: Provider> Req<P> {
@@ -66,14 +80,15 @@ impl<P: Provider> Req<P> {
     /// The operation back, for a request refused before it was queued.
     pub(crate) fn into_op(self) -> crate::request::Op<P> {
         use crate::request::Op;
-        match (self.kind, self.buf) {
-            (OpKind::Send, Some(buf)) => Op::Send { buf, imm: self.imm },
-            (OpKind::Write, Some(buf)) => Op::Write { buf, remote: self.remote, imm: self.imm },
-            (OpKind::Read, Some(buf)) => Op::Read { buf, remote: self.remote },
-            (OpKind::CompareSwap, _) => {
+        let buf = self.buf;
+        match self.kind {
+            OpKind::Send => Op::Send { buf, imm: self.imm },
+            OpKind::Write => Op::Write { buf, remote: self.remote, imm: self.imm },
+            OpKind::Read => Op::Read { buf, remote: self.remote },
+            OpKind::CompareSwap => {
                 Op::CompareSwap { remote: self.remote, compare: self.arg, swap: self.swap }
             }
-            _ => Op::FetchAdd { remote: self.remote, add: self.arg },
+            OpKind::FetchAdd => Op::FetchAdd { remote: self.remote, add: self.arg },
         }
     }
 
@@ -102,7 +117,7 @@ pub(crate) struct Lane<P: Provider> {
     pub(crate) recvs_posted: usize,
     /// Work requests on the device, signalled or not, in post order: a completion retires
     /// every one before it (the device completes a QP's requests in order).
-    pub(crate) posted: VecDeque<u64>,
+    pub(crate) posted: Fifo,
     /// Of those, reads and atomics.
     pub(crate) rd_outstanding: u32,
     /// Unsignalled work requests posted since the last signalled one.
@@ -125,7 +140,7 @@ pub(crate) struct Conn<P: Provider> {
     /// The lane the next batch goes to (requests stripe over the lanes).
     pub(crate) next_lane: usize,
     /// Requests waiting to become work requests, by class (class 0 goes first).
-    pub(crate) queues: [VecDeque<u64>; CLASSES],
+    pub(crate) queues: [Fifo; CLASSES],
     /// Requests in `queues`.
     pub(crate) waiting: usize,
     /// Flushes each waiting class was passed over in a row (aging).

@@ -102,7 +102,7 @@ impl<P: Provider> Notice<P> {
                 token: r.token,
                 kind: r.kind,
                 status,
-                buf: r.buf,
+                buf: Some(r.buf),
                 old_value: None,
             }),
             Origin::Client(n) => Notice::Client(
@@ -309,7 +309,7 @@ impl<P: Provider> Cx<P> {
         // the request's completion is dispatched.
         match unsafe { lane.qp.post_send(&wr) } {
             Ok(()) => {
-                lane.posted.push_back(id);
+                lane.posted.push(reqs, id);
                 lane.unsignalled = 0;
                 if is_rd {
                     lane.rd_outstanding += 1;
@@ -340,24 +340,25 @@ impl<P: Provider> Cx<P> {
         if let Err(e) = self.check_open(conn) {
             return Err((op, e));
         }
-        let atomic_buf = match &op {
-            Op::FetchAdd { .. } | Op::CompareSwap { .. } => match self.pool.get(8) {
-                Ok(b) => Some(b),
-                Err(e) => return Err((op, e)),
-            },
-            _ => None,
-        };
         let kind = op.kind();
+        // Atomics get an 8-byte buffer for the old value (taken here, in their own arm, so that
+        // other requests carry no buffer to drop).
         let (buf, remote, imm, arg, swap) = match op {
-            Op::Send { buf, imm } => (Some(buf), RemoteAddr::default(), imm, 0, 0),
-            Op::Write { buf, remote, imm } => (Some(buf), remote, imm, 0, 0),
-            Op::Read { buf, remote } => (Some(buf), remote, None, 0, 0),
-            Op::FetchAdd { remote, add } => (atomic_buf, remote, None, add, 0),
-            Op::CompareSwap { remote, compare, swap } => (atomic_buf, remote, None, compare, swap),
+            Op::Send { buf, imm } => (buf, RemoteAddr::default(), imm, 0, 0),
+            Op::Write { buf, remote, imm } => (buf, remote, imm, 0, 0),
+            Op::Read { buf, remote } => (buf, remote, None, 0, 0),
+            Op::FetchAdd { remote, add } => match self.pool.get(8) {
+                Ok(b) => (b, remote, None, add, 0),
+                Err(e) => return Err((Op::FetchAdd { remote, add }, e)),
+            },
+            Op::CompareSwap { remote, compare, swap } => match self.pool.get(8) {
+                Ok(b) => (b, remote, None, compare, swap),
+                Err(e) => return Err((Op::CompareSwap { remote, compare, swap }, e)),
+            },
         };
         let len = match kind {
             OpKind::FetchAdd | OpKind::CompareSwap => 8,
-            _ => buf.as_ref().map_or(0, |b| b.len() as u32),
+            _ => buf.len() as u32,
         };
         let r = Req {
             conn,
@@ -373,6 +374,7 @@ impl<P: Provider> Cx<P> {
             origin,
             next: NONE,
             merge_epoch: None,
+            link: 0,
         };
         match self.reqs.insert(r) {
             Ok(id) => Ok(id),
@@ -407,7 +409,7 @@ impl<P: Provider> Cx<P> {
             self.dirty.push(conn.slot);
         }
         let k = if self.cfg.priorities { usize::from(class).min(CLASSES - 1) } else { 0 };
-        c.queues[k].push_back(id);
+        c.queues[k].push(&mut self.reqs, id);
         c.waiting += 1;
     }
 

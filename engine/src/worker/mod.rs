@@ -18,8 +18,6 @@ use corelink_verbs::{Cq, Provider, Qp, QpAttr, QpState, RecvWr, Wc, WcOpcode, Wc
 pub use cx::Cx;
 pub(crate) use cx::{Notice, WorkerCfg};
 
-use std::collections::VecDeque;
-
 use arrayvec::ArrayVec;
 
 use crate::handoff::{ExtCompletion, ExtRequest, NewLane, Origin, ToControl, ToWorker};
@@ -327,7 +325,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let id = ConnId { worker: self.cx.index as u16, slot, generation: *gen };
         // The connection's receives, shared out over its lanes.
         let per_lane = (RECVS_PER_CONN / new.len().max(1)).max(MIN_RECVS_PER_LANE);
-        let sq = self.cx.cfg.max_outstanding as usize;
         let mut lanes = ArrayVec::new();
         for (l, NewLane { mut qp, cm_key }) in new.into_iter().enumerate() {
             let mut recvs: Vec<Option<Buf<P>>> = Vec::with_capacity(per_lane);
@@ -347,7 +344,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 cm_key,
                 recvs,
                 recvs_posted: posted,
-                posted: VecDeque::with_capacity(sq),
+                posted: crate::slab::Fifo::new(),
                 rd_outstanding: 0,
                 unsignalled: 0,
             });
@@ -358,7 +355,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             info: info.clone(),
             lanes,
             next_lane: 0,
-            queues: std::array::from_fn(|_| VecDeque::with_capacity(sq)),
+            queues: [crate::slab::Fifo::new(); CLASSES],
             waiting: 0,
             passed: [0; CLASSES],
             most_passed: 0,

@@ -19,7 +19,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         loop {
             let Some(c) = self.cx.conns.get_mut(slot).and_then(Option::as_mut) else { return };
             let Some(lane) = c.lanes.get_mut(l) else { return };
-            let Some(id) = lane.posted.pop_front() else { return };
+            let Some(id) = lane.posted.pop(&self.cx.reqs) else { return };
             let mine = id == wc.wr_id;
             let status = if mine { wc.status } else { WcStatus::Success };
             let Some(r) = self.cx.reqs.remove(id) else {
@@ -58,10 +58,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             let mut n = next;
             while n != NONE {
                 let Some(f) = self.cx.reqs.get_mut(n) else { break };
-                if let (Some(src), Some(dst)) = (&r.buf, &mut f.buf) {
-                    let len = src.len().min(dst.capacity());
-                    let _ = dst.fill(&src.as_slice()[..len]);
-                }
+                let len = r.buf.len().min(f.buf.capacity());
+                let _ = f.buf.fill(&r.buf.as_slice()[..len]);
                 n = f.next;
             }
         }
@@ -78,10 +76,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     #[inline(always)]
     pub(super) fn complete(&mut self, id: u64, r: Req<P>, status: WcStatus) {
         self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
-        let old_value = match (r.kind, &r.buf) {
-            (OpKind::FetchAdd | OpKind::CompareSwap, Some(b)) if status.is_success() => {
+        let old_value = match r.kind {
+            OpKind::FetchAdd | OpKind::CompareSwap if status.is_success() => {
                 let mut w = [0u8; 8];
-                w.copy_from_slice(&b.as_slice()[..8]);
+                w.copy_from_slice(&r.buf.as_slice()[..8]);
                 Some(u64::from_ne_bytes(w))
             }
             _ => None,
@@ -93,16 +91,16 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                     token: r.token,
                     kind: r.kind,
                     status,
-                    buf: r.buf,
+                    buf: Some(r.buf),
                     old_value,
                 };
                 self.handler.on_completion(&mut self.cx, done);
             }
             Origin::Client(n) => {
                 let mut data = std::mem::take(&mut self.cx.ext_data[Slab::<()>::slot(id)]);
-                if let (OpKind::Read, Some(b), true) = (r.kind, &r.buf, status.is_success()) {
+                if r.kind == OpKind::Read && status.is_success() {
                     data.clear();
-                    data.extend_from_slice(b.as_slice()); // within the capacity the client gave
+                    data.extend_from_slice(r.buf.as_slice()); // within the capacity the client gave
                 }
                 let done = ExtCompletion {
                     token: r.token,

@@ -54,7 +54,7 @@ impl<P: Provider> Cx<P> {
 /// Fails every waiting request of a closing connection with `WrFlushErr`.
 fn flush_waiting<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
     for q in c.queues.iter_mut() {
-        while let Some(id) = q.pop_front() {
+        while let Some(id) = q.pop(x.reqs) {
             if let Some(r) = x.reqs.remove(id) {
                 let data = std::mem::take(&mut x.ext_data[Slab::<()>::slot(id)]);
                 x.notices.push_back(Notice::failed(r, WcStatus::WrFlushErr, data));
@@ -95,7 +95,7 @@ fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
 /// The class whose head goes next on a lane with `rd_room` reads/atomics to spare, if any.
 fn pick_class<P: Provider>(c: &Conn<P>, rd_room: bool, x: &Ctx<'_, P>) -> Option<usize> {
     let admissible = |k: usize| {
-        let Some(&id) = c.queues[k].front() else { return false };
+        let Some(id) = c.queues[k].front(x.reqs) else { return false };
         if rd_room {
             return true; // the common case: no need to look at the request
         }
@@ -136,7 +136,7 @@ fn post_batch<P: Provider>(
         // Class `k` stays the one to serve while it has requests and reads and atomics have
         // room (queues only shrink during a flush, so no class above it fills up): take its
         // requests without choosing again. Without that room, each head is admitted alone.
-        while let Some(id) = c.queues[k].pop_front() {
+        while let Some(id) = c.queues[k].pop(x.reqs) {
             c.waiting -= 1;
             stage(c, k, l, id, x, &mut staged, &mut sges, &mut rd);
             if staged.len() >= limit || !rd_room || rd >= cfg.max_rd_atomic {
@@ -229,10 +229,9 @@ pub(crate) fn send_op<P: Provider>(r: &Req<P>) -> SendOp<'static, P> {
 
 /// The scatter/gather entry of a request's buffer.
 pub(crate) fn sge_of<P: Provider>(r: &Req<P>) -> Sge {
-    match (&r.buf, r.kind) {
-        (Some(b), OpKind::FetchAdd | OpKind::CompareSwap) => Sge { length: 8, ..b.sge(true) },
-        (Some(b), _) => b.sge(false),
-        (None, _) => Sge::default(),
+    match r.kind {
+        OpKind::FetchAdd | OpKind::CompareSwap => Sge { length: 8, ..r.buf.sge(true) },
+        _ => r.buf.sge(false),
     }
 }
 
@@ -251,7 +250,7 @@ fn coalesce_after<P: Provider>(
     let mut tail = id;
     let mut n = 1;
     while n < MAX_SGE && !sges.is_full() {
-        let Some(&next) = c.queues[k].front() else { break };
+        let Some(next) = c.queues[k].front(x.reqs) else { break };
         let Some(r) = x.reqs.get(next) else { break };
         let fits = r.kind == OpKind::Write
             && r.imm.is_none()
@@ -264,7 +263,7 @@ fn coalesce_after<P: Provider>(
         sges.push(sge_of(r));
         end += r.len as u64;
         total += r.len;
-        c.queues[k].pop_front();
+        c.queues[k].pop(x.reqs);
         c.waiting -= 1;
         if let Some(t) = x.reqs.get_mut(tail) {
             t.next = next;
@@ -341,7 +340,7 @@ fn post<P: Provider>(
     };
     drop(wrs);
     for st in &staged[..k] {
-        lane.posted.push_back(st.id);
+        lane.posted.push(x.reqs, st.id);
         lane.rd_outstanding += u32::from(st.rd_atomic);
     }
     x.metrics.posted += k as u64;

@@ -356,6 +356,7 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         self.lat_sample(cx, None);
     }
 
+    #[inline]
     fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
         if self.error.is_some() {
             return;
