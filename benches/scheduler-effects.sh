@@ -12,11 +12,12 @@
 # Usage: benches/scheduler-effects.sh [corelink-perf options, e.g. --provider ibverbs]
 #   (in the guest: tests/rxe-guest/run -- bash benches/scheduler-effects.sh --provider ibverbs)
 # Env: PERF (the binary; default target/release/corelink-perf), N (bw iterations, default
-# 200000; the guest wants fewer), NLAT (latency iterations, default 20000).
+# 1000000: about 0.1 s a run on soft, enough to steady the ratios; the guest wants fewer),
+# NLAT (latency iterations, default 20000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PERF=${PERF:-${CARGO_TARGET_DIR:-target}/release/corelink-perf}
-N=${N:-200000}
+N=${N:-1000000}
 NLAT=${NLAT:-20000}
 extra=("$@")
 [ -x "$PERF" ] || { echo "no $PERF: cargo build --release -p corelink-apps" >&2; exit 2; }
