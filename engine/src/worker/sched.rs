@@ -39,14 +39,24 @@ impl<P: Provider> Cx<P> {
         let Cx { conns, reqs, notices, metrics, cfg, dirty, merges, ext_data, .. } = self;
         let mut x = Ctx { reqs, notices, metrics, cfg, merges, ext_data };
         let mut posted_any = false;
-        for &slot in dirty.iter() {
+        // Visits each connection with work; keeps only those that still have some (waiting
+        // behind backpressure, or closing), so that the rest of the loop finds the list empty.
+        let mut kept = 0;
+        for i in 0..dirty.len() {
+            let slot = dirty[i];
             let Some(c) = conns[slot as usize].as_mut() else { continue };
             if c.phase == Phase::Closing {
                 flush_waiting(c, &mut x);
-                continue;
+            } else {
+                posted_any |= flush_conn(c, &mut x);
             }
-            posted_any |= flush_conn(c, &mut x);
+            // (a failed post closes it)
+            if c.phase == Phase::Closing || c.has_waiting() {
+                dirty[kept] = slot;
+                kept += 1;
+            }
         }
+        dirty.truncate(kept);
         posted_any
     }
 }
@@ -95,10 +105,10 @@ fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
 /// The class whose head goes next on a lane with `rd_room` reads/atomics to spare, if any.
 fn pick_class<P: Provider>(c: &Conn<P>, rd_room: bool, x: &Ctx<'_, P>) -> Option<usize> {
     let admissible = |k: usize| {
-        let Some(id) = c.queues[k].front(x.reqs) else { return false };
         if rd_room {
-            return true; // the common case: no need to look at the request
+            return !c.queues[k].is_empty(); // the common case: no need to look at the request
         }
+        let Some(id) = c.queues[k].front(x.reqs) else { return false };
         let Some(r) = x.reqs.get(id) else { return true }; // gone: popped and skipped
         !r.is_rd_atomic()
             || (r.kind == OpKind::Read
@@ -129,7 +139,7 @@ fn post_batch<P: Provider>(
     let mut rd = lane.rd_outstanding;
     let mut staged = ArrayVec::<Staged<P>, MAX_POST_LIST>::new();
     let mut sges = ArrayVec::<Sge, { MAX_POST_LIST * MAX_SGE }>::new();
-    while staged.len() < limit {
+    while staged.len() < limit && c.waiting > 0 {
         let rd_room = rd < cfg.max_rd_atomic;
         let Some(k) = pick_class(c, rd_room, x) else { break };
         served[k] = true;
