@@ -81,8 +81,9 @@ fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
     let mut idle = 0;
     let lanes = c.lanes.len();
     while c.waiting > 0 && idle < lanes && c.phase == Phase::Open {
-        let l = c.next_lane % lanes;
-        c.next_lane = (l + 1) % lanes;
+        // (next_lane < lanes always: it only ever steps through 0..lanes)
+        let l = c.next_lane;
+        c.next_lane = if l + 1 >= lanes { 0 } else { l + 1 };
         if post_batch(c, l, x, &mut served) > 0 {
             idle = 0;
             any = true;
@@ -91,7 +92,10 @@ fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
         }
     }
     // Aging: a class that waited while others were served moves up.
-    if any {
+    if any && c.waiting == 0 {
+        c.passed = [0; CLASSES];
+        c.most_passed = 0;
+    } else if any {
         let mut most = 0;
         for ((passed, queue), served) in c.passed.iter_mut().zip(&c.queues).zip(served) {
             *passed = if served || queue.is_empty() { 0 } else { passed.saturating_add(1) };
@@ -175,32 +179,18 @@ fn stage<P: Provider>(
     rd: &mut u32,
 ) {
     let cfg = x.cfg;
-    let key = {
-        let Some(r) = x.reqs.get(id) else { return };
-        (r.kind == OpKind::Read && cfg.merge_reads).then(|| r.merge_key(c.write_epoch))
-    };
-    if let Some(key) = key {
-        if let Some(&primary) = x.merges.get(&key) {
-            // An identical read is in flight: ride on it. (Its entry leaves the table when
-            // it completes; one that outlived its read would be a bug: drop it, post.)
-            if let Some(after) = x.reqs.get(primary).map(|p| p.next) {
-                if let Some(r) = x.reqs.get_mut(id) {
-                    r.next = after;
-                }
-                if let Some(p) = x.reqs.get_mut(primary) {
-                    p.next = id;
-                }
-                x.metrics.merged_reads += 1;
+    let Some(r) = x.reqs.get_mut(id) else { return };
+    let key = (r.kind == OpKind::Read && cfg.merge_reads).then(|| r.merge_key(c.write_epoch));
+    let r = match key {
+        None => r,
+        Some(key) => {
+            if ride_or_register(key, id, x) {
                 return;
             }
-            x.merges.remove(&key);
+            let Some(r) = x.reqs.get_mut(id) else { return };
+            r
         }
-        // Within the capacity reserved at start (no allocation): beyond it, no merging.
-        if x.merges.len() < MERGE_TABLE {
-            x.merges.insert(key, id);
-        }
-    }
-    let Some(r) = x.reqs.get_mut(id) else { return };
+    };
     r.merge_epoch = key.map(|k| k.epoch);
     r.lane = l as u8;
     let rd_atomic = r.is_rd_atomic();
@@ -219,6 +209,32 @@ fn stage<P: Provider>(
         coalesce_after(c, k, id, x, sges);
     }
     staged.push(Staged { id, end: sges.len(), op, rd_atomic, may_inline });
+}
+
+/// A read about to be posted: rides on an identical read in flight (returns true), or enters
+/// the merge table as the one later identical reads ride on.
+#[inline(never)]
+fn ride_or_register<P: Provider>(key: MergeKey, id: u64, x: &mut Ctx<'_, P>) -> bool {
+    if let Some(&primary) = x.merges.get(&key) {
+        // An identical read is in flight: ride on it. (Its entry leaves the table when it
+        // completes; one that outlived its read would be a bug: drop it, post.)
+        if let Some(after) = x.reqs.get(primary).map(|p| p.next) {
+            if let Some(r) = x.reqs.get_mut(id) {
+                r.next = after;
+            }
+            if let Some(p) = x.reqs.get_mut(primary) {
+                p.next = id;
+            }
+            x.metrics.merged_reads += 1;
+            return true;
+        }
+        x.merges.remove(&key);
+    }
+    // Within the capacity reserved at start (no allocation): beyond it, no merging.
+    if x.merges.len() < MERGE_TABLE {
+        x.merges.insert(key, id);
+    }
+    false
 }
 
 /// The verbs operation of a request.

@@ -413,7 +413,7 @@ impl Responder<'_> {
         };
         let grh = if self.qp.qp_type == QpType::Ud { u64::from(GRH_BYTES) } else { 0 };
         let mut dst = Segs::new();
-        match resolve_local(self.keys, &recv.sges, true, self.target.recv_pd(), &mut dst) {
+        match resolve_local(self.keys, recv.sges(), true, self.target.recv_pd(), &mut dst) {
             Ok(()) if self.len + grh <= recv.capacity() => {}
             // A receive too small or with a bad scatter list is a malformed WQE (class A): the
             // receive fails with a local QP operation error and its QP goes to ERR, whatever

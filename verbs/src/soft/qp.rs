@@ -26,12 +26,41 @@ use crate::types::*;
 #[derive(Debug, Clone)]
 pub(crate) struct RecvEntry {
     pub(crate) wr_id: u64,
-    pub(crate) sges: ArrayVec<Sge, { limits::MAX_SGE }>,
+    sges: RecvSges,
 }
 
+/// A receive's scatter list: up to [`RECV_SGES_IN_PLACE`] entries in place (the common case:
+/// no allocation, and a queue element small enough to move without a `memcpy` call), longer
+/// lists on the heap.
+#[derive(Debug, Clone)]
+enum RecvSges {
+    InPlace(ArrayVec<Sge, RECV_SGES_IN_PLACE>),
+    Heap(Box<[Sge]>),
+}
+
+/// Scatter entries a posted receive keeps in place.
+const RECV_SGES_IN_PLACE: usize = 2;
+const _: () = assert!(RECV_SGES_IN_PLACE >= 1 && RECV_SGES_IN_PLACE <= limits::MAX_SGE);
+
 impl RecvEntry {
+    pub(crate) fn new(wr_id: u64, sgl: &[Sge]) -> RecvEntry {
+        let sges = match ArrayVec::try_from(sgl) {
+            Ok(a) => RecvSges::InPlace(a),
+            Err(_) => RecvSges::Heap(sgl.into()),
+        };
+        RecvEntry { wr_id, sges }
+    }
+
+    /// The scatter list.
+    pub(crate) fn sges(&self) -> &[Sge] {
+        match &self.sges {
+            RecvSges::InPlace(a) => a,
+            RecvSges::Heap(b) => b,
+        }
+    }
+
     pub(crate) fn capacity(&self) -> u64 {
-        self.sges.iter().map(|s| u64::from(s.length)).sum()
+        self.sges().iter().map(|s| u64::from(s.length)).sum()
     }
 }
 
@@ -88,7 +117,7 @@ impl crate::Srq for SoftSrq {
                     s.max_sge
                 ))));
             }
-            let entry = RecvEntry { wr_id: wr.wr_id, sges: wr.sgl.iter().copied().collect() };
+            let entry = RecvEntry::new(wr.wr_id, wr.sgl);
             s.queue.push(entry).map_err(|_| fail(errno(libc::ENOMEM)))?;
         }
         Ok(())
@@ -565,7 +594,7 @@ impl crate::Qp<Soft> for SoftQp {
                     qp.cap.max_recv_sge
                 ))));
             }
-            let entry = RecvEntry { wr_id: wr.wr_id, sges: wr.sgl.iter().copied().collect() };
+            let entry = RecvEntry::new(wr.wr_id, wr.sgl);
             q.push(entry).map_err(|_| fail(errno(libc::ENOMEM)))?;
             if qp.state() == QpState::Err {
                 qp.flush_recv();

@@ -210,3 +210,26 @@ fn cm_connect_accept_disconnect() {
     assert!(matches!(r, Err(Error::Rejected { .. })), "{r:?}");
     drop(s.mr);
 }
+
+/// A receive with more scatter entries than are kept in place (they go to the heap) scatters
+/// a send over all of them, in order.
+#[test]
+fn a_receive_of_four_entries_scatters_in_order() {
+    let (mut a, mut b) = pair(QpType::Rc, QpAttr::default());
+    let msg: Vec<u8> = (0..34u8).collect();
+    a.mr.write_at(0, &msg).unwrap();
+    let rsgl: Vec<Sge> = (0..4).map(|i| b.mr.sge(1000 + 100 * i, 10).unwrap()).collect();
+    // SAFETY: both regions outlive the completions polled below.
+    unsafe { b.qp.post_recv(&[RecvWr { wr_id: 7, sgl: &rsgl }]).unwrap() };
+    let sge = [a.mr.sge(0, 34).unwrap()];
+    // SAFETY: as above.
+    unsafe { a.qp.post_send(&[SendWr::new(1, SendOp::Send, &sge)]).unwrap() };
+    assert_eq!(poll_one(&a.cq).status, WcStatus::Success);
+    let wc = poll_one(&b.cq);
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (7, WcStatus::Success, 34));
+    for (i, chunk) in msg.chunks(10).enumerate() {
+        let mut got = vec![0u8; chunk.len()];
+        b.mr.read_at(1000 + 100 * i, &mut got).unwrap();
+        assert_eq!(got, chunk, "scatter entry {i}");
+    }
+}
