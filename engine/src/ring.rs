@@ -179,6 +179,19 @@ impl<T> Consumer<T> {
         Some(value)
     }
 
+    /// Whether an item is there to pop: a check of the cached producer index, which is read
+    /// again (with Acquire) only when the cache says the ring is empty.
+    #[inline]
+    pub fn ready(&self) -> bool {
+        let s = &*self.shared;
+        let head = s.head.load(Ordering::Relaxed);
+        if head != self.tail_cache.get() {
+            return true;
+        }
+        self.tail_cache.set(s.tail.load(Ordering::Acquire));
+        head != self.tail_cache.get()
+    }
+
     /// Items in the ring now (a snapshot).
     pub fn len(&self) -> usize {
         let s = &*self.shared;

@@ -139,14 +139,25 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             self.dispatch(&wc);
         }
         self.handler.poll(&mut self.cx);
-        let took = self.take_client_requests();
-        let posted = self.cx.flush();
-        self.deliver_notices();
-        let controlled = self.drain_control();
-        self.finish_closing();
-        self.deliver_notices();
-        self.fire_timers();
-        self.flush_control_backlog();
+        // Each step below is skipped by one check when it has nothing to do (most iterations).
+        let took = !self.clients.is_empty() && self.take_client_requests();
+        let posted = (!self.cx.dirty.is_empty() || self.cx.stopping) && self.cx.flush();
+        if !self.cx.notices.is_empty() {
+            self.deliver_notices();
+        }
+        let controlled = self.from_control.ready() && self.drain_control();
+        if !self.cx.dirty.is_empty() {
+            self.finish_closing();
+        }
+        if !self.cx.notices.is_empty() {
+            self.deliver_notices();
+        }
+        if !self.cx.timers.is_empty() {
+            self.fire_timers();
+        }
+        if !self.cx.control_backlog.is_empty() {
+            self.flush_control_backlog();
+        }
         if self.cx.metrics.polls % METRICS_EVERY == 0 {
             self.publish();
             if self.from_control.is_abandoned() {
