@@ -172,6 +172,7 @@ impl<P: Provider> Engine<P> {
                         to_control: to_c,
                         control_backlog: std::collections::VecDeque::with_capacity(CONTROL_RING),
                         notices: std::collections::VecDeque::with_capacity(4096),
+                        reposts: arrayvec::ArrayVec::new(),
                         timers: std::collections::BinaryHeap::with_capacity(MAX_TIMERS),
                         metrics: Metrics { worker: i, ..Metrics::default() },
                         stopping: false,

@@ -20,7 +20,7 @@ use crate::pool::{Buf, Pool};
 use crate::request::{CloseReason, ConnId, ConnInfo, Done, Op, OpKind};
 use crate::ring::Producer;
 use crate::slab::Slab;
-use crate::tunables::{CLASSES, MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
+use crate::tunables::{CLASSES, MAX_POLL_BATCH, MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
 
 /// A worker's settings, from the core map.
 #[derive(Clone, Debug)]
@@ -147,6 +147,10 @@ pub struct Cx<P: Provider> {
     /// Messages for the control core that did not fit in the ring yet.
     pub(crate) control_backlog: VecDeque<ToControl<P>>,
     pub(crate) notices: VecDeque<Notice<P>>,
+    /// Receives whose messages were handled this iteration, to post again once the iteration's
+    /// work requests went out (a repost is then off the path from a message to its answer):
+    /// (connection slot, receive index, buffer).
+    pub(crate) reposts: ArrayVec<(u16, u16, Buf<P>), MAX_POLL_BATCH>,
     pub(crate) timers: BinaryHeap<Reverse<(Instant, u64)>>,
     pub(crate) metrics: Metrics,
     pub(crate) stopping: bool,

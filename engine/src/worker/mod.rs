@@ -1,8 +1,9 @@
 //! A worker: one pinned thread that owns its CQ, its connections' QPs, its buffer pool and its
 //! requests, and runs one fixed-order loop that never blocks while it has connections:
 //! poll a bounded batch of completions and dispatch them; run the handler; take external
-//! clients' submissions; post what was queued (one doorbell per connection); drain the control
-//! core's ring; finish closing connections; fire due timers.
+//! clients' submissions; post what was queued (one doorbell per connection); post again the
+//! receives whose messages were handled; drain the control core's ring; finish closing
+//! connections; fire due timers.
 
 mod conn;
 mod cx;
@@ -142,6 +143,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         // Each step below is skipped by one check when it has nothing to do (most iterations).
         let took = !self.clients.is_empty() && self.take_client_requests();
         let posted = (!self.cx.dirty.is_empty() || self.cx.stopping) && self.cx.flush();
+        while let Some((slot, idx, buf)) = self.cx.reposts.pop() {
+            self.cx.repost(usize::from(slot), usize::from(idx), buf);
+        }
         if !self.cx.notices.is_empty() {
             self.deliver_notices();
         }
@@ -233,7 +237,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             written: write_imm.then_some(wc.byte_len),
         };
         self.handler.on_message(&mut self.cx, id, &msg);
-        self.cx.repost(slot, idx, buf);
+        // Posted again after this iteration's flush (at most one per completion polled).
+        if let Err(e) = self.cx.reposts.try_push((slot as u16, idx as u16, buf)) {
+            let (_, _, buf) = e.element();
+            self.cx.repost(slot, idx, buf);
+        }
     }
 
     fn take_client_requests(&mut self) -> bool {
