@@ -52,8 +52,13 @@ pub mod limits {
     pub const MTU: Mtu = Mtu::Mtu1024;
     /// Largest message.
     pub const MAX_MSG: u32 = 1 << 31;
+    /// Scatter entries a posted receive keeps in place (a longer list is copied to the heap):
+    /// at least `QpCap::default().max_recv_sge`, so that receives within the default caps never
+    /// allocate, and small enough that a receive queue element moves without a `memcpy` call.
+    pub const RECV_SGES_IN_PLACE: usize = 4;
 
     const _: () = assert!(MAX_INLINE <= u16::MAX as usize && MAX_SGE > 0);
+    const _: () = assert!(RECV_SGES_IN_PLACE >= 1 && RECV_SGES_IN_PLACE <= MAX_SGE);
 }
 
 /// The name of the one `soft` device.

@@ -29,18 +29,13 @@ pub(crate) struct RecvEntry {
     sges: RecvSges,
 }
 
-/// A receive's scatter list: up to [`RECV_SGES_IN_PLACE`] entries in place (the common case:
-/// no allocation, and a queue element small enough to move without a `memcpy` call), longer
-/// lists on the heap.
+/// A receive's scatter list: up to [`limits::RECV_SGES_IN_PLACE`] entries in place (the common
+/// case), longer lists on the heap.
 #[derive(Debug, Clone)]
 enum RecvSges {
-    InPlace(ArrayVec<Sge, RECV_SGES_IN_PLACE>),
+    InPlace(ArrayVec<Sge, { limits::RECV_SGES_IN_PLACE }>),
     Heap(Box<[Sge]>),
 }
-
-/// Scatter entries a posted receive keeps in place.
-const RECV_SGES_IN_PLACE: usize = 2;
-const _: () = assert!(RECV_SGES_IN_PLACE >= 1 && RECV_SGES_IN_PLACE <= limits::MAX_SGE);
 
 impl RecvEntry {
     pub(crate) fn new(wr_id: u64, sgl: &[Sge]) -> RecvEntry {

@@ -12,6 +12,10 @@ struct Side {
 }
 
 fn side(ctx: SoftContext, qp_type: QpType) -> Side {
+    side_with(ctx, qp_type, QpCap::default())
+}
+
+fn side_with(ctx: SoftContext, qp_type: QpType, cap: QpCap) -> Side {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64).unwrap();
     let attr = QpInitAttr::<Soft> {
@@ -19,7 +23,7 @@ fn side(ctx: SoftContext, qp_type: QpType) -> Side {
         send_cq: &cq,
         recv_cq: &cq,
         srq: None,
-        cap: QpCap::default(),
+        cap,
         sq_sig_all: false,
     };
     let qp = pd.create_qp(&attr).unwrap();
@@ -28,8 +32,12 @@ fn side(ctx: SoftContext, qp_type: QpType) -> Side {
 }
 
 fn pair(qp_type: QpType, attr: QpAttr) -> (Side, Side) {
-    let mut a = side(Soft::open(DEVICE_NAME).unwrap(), qp_type);
-    let mut b = side(Soft::open(DEVICE_NAME).unwrap(), qp_type);
+    pair_with(qp_type, attr, QpCap::default())
+}
+
+fn pair_with(qp_type: QpType, attr: QpAttr, cap: QpCap) -> (Side, Side) {
+    let mut a = side_with(Soft::open(DEVICE_NAME).unwrap(), qp_type, cap);
+    let mut b = side_with(Soft::open(DEVICE_NAME).unwrap(), qp_type, cap);
     let (ea, eb) = (a._ctx.endpoint(&a.qp, 1, 0).unwrap(), b._ctx.endpoint(&b.qp, 1, 0).unwrap());
     a.qp.connect_to(eb, &attr).unwrap();
     b.qp.connect_to(ea, &attr).unwrap();
@@ -211,25 +219,29 @@ fn cm_connect_accept_disconnect() {
     drop(s.mr);
 }
 
-/// A receive with more scatter entries than are kept in place (they go to the heap) scatters
-/// a send over all of them, in order.
+/// Receives of 4 scatter entries (kept in place) and of 6 (kept on the heap) each scatter a
+/// send over all their entries, in order.
 #[test]
-fn a_receive_of_four_entries_scatters_in_order() {
-    let (mut a, mut b) = pair(QpType::Rc, QpAttr::default());
-    let msg: Vec<u8> = (0..34u8).collect();
-    a.mr.write_at(0, &msg).unwrap();
-    let rsgl: Vec<Sge> = (0..4).map(|i| b.mr.sge(1000 + 100 * i, 10).unwrap()).collect();
-    // SAFETY: both regions outlive the completions polled below.
-    unsafe { b.qp.post_recv(&[RecvWr { wr_id: 7, sgl: &rsgl }]).unwrap() };
-    let sge = [a.mr.sge(0, 34).unwrap()];
-    // SAFETY: as above.
-    unsafe { a.qp.post_send(&[SendWr::new(1, SendOp::Send, &sge)]).unwrap() };
-    assert_eq!(poll_one(&a.cq).status, WcStatus::Success);
-    let wc = poll_one(&b.cq);
-    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (7, WcStatus::Success, 34));
-    for (i, chunk) in msg.chunks(10).enumerate() {
-        let mut got = vec![0u8; chunk.len()];
-        b.mr.read_at(1000 + 100 * i, &mut got).unwrap();
-        assert_eq!(got, chunk, "scatter entry {i}");
+fn receives_scatter_in_order_in_place_and_on_the_heap() {
+    let cap = QpCap { max_recv_sge: 8, ..QpCap::default() };
+    let (mut a, mut b) = pair_with(QpType::Rc, QpAttr::default(), cap);
+    for (wr_id, entries) in [(7u64, 4usize), (8, 6)] {
+        let len = 10 * entries - 6;
+        let msg: Vec<u8> = (0..len as u8).map(|x| x ^ wr_id as u8).collect();
+        a.mr.write_at(0, &msg).unwrap();
+        let rsgl: Vec<Sge> = (0..entries).map(|i| b.mr.sge(1000 + 100 * i, 10).unwrap()).collect();
+        // SAFETY: both regions outlive the completions polled below.
+        unsafe { b.qp.post_recv(&[RecvWr { wr_id, sgl: &rsgl }]).unwrap() };
+        let sge = [a.mr.sge(0, len as u32).unwrap()];
+        // SAFETY: as above.
+        unsafe { a.qp.post_send(&[SendWr::new(1, SendOp::Send, &sge)]).unwrap() };
+        assert_eq!(poll_one(&a.cq).status, WcStatus::Success);
+        let wc = poll_one(&b.cq);
+        assert_eq!((wc.wr_id, wc.status, wc.byte_len), (wr_id, WcStatus::Success, len as u32));
+        for (i, chunk) in msg.chunks(10).enumerate() {
+            let mut got = vec![0u8; chunk.len()];
+            b.mr.read_at(1000 + 100 * i, &mut got).unwrap();
+            assert_eq!(got, chunk, "receive {wr_id}, scatter entry {i}");
+        }
     }
 }
