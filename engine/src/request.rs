@@ -7,12 +7,36 @@ use corelink_verbs::{Provider, RemoteAddr, RemoteRegion, WcStatus};
 use crate::pool::Buf;
 
 /// A connection, as the worker owning it numbers it (slot and generation).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Eq, PartialOrd, Ord)]
+#[repr(C)]
 pub struct ConnId {
     /// The owning worker's index.
     pub worker: u16,
     pub(crate) slot: u16,
     pub(crate) generation: u32,
+}
+
+impl ConnId {
+    /// All three fields in one word (its memory layout, so that a comparison is one load).
+    #[inline(always)]
+    fn word(self) -> u64 {
+        u64::from(self.worker) | u64::from(self.slot) << 16 | u64::from(self.generation) << 32
+    }
+}
+
+impl PartialEq for ConnId {
+    /// Equal when every field is (as derived), compared as one word.
+    #[inline(always)]
+    fn eq(&self, other: &Self) -> bool {
+        self.word() == other.word()
+    }
+}
+
+impl std::hash::Hash for ConnId {
+    /// The word equality compares (so equal ids hash alike).
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.word());
+    }
 }
 
 impl fmt::Display for ConnId {
@@ -152,4 +176,22 @@ pub enum CloseReason {
     Error(WcStatus),
     /// The engine is shutting down.
     Shutdown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ConnId;
+
+    #[test]
+    fn conn_ids_are_equal_exactly_when_every_field_is() {
+        let id = |worker, slot, generation| ConnId { worker, slot, generation };
+        let a = id(1, 2, 3);
+        assert_eq!(a, id(1, 2, 3));
+        for b in [id(0, 2, 3), id(1, 0, 3), id(1, 2, 0), id(2, 1, 3), id(3, 2, 1)] {
+            assert_ne!(a, b);
+        }
+        let set: std::collections::HashSet<ConnId> =
+            [a, id(1, 2, 3), id(1, 2, 4), id(u16::MAX, u16::MAX, u32::MAX)].into_iter().collect();
+        assert_eq!(set.len(), 3);
+    }
 }
