@@ -3,6 +3,12 @@
 
 use crate::tunables::SLOT_BITS;
 
+/// The slot index of a slab id (for side tables kept in step with a slab).
+#[inline]
+pub fn slot_of(id: u64) -> usize {
+    (id & SLOT_MASK) as usize
+}
+
 /// A slab of `T`s with a free list, sized once.
 #[derive(Debug)]
 pub struct Slab<T> {
@@ -33,12 +39,6 @@ impl<T> Slab<T> {
         debug_assert!(old.is_none());
         std::mem::forget(old);
         Ok(u64::from(slot.0) << SLOT_BITS | u64::from(i))
-    }
-
-    /// The slot index of `id` (for side tables kept in step with the slab).
-    #[inline]
-    pub fn slot(id: u64) -> usize {
-        (id & SLOT_MASK) as usize
     }
 
     /// Takes the value of `id` out, if `id` is current.
@@ -146,7 +146,7 @@ impl Fifo {
     /// Appends the value of `id` (which must be in `slab` and in no other queue).
     #[inline]
     pub fn push<T: Linked>(&mut self, slab: &mut Slab<T>, id: u64) {
-        let i = Slab::<T>::slot(id) as u32;
+        let i = slot_of(id) as u32;
         let prev = self.tail;
         if self.len > 0 {
             let Some(t) = slab.at_mut(prev) else { return self.lost() };

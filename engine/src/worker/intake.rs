@@ -110,7 +110,7 @@ impl<P: Provider> Cx<P> {
             Ok(id) => id,
             Err((_, e)) => return Err(fail(req, e.to_string())),
         };
-        self.ext_data[crate::slab::Slab::<()>::slot(id)] = req.data;
+        self.ext_data[crate::slab::slot_of(id)] = req.data;
         self.enqueue(conn, id, class);
         Ok(())
     }

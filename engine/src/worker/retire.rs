@@ -9,7 +9,6 @@ use super::conn::{Phase, Req, NONE};
 use super::{Handler, Worker};
 use crate::handoff::{ExtCompletion, Origin};
 use crate::request::{Done, OpKind};
-use crate::slab::Slab;
 
 impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// A send-queue completion.
@@ -97,7 +96,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 self.handler.on_completion(&mut self.cx, done);
             }
             Origin::Client(n) => {
-                let mut data = std::mem::take(&mut self.cx.ext_data[Slab::<()>::slot(id)]);
+                let mut data = std::mem::take(&mut self.cx.ext_data[crate::slab::slot_of(id)]);
                 if r.kind == OpKind::Read && status.is_success() {
                     data.clear();
                     data.extend_from_slice(r.buf.as_slice()); // within the capacity the client gave

@@ -66,7 +66,7 @@ fn flush_waiting<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
     for q in c.queues.iter_mut() {
         while let Some(id) = q.pop(x.reqs) {
             if let Some(r) = x.reqs.remove(id) {
-                let data = std::mem::take(&mut x.ext_data[Slab::<()>::slot(id)]);
+                let data = std::mem::take(&mut x.ext_data[crate::slab::slot_of(id)]);
                 x.notices.push_back(Notice::failed(r, WcStatus::WrFlushErr, data));
             }
         }
@@ -399,7 +399,7 @@ pub(crate) fn fail_chain<P: Provider>(
                 merges.remove(&key);
             }
         }
-        let data = std::mem::take(&mut ext_data[Slab::<()>::slot(next)]);
+        let data = std::mem::take(&mut ext_data[crate::slab::slot_of(next)]);
         next = r.next;
         notices.push_back(Notice::failed(r, status, data));
     }
