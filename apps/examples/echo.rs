@@ -146,8 +146,13 @@ impl<P: Provider> Handler<P> for EchoClient {
         self.link.connect_once(&mut self.asked, cx, b"echo client");
     }
 
-    fn on_connect_failed(&mut self, _cx: &mut Cx<P>, _token: u64, error: &str) {
-        self.link.report(Err(format!("connect failed: {error}")));
+    fn on_connect_failed(
+        &mut self,
+        _cx: &mut Cx<P>,
+        _token: u64,
+        error: &corelink_engine::EngineError,
+    ) {
+        self.link.report(Err(format!("connect failed: {}", corelink_engine::verbs::chain(error))));
     }
 
     fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, _info: &ConnInfo) {

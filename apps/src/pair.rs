@@ -42,7 +42,12 @@ impl<P: Provider, S: Handler<P>, C: Handler<P>> Handler<P> for Pair<S, C> {
         }
     }
 
-    fn on_connect_failed(&mut self, cx: &mut Cx<P>, token: u64, error: &str) {
+    fn on_connect_failed(
+        &mut self,
+        cx: &mut Cx<P>,
+        token: u64,
+        error: &corelink_engine::EngineError,
+    ) {
         if let Some(c) = &mut self.client {
             c.on_connect_failed(cx, token, error);
         }

@@ -17,8 +17,8 @@ mod validate;
 
 pub use error::ConfigError;
 pub use model::{
-    Batching, Classes, CoreMap, CoreSpec, NumaPolicy, PoolClass, ProviderKind, Qps, Scheduler,
-    WorkerResources,
+    Batching, Classes, CoreMap, CoreSpec, NumaPolicy, PinPolicy, PoolClass, ProviderKind, Qps,
+    Scheduler, WorkerResources,
 };
 pub use topology::{Core, MachineTopology, StaticTopology, Topology};
 pub use validate::{limits, Validated, Warning};

@@ -14,6 +14,17 @@ pub enum ProviderKind {
     Ibverbs,
 }
 
+/// What to do when a thread of the engine cannot be pinned to its core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PinPolicy {
+    /// Say so on stderr and in the worker's metrics (`pinned = false`), and go on.
+    #[default]
+    Warn,
+    /// Refuse to start.
+    Require,
+}
+
 /// What to do when a worker sits on another NUMA node than the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -70,6 +81,22 @@ pub struct WorkerResources {
     pub yield_after_empty_polls: u32,
     /// Registered buffer size classes, smallest first.
     pub pools: Vec<PoolClass>,
+    /// Engine connections one worker holds at most (each end counts on its own worker); a
+    /// connect or accept beyond is refused with this key's name.
+    pub max_conns: u32,
+    /// Receives each connection keeps posted, shared out over its lanes (each lane keeps at
+    /// least 8, or this many if fewer): the messages a peer may have in flight towards it.
+    pub recvs_per_conn: u32,
+    /// Bytes of each receive buffer: the largest send a peer may make to this side (a larger
+    /// one is refused at submit). The receive buffers are registered at start, apart from
+    /// `pools`: `max_conns * recvs_per_conn` of them.
+    pub recv_size: u32,
+    /// RNR retries of a send that finds no receive posted (0..=6; 7 retries for ever, which a
+    /// peer that stopped posting receives then hangs).
+    pub rnr_retry: u8,
+    /// The RNR timer this side asks a sender to wait before retrying (the IB code: 1 is
+    /// 10 us, 12 is 0.64 ms, 31 is 491 ms; 0 is 655 ms).
+    pub min_rnr_timer: u8,
     /// How queued requests become work requests: doorbells and completions.
     pub batching: Batching,
     /// Per-connection scheduling: priority classes, aging, outstanding limits, merging.
@@ -171,10 +198,37 @@ impl Default for Qps {
     }
 }
 
+impl WorkerResources {
+    /// Receives each lane of a connection of `lanes` lanes keeps posted: `recvs_per_conn`
+    /// shared out, at least [`crate::limits::MIN_RECVS_PER_LANE`] (or `recvs_per_conn`, if
+    /// fewer).
+    pub fn recvs_per_lane(&self, lanes: u32) -> u32 {
+        let floor = crate::limits::MIN_RECVS_PER_LANE.min(self.recvs_per_conn);
+        (self.recvs_per_conn / lanes.max(1)).max(floor)
+    }
+
+    /// Requests one QP has on the device at most (`scheduler.max_outstanding`, 0 meaning the
+    /// send-queue depth).
+    pub fn max_outstanding(&self) -> u32 {
+        match self.scheduler.max_outstanding {
+            0 => self.send_queue_depth,
+            n => n.min(self.send_queue_depth),
+        }
+        .max(1)
+    }
+
+    /// Completions a connection of `lanes` lanes can have on the worker's CQ at once: every
+    /// receive and every request on the device (a QP in error flushes them all, signalled or
+    /// not). The engine admits a connection only while its CQ has room for this.
+    pub fn cqes_per_conn(&self, lanes: u32) -> u64 {
+        u64::from(lanes) * u64::from(self.recvs_per_lane(lanes) + self.max_outstanding())
+    }
+}
+
 impl Default for WorkerResources {
     fn default() -> Self {
         WorkerResources {
-            cq_depth: 4096,
+            cq_depth: 16384,
             send_queue_depth: 256,
             recv_queue_depth: 256,
             max_inline: 64,
@@ -186,6 +240,11 @@ impl Default for WorkerResources {
                 PoolClass { size: 4096, count: 256 },
                 PoolClass { size: 65536, count: 32 },
             ],
+            max_conns: 32,
+            recvs_per_conn: 32,
+            recv_size: 4096,
+            rnr_retry: 6,
+            min_rnr_timer: 12,
             batching: Batching::default(),
             scheduler: Scheduler::default(),
             qps: Qps::default(),
@@ -211,6 +270,8 @@ pub struct CoreMap {
     pub workers: Vec<CoreSpec>,
     /// NUMA placement policy.
     pub numa: NumaPolicy,
+    /// Pinning policy: what a worker (or the control core) that cannot be pinned does.
+    pub pin: PinPolicy,
     /// Address the control plane listens on (`ip:port`), if it accepts connections.
     pub listen: Option<String>,
     /// Every worker's resources.
@@ -227,6 +288,7 @@ impl Default for CoreMap {
             control_core: 0,
             workers: vec![CoreSpec::One(1)],
             numa: NumaPolicy::Warn,
+            pin: PinPolicy::Warn,
             listen: None,
             worker: WorkerResources::default(),
         }

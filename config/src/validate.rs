@@ -32,6 +32,14 @@ pub mod limits {
     pub const MAX_RD_ATOMIC: u32 = 255;
     /// QPs one worker may have at most (`worker.qps.max`).
     pub const MAX_QPS_PER_WORKER: u32 = 1 << 16;
+    /// Connections one worker may hold at most (`worker.max_conns`).
+    pub const MAX_CONNS_PER_WORKER: u32 = 1 << 16;
+    /// Receives one connection may keep posted at most (`worker.recvs_per_conn`).
+    pub const MAX_RECVS_PER_CONN: u32 = 1 << 13;
+    /// Receives each lane keeps posted at least (when `worker.recvs_per_conn` is this or more).
+    pub const MIN_RECVS_PER_LANE: u32 = 8;
+    /// The largest RNR retry count that is finite (`worker.rnr_retry`; 7 retries for ever).
+    pub const RNR_RETRY_INFINITE: u8 = 7;
 }
 
 /// Something worth saying that does not stop the map.
@@ -230,16 +238,7 @@ impl CoreMap {
                 return Err(invalid(key, v, format!("must be 1..={MAX_DEPTH}")));
             }
         }
-        if w.cq_depth < w.send_queue_depth + w.recv_queue_depth {
-            return Err(invalid(
-                "worker.cq_depth",
-                w.cq_depth,
-                format!(
-                    "must hold at least one QP's send and receive queues ({} + {})",
-                    w.send_queue_depth, w.recv_queue_depth
-                ),
-            ));
-        }
+        self.check_conns()?;
         if w.max_inline > MAX_INLINE {
             return Err(invalid(
                 "worker.max_inline",
@@ -258,7 +257,9 @@ impl CoreMap {
         if w.pools.is_empty() {
             return Err(invalid("worker.pools", "[]", "at least one size class is needed"));
         }
-        let mut total: u128 = 0;
+        // The receive buffers are registered with the pools.
+        let mut total: u128 =
+            u128::from(w.max_conns) * u128::from(w.recvs_per_conn) * u128::from(w.recv_size);
         let mut prev = 0usize;
         for (i, p) in w.pools.iter().enumerate() {
             if p.size < 8 || p.size > 1 << 30 {
@@ -289,7 +290,8 @@ impl CoreMap {
             return Err(invalid(
                 "worker.pools",
                 format!("{total} bytes"),
-                "more than 64 GiB per worker",
+                "more than 64 GiB per worker (with the receive buffers: worker.max_conns * \
+                 worker.recvs_per_conn * worker.recv_size)",
             ));
         }
         Ok(())
@@ -297,6 +299,56 @@ impl CoreMap {
 }
 
 impl CoreMap {
+    /// Connections, their receives and the CQ they share: what one worker needs for one
+    /// connection must fit (the engine admits more only while they fit, see
+    /// [`crate::WorkerResources::cqes_per_conn`]).
+    fn check_conns(&self) -> Result<(), ConfigError> {
+        use limits::*;
+        let w = &self.worker;
+        let range = |key: &str, v: u32, lo: u32, hi: u32| {
+            if v < lo || v > hi {
+                Err(invalid(key, v, format!("must be {lo}..={hi}")))
+            } else {
+                Ok(())
+            }
+        };
+        range("worker.max_conns", w.max_conns, 1, MAX_CONNS_PER_WORKER)?;
+        range("worker.recvs_per_conn", w.recvs_per_conn, 1, MAX_RECVS_PER_CONN)?;
+        range("worker.recv_size", w.recv_size, 1, 1 << 30)?;
+        range("worker.rnr_retry", u32::from(w.rnr_retry), 0, u32::from(RNR_RETRY_INFINITE))?;
+        range("worker.min_rnr_timer", u32::from(w.min_rnr_timer), 0, 31)?;
+        let lanes = self.worker.qps.per_conn.max(1);
+        let per_lane = w.recvs_per_lane(1).max(w.recvs_per_lane(lanes));
+        if per_lane > w.recv_queue_depth {
+            return Err(invalid(
+                "worker.recv_queue_depth",
+                w.recv_queue_depth,
+                format!(
+                    "a lane keeps {per_lane} receives posted (worker.recvs_per_conn = {}, at \
+                     least {} per lane): raise it to {per_lane} or lower worker.recvs_per_conn",
+                    w.recvs_per_conn,
+                    MIN_RECVS_PER_LANE.min(w.recvs_per_conn)
+                ),
+            ));
+        }
+        let need = w.cqes_per_conn(1).max(w.cqes_per_conn(lanes));
+        if u64::from(w.cq_depth) < need {
+            return Err(invalid(
+                "worker.cq_depth",
+                w.cq_depth,
+                format!(
+                    "must hold one connection's completions: {need} (worker.qps.per_conn = \
+                     {lanes} lanes, each with its receives and up to {} requests on the device)",
+                    w.max_outstanding()
+                ),
+            ));
+        }
+        if self.gid_index > u32::from(u8::MAX) {
+            return Err(invalid("gid_index", self.gid_index, "must be 0..=255"));
+        }
+        Ok(())
+    }
+
     fn check_scheduling(&self) -> Result<(), ConfigError> {
         use limits::*;
         let w = &self.worker;
@@ -410,6 +462,18 @@ mod tests {
         for (text, key) in [
             ("[worker]\ncq_depth = 0", "worker.cq_depth"),
             ("[worker]\ncq_depth = 16", "worker.cq_depth"),
+            ("[worker]\nmax_conns = 0", "worker.max_conns"),
+            ("[worker]\nrecvs_per_conn = 0", "worker.recvs_per_conn"),
+            ("[worker]\nrecvs_per_conn = 300", "worker.recv_queue_depth"),
+            ("[worker]\nrnr_retry = 8", "worker.rnr_retry"),
+            ("[worker]\nmin_rnr_timer = 32", "worker.min_rnr_timer"),
+            ("[worker]\nrecv_size = 0", "worker.recv_size"),
+            ("gid_index = 256", "gid_index"),
+            (
+                "[worker]\ncq_depth = 3\nsend_queue_depth = 2\nrecv_queue_depth = 2\n\
+                 recvs_per_conn = 2",
+                "worker.cq_depth",
+            ),
             ("[worker]\nmax_inline = 5000", "worker.max_inline"),
             ("[worker]\npoll_budget = 0", "worker.poll_budget"),
             ("[worker]\npools = []", "worker.pools"),

@@ -5,11 +5,11 @@ use std::net::SocketAddr;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
-use corelink_config::Validated;
+use corelink_config::{PinPolicy, Validated};
 use corelink_verbs::{AccessFlags, Context, Mr, Pd, Provider, QpAttr, QpCap, RemoteRegion};
 
 use crate::client::Client;
-use crate::control::{Command, Control, ControlCfg, Placement, QpPool, WorkerLink};
+use crate::control::{Budget, Command, Control, ControlCfg, Placement, QpPool, WorkerLink};
 use crate::error::{EngineError, Result};
 use crate::handoff::ToWorker;
 use crate::metrics::{ControlMetrics, Metrics};
@@ -17,8 +17,8 @@ use crate::pool::Pool;
 use crate::ring::ring;
 use crate::slab::Slab;
 use crate::tunables::{
-    CLIENT_RING, CONTROL_RING, MAX_CLIENTS_PER_WORKER, MAX_CONNS_PER_WORKER, MAX_POLL_BATCH,
-    MAX_REQUESTS_PER_WORKER, MAX_SGE, MAX_TIMERS, MERGE_TABLE,
+    CLIENT_RING, CONTROL_RING, MAX_CLIENTS_PER_WORKER, MAX_POLL_BATCH, MAX_REQUESTS_PER_WORKER,
+    MAX_SGE, MAX_TIMERS, MERGE_TABLE,
 };
 use crate::worker::{Cx, Handler, Worker, WorkerCfg};
 
@@ -47,12 +47,26 @@ impl<P: Provider> std::fmt::Debug for Engine<P> {
     }
 }
 
-fn pin(core: usize) -> bool {
-    core_affinity::set_for_current(core_affinity::CoreId { id: core })
+/// Pins the calling thread to `core`; with `pin = "require"` a failure is an error, else it
+/// is said on stderr and the thread runs unpinned. Returns whether it is pinned.
+fn pin(what: &str, core: usize, policy: PinPolicy) -> Result<bool> {
+    if core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+        return Ok(true);
+    }
+    match policy {
+        PinPolicy::Require => Err(EngineError::Pin { what: what.into(), core }),
+        _ => {
+            eprintln!(
+                "corelink: {what} cannot be pinned to core {core}: it runs unpinned (pin = \
+                 \"require\" refuses to start instead)"
+            );
+            Ok(false)
+        }
+    }
 }
 
-fn thread_err(what: String, e: impl std::fmt::Display) -> EngineError {
-    EngineError::Thread { what, detail: e.to_string() }
+fn spawn_err(what: String) -> impl FnOnce(std::io::Error) -> EngineError {
+    move |source| EngineError::Spawn { what, source }
 }
 
 impl<P: Provider> Engine<P> {
@@ -70,29 +84,28 @@ impl<P: Provider> Engine<P> {
             corelink_config::ProviderKind::Ibverbs => "ibverbs",
         };
         if want != P::NAME {
-            return Err(EngineError::Config(format!(
-                "the core map asks for {want}, the engine runs {}",
-                P::NAME
-            )));
+            return Err(EngineError::WrongProvider { map: want, engine: P::NAME });
         }
         let device = match &cfg.device {
             Some(d) => d.clone(),
-            None => P::devices()?.first().map(|d| d.name.clone()).ok_or_else(|| {
-                EngineError::Config(format!("no {} device on this host", P::NAME))
-            })?,
+            None => P::devices()?
+                .first()
+                .map(|d| d.name.clone())
+                .ok_or(EngineError::NoDevice { provider: P::NAME })?,
         };
         let ctx = Arc::new(P::open(&device)?);
         let w = &map.worker;
         let attr = QpAttr {
             port: map.port,
-            sgid_index: map.gid_index as u8,
-            min_rnr_timer: 1, // a message that arrives before its receive retries after 10 µs
-            rnr_retry: 7,
+            // (validated: 0..=255)
+            sgid_index: u8::try_from(map.gid_index).unwrap_or(u8::MAX),
+            min_rnr_timer: w.min_rnr_timer,
+            rnr_retry: w.rnr_retry,
             ..QpAttr::default()
         };
         let cap = QpCap {
             max_send_wr: w.send_queue_depth,
-            max_recv_wr: w.recv_queue_depth.max(crate::tunables::RECVS_PER_CONN as u32),
+            max_recv_wr: w.recv_queue_depth,
             max_send_sge: if w.scheduler.coalesce_writes { MAX_SGE as u32 } else { 1 },
             max_recv_sge: 1,
             max_inline_data: w.max_inline,
@@ -104,14 +117,9 @@ impl<P: Provider> Engine<P> {
         let listen_addr = listener.as_ref().map(corelink_verbs::Listener::local_addr);
         let handler = Arc::new(handler);
         let classes: Vec<(usize, usize)> = w.pools.iter().map(|p| (p.size, p.count)).collect();
-        let recv_size = classes
-            .iter()
-            .map(|c| c.0)
-            .find(|&s| s >= 4096)
-            .or(classes.last().map(|c| c.0))
-            .unwrap_or(4096);
-        let wcfg =
-            WorkerCfg::from_map(w, recv_size, (w.poll_budget as usize).clamp(1, MAX_POLL_BATCH));
+        let recv_class = [(w.recv_size as usize, Budget::recv_buffers(w) as usize)];
+        let wcfg = WorkerCfg::from_map(w, (w.poll_budget as usize).clamp(1, MAX_POLL_BATCH));
+        let pin_policy = map.pin;
 
         let mut links = Vec::new();
         let mut workers = Vec::new();
@@ -142,12 +150,21 @@ impl<P: Provider> Engine<P> {
                 (handler.clone(), pd.clone(), cq.clone(), wcfg.clone(), region.clone());
             let classes = classes.clone();
             let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
+            let max_conns = w.max_conns as usize;
             let jh = std::thread::Builder::new()
                 .name(format!("corelink-worker-{i}"))
                 .spawn(move || {
-                    pin(core);
+                    let pinned = match pin(&format!("worker {i}"), core, pin_policy) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
                     // Everything the worker owns is made here, on its own core (first touch).
-                    let pool = match Pool::<P>::new(&pd2, &classes) {
+                    let pools = Pool::<P>::new(&pd2, &classes)
+                        .and_then(|p| Ok((p, Pool::<P>::new(&pd2, &recv_class)?)));
+                    let (pool, recv_pool) = match pools {
                         Ok(p) => p,
                         Err(e) => {
                             let _ = ready_tx.send(Err(e));
@@ -161,11 +178,12 @@ impl<P: Provider> Engine<P> {
                         cq: cq2,
                         region: region2,
                         pool,
-                        conns: (0..MAX_CONNS_PER_WORKER).map(|_| None).collect(),
+                        recv_pool,
+                        conns: (0..max_conns).map(|_| None).collect(),
                         live_conns: 0,
-                        generations: vec![0; MAX_CONNS_PER_WORKER],
-                        free_conns: (0..MAX_CONNS_PER_WORKER as u16).rev().collect(),
-                        dirty: Vec::with_capacity(MAX_CONNS_PER_WORKER * 2),
+                        generations: vec![0; max_conns],
+                        free_conns: (0..max_conns).rev().map(|s| s as u16).collect(),
+                        dirty: Vec::with_capacity(max_conns * 2),
                         reqs: Slab::new(MAX_REQUESTS_PER_WORKER),
                         ext_data: (0..MAX_REQUESTS_PER_WORKER).map(|_| Vec::new()).collect(),
                         merges: crate::worker::MergeTable::with_capacity(MERGE_TABLE),
@@ -174,7 +192,7 @@ impl<P: Provider> Engine<P> {
                         notices: std::collections::VecDeque::with_capacity(4096),
                         reposts: arrayvec::ArrayVec::new(),
                         timers: std::collections::BinaryHeap::with_capacity(MAX_TIMERS),
-                        metrics: Metrics { worker: i, ..Metrics::default() },
+                        metrics: Metrics { worker: i, pinned, ..Metrics::default() },
                         stopping: false,
                         shutdown_deadline: None,
                         ext_connects: Vec::with_capacity(CLIENT_RING),
@@ -189,14 +207,17 @@ impl<P: Provider> Engine<P> {
                         idle_since: None,
                         empty_run: 0,
                         wcs: [corelink_verbs::Wc::default(); MAX_POLL_BATCH],
+                        stopped_sent: false,
                         stopped: false,
                     };
                     let _ = ready_tx.send(Ok(()));
                     drop(pd2);
                     worker.run();
                 })
-                .map_err(|e| thread_err(format!("worker {i} on core {core}"), e))?;
-            ready_rx.recv().map_err(|e| thread_err(format!("worker {i}"), e))??;
+                .map_err(spawn_err(format!("worker {i} on core {core}")))?;
+            ready_rx
+                .recv()
+                .map_err(|_| EngineError::Panicked { what: format!("worker {i}") })??;
             threads.push(jh.thread().clone());
             links.push(WorkerLink {
                 region: region.region(),
@@ -204,7 +225,7 @@ impl<P: Provider> Engine<P> {
                 from: from_w,
                 thread: jh.thread().clone(),
                 qps,
-                conns: 0,
+                budget: Budget::new(i, w),
                 lanes: 0,
                 stopped: false,
             });
@@ -212,16 +233,28 @@ impl<P: Provider> Engine<P> {
         }
         let (tx, rx) = mpsc::channel();
         let control_metrics = Arc::new(Mutex::new(ControlMetrics::default()));
-        let cfg = ControlCfg { placement, attr, per_conn: w.qps.per_conn as usize };
+        let cfg = ControlCfg {
+            placement,
+            attr,
+            per_conn: w.qps.per_conn as usize,
+            recv_size: w.recv_size,
+        };
         let control = Control::new(ctx, listener, links, rx, cfg, control_metrics.clone());
         let control_core = map.control_core;
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let control = std::thread::Builder::new()
             .name("corelink-control".into())
-            .spawn(move || {
-                pin(control_core);
-                control.run();
+            .spawn(move || match pin("the control core", control_core, pin_policy) {
+                Ok(_) => {
+                    let _ = ready_tx.send(Ok(()));
+                    control.run();
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
             })
-            .map_err(|e| thread_err(format!("control core {control_core}"), e))?;
+            .map_err(spawn_err(format!("control core {control_core}")))?;
+        ready_rx.recv().map_err(|_| EngineError::Panicked { what: "control core".into() })??;
         let n = workers.len();
         Ok(Engine {
             commands: tx,
@@ -253,15 +286,20 @@ impl<P: Provider> Engine<P> {
 
     /// A new external client of worker `worker`.
     pub fn client(&mut self, worker: usize) -> Result<Client> {
+        let workers = self.threads.len();
         let thread = self
             .threads
             .get(worker)
             .cloned()
-            .ok_or_else(|| EngineError::Config(format!("no worker {worker}")))?;
+            .ok_or(EngineError::NoSuchWorker { worker, workers })?;
         if self.clients[worker] >= MAX_CLIENTS_PER_WORKER {
-            return Err(EngineError::Config(format!(
-                "worker {worker} serves {MAX_CLIENTS_PER_WORKER} clients already"
-            )));
+            return Err(EngineError::Limit {
+                worker,
+                limit: crate::error::Limit::Clients,
+                max: MAX_CLIENTS_PER_WORKER as u64,
+                in_use: self.clients[worker] as u64,
+                need: 1,
+            });
         }
         self.clients[worker] += 1;
         let (submit, w_submit) = ring(CLIENT_RING);
@@ -295,10 +333,10 @@ impl<P: Provider> Engine<P> {
             for t in &self.threads {
                 t.unpark();
             }
-            c.join().map_err(|_| thread_err("control core".into(), "panicked"))?;
+            c.join().map_err(|_| EngineError::Panicked { what: "control core".into() })?;
         }
         for (i, w) in self.workers.drain(..).enumerate() {
-            w.join().map_err(|_| thread_err(format!("worker {i}"), "panicked"))?;
+            w.join().map_err(|_| EngineError::Panicked { what: format!("worker {i}") })?;
         }
         Ok(self.metrics())
     }

@@ -28,7 +28,7 @@ pub(crate) enum ToWorker<P: Provider> {
     /// A connection, now the worker's: its QPs (lanes; at least one), all in RTS.
     NewConn { lanes: ArrayVec<NewLane<P>, MAX_QPS_PER_CONN>, info: ConnInfo, origin: Origin },
     /// A `connect` failed.
-    ConnectFailed { token: u64, origin: Origin, error: String },
+    ConnectFailed { token: u64, origin: Origin, error: crate::EngineError },
     /// The peer of the lane with this key disconnected (the whole connection closes).
     PeerClosed { cm_key: u64 },
     /// A new external client: the worker's ends of its two rings.
@@ -128,6 +128,6 @@ pub struct ExtCompletion {
     pub data: Vec<u8>,
     /// An atomic's old value.
     pub old_value: Option<u64>,
-    /// Why a request failed before reaching the device.
-    pub error: Option<String>,
+    /// Why a request failed before reaching the device (or why a connect failed).
+    pub error: Option<crate::EngineError>,
 }

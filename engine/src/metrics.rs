@@ -79,6 +79,15 @@ pub struct Metrics {
     pub coalesced_writes: u64,
     /// Items waiting in the worker's inbound rings at the last look.
     pub ring_occupancy: u64,
+    /// Whether the worker thread is pinned to its core (`pin = "warn"` lets it run unpinned).
+    pub pinned: bool,
+    /// CQ polls that failed (the verbs call returned an error).
+    pub poll_errors: u64,
+    /// Receives that could not be posted (each closes its connection with
+    /// `CloseReason::RecvPostFailed`).
+    pub recv_post_errors: u64,
+    /// Lookups that cannot fail and did (a bug: each is also a debug assertion).
+    pub invariant_misses: u64,
     /// Voluntary context switches of the worker thread since it started.
     pub voluntary_switches: u64,
     /// Involuntary context switches of the worker thread since it started.
@@ -128,6 +137,18 @@ impl fmt::Display for Metrics {
         writeln!(f, "  {:<28} {:>14}", "merged reads", self.merged_reads)?;
         writeln!(f, "  {:<28} {:>14}", "coalesced writes", self.coalesced_writes)?;
         writeln!(f, "  {:<28} {:>14}", "ring occupancy", self.ring_occupancy)?;
+        if !self.pinned {
+            writeln!(f, "  {:<28} {:>14}", "pinned", "no")?;
+        }
+        for (what, n) in [
+            ("poll errors", self.poll_errors),
+            ("receive post errors", self.recv_post_errors),
+            ("invariant misses", self.invariant_misses),
+        ] {
+            if n > 0 {
+                writeln!(f, "  {what:<28} {n:>14}")?;
+            }
+        }
         writeln!(f, "  {:<28} {:>14}", "voluntary ctx switches", self.voluntary_switches)?;
         write!(f, "  {:<28} {:>14}", "involuntary ctx switches", self.involuntary_switches)
     }
@@ -154,6 +175,9 @@ pub struct WorkerCounts {
     pub qps_destroyed: u64,
     /// Connects and accepts refused because they would exceed `worker.qps.max`.
     pub qps_refused: u64,
+    /// Connects and accepts refused because they would exceed `worker.max_conns`, the
+    /// receive buffers or the CQ (`worker.cq_depth`).
+    pub conns_refused: u64,
     /// Lanes handed to the worker since start (`worker.qps.per_conn` of the connecting side
     /// per connection).
     pub lanes: u64,
@@ -172,7 +196,7 @@ impl fmt::Display for ControlMetrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "  {:<8} {:>11} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>8}",
+            "  {:<8} {:>11} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>8} {:>13}",
             "worker",
             "connections",
             "lanes",
@@ -181,12 +205,13 @@ impl fmt::Display for ControlMetrics {
             "created",
             "reused",
             "destroyed",
-            "refused"
+            "refused",
+            "conns refused"
         )?;
         for (i, w) in self.workers.iter().enumerate() {
             write!(
                 f,
-                "\n  {:<8} {:>11} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>8}",
+                "\n  {:<8} {:>11} {:>8} {:>8} {:>8} {:>9} {:>8} {:>10} {:>8} {:>13}",
                 i,
                 w.connections,
                 w.lanes,
@@ -195,7 +220,8 @@ impl fmt::Display for ControlMetrics {
                 w.qps_created,
                 w.qps_reused,
                 w.qps_destroyed,
-                w.qps_refused
+                w.qps_refused,
+                w.conns_refused
             )?;
         }
         Ok(())

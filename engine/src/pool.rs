@@ -47,14 +47,21 @@ impl<P: Provider> Pool<P> {
         let mut out = Vec::with_capacity(classes.len());
         let mut prev = 0;
         for &(size, count) in classes {
-            if size <= prev || count == 0 || count > u32::MAX as usize {
-                return Err(EngineError::Config(format!(
-                    "pool class ({size} B x {count}): sizes must increase and counts be 1..=2^32-1"
-                )));
+            let why = if size <= prev {
+                Some("sizes must increase")
+            } else if count == 0 || count > u32::MAX as usize {
+                Some("counts must be 1..=2^32-1")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(EngineError::PoolClass { size, count, why });
             }
             prev = size;
-            let bytes = size.checked_mul(count).ok_or_else(|| {
-                EngineError::Config(format!("pool class {size} B x {count} overflows"))
+            let bytes = size.checked_mul(count).ok_or(EngineError::PoolClass {
+                size,
+                count,
+                why: "its bytes overflow",
             })?;
             let mr = pd.register(bytes, AccessFlags::LOCAL_WRITE).map_err(EngineError::Verbs)?;
             // Hand out low indices first (the free list pops from the back).

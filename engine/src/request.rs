@@ -159,6 +159,9 @@ pub struct ConnInfo {
     pub private_data: Vec<u8>,
     /// The region the peer exposes for one-sided operations, if it has one.
     pub peer_region: Option<RemoteRegion>,
+    /// The largest send the peer takes (its receive buffers, `worker.recv_size`; `None` for a
+    /// peer that did not say): a larger send is refused at submit.
+    pub peer_recv_size: Option<u32>,
     /// Whether this side connected (else it accepted).
     pub initiated: bool,
     /// The token of the `connect` that made it (0 when accepted).
@@ -174,6 +177,9 @@ pub enum CloseReason {
     Peer,
     /// A request failed and the QP went to the error state.
     Error(WcStatus),
+    /// A receive could not be posted again (the verbs call failed; see the worker's metrics):
+    /// the connection would run out of receives, so it closes.
+    RecvPostFailed,
     /// The engine is shutting down.
     Shutdown,
 }

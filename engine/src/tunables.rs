@@ -20,15 +20,17 @@ pub const CLASSES: usize = corelink_config::limits::CLASSES as usize;
 /// requests' buffers).
 pub const MAX_SGE: usize = 8;
 
-/// Receives a connection keeps posted (each a pool buffer of the connection's message size).
+/// Receives a connection keeps posted by default (`worker.recvs_per_conn`): the messages a
+/// sender may have in flight towards one peer without waiting for its answers.
 pub const RECVS_PER_CONN: usize = 32;
 
-/// Receives each lane of a connection keeps posted at least (a connection's receives are
-/// shared out over its lanes).
-pub const MIN_RECVS_PER_LANE: usize = 8;
+/// Connections one worker may own at most (`worker.max_conns` is at most this; the worker
+/// holds exactly as many slots as the key says).
+pub const MAX_CONNS_PER_WORKER: usize = corelink_config::limits::MAX_CONNS_PER_WORKER as usize;
 
-/// Connections one worker owns at most.
-pub const MAX_CONNS_PER_WORKER: usize = 1024;
+/// Bits of a receive's work-request id that number it within its lane (the lane's index takes
+/// the 3 above them, the connection slot the 16 above those).
+pub const RECV_INDEX_BITS: u32 = 13;
 
 /// Requests one worker holds at most, waiting and in flight (its request slab); beyond, a
 /// submission fails with `TooManyRequests`.
@@ -70,15 +72,14 @@ pub const RECV_FLAG: u64 = 1 << 63;
 
 const _: () = {
     assert!(MAX_POLL_BATCH > 0 && MAX_POST_LIST > 0);
-    // A receive's id holds a connection slot (below 2^16) and a receive index (below 2^16).
-    assert!(MAX_CONNS_PER_WORKER <= 1 << 16 && RECVS_PER_CONN <= 1 << 16);
+    // A receive's id holds a connection slot (below 2^16), its lane (below 2^3) and its index
+    // in the lane (below 2^RECV_INDEX_BITS: every lane of `worker.recvs_per_conn`).
+    assert!(MAX_CONNS_PER_WORKER <= 1 << 16);
+    assert!(MAX_QPS_PER_CONN <= 1 << (16 - RECV_INDEX_BITS));
+    assert!(corelink_config::limits::MAX_RECVS_PER_CONN as usize <= 1 << RECV_INDEX_BITS);
+    assert!(RECVS_PER_CONN <= corelink_config::limits::MAX_RECVS_PER_CONN as usize);
     assert!(CONTROL_RING.is_power_of_two() && CLIENT_RING.is_power_of_two());
-    // Request slots: every connection's send queue may be full at once.
-    assert!((MAX_CONNS_PER_WORKER as u64) * 1024 <= 1 << SLOT_BITS);
     assert!(MAX_REQUESTS_PER_WORKER <= 1 << SLOT_BITS);
     assert!(CLIENT_BATCH <= CLIENT_RING);
-    // A receive's index holds its lane and its place among the lane's receives.
-    assert!(MAX_QPS_PER_CONN * RECVS_PER_CONN <= 1 << 16);
-    assert!(MIN_RECVS_PER_LANE <= RECVS_PER_CONN);
     assert!(CLASSES > 0 && CLASSES <= 8 && MAX_SGE >= 1);
 };

@@ -100,10 +100,16 @@ pub enum Error {
         source: io::Error,
     },
     /// Creating a queue pair failed.
-    #[error("cannot create a {qp_type} queue pair")]
+    #[error(
+        "cannot create a {qp_type} queue pair (send queue {}, receive queue {}, {} send and {} \
+         receive scatter entries, {} bytes inline)",
+        cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data
+    )]
     CreateQp {
         /// Transport asked for.
         qp_type: QpType,
+        /// Capacities asked for.
+        cap: crate::QpCap,
         /// Cause.
         #[source]
         source: io::Error,
@@ -207,6 +213,42 @@ pub enum Error {
         /// Provider name.
         provider: &'static str,
     },
+}
+
+/// An error with its whole cause chain, each cause after a colon (`{}` of an error alone
+/// prints only its top line: "cannot create a queue pair" without the device's reason).
+///
+/// # Examples
+///
+/// ```
+/// let e = corelink_verbs::Error::AllocPd(std::io::Error::from_raw_os_error(12));
+/// let text = corelink_verbs::chain(&e).to_string();
+/// assert!(text.starts_with("cannot allocate a protection domain: "), "{text}");
+/// ```
+pub fn chain<'a>(e: &'a (dyn std::error::Error + 'static)) -> Chain<'a> {
+    Chain(e)
+}
+
+/// What [`chain`] returns: displays an error and every `source()` below it.
+#[derive(Debug, Clone, Copy)]
+pub struct Chain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut last = self.0.to_string();
+        f.write_str(&last)?;
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            // A cause whose text its error already printed (a wrapper quoting it) goes once.
+            let text = c.to_string();
+            if !last.ends_with(&text) {
+                write!(f, ": {text}")?;
+            }
+            last = text;
+            cause = c.source();
+        }
+        Ok(())
+    }
 }
 
 /// `io::Error` for an errno value.

@@ -24,7 +24,7 @@ pub mod wr;
 #[cfg(feature = "ibverbs")]
 pub mod ibverbs;
 
-pub use error::{Error, Result};
+pub use error::{chain, Chain, Error, Result};
 pub use provider::{
     CmEvent, ConnRequest, Connection, Context, Cq, Listener, Mr, Mw, Pd, Provider, Qp, QpInitAttr,
     Srq,

@@ -9,6 +9,7 @@
 //! | 8 | group nonce: the same in every lane of one engine connection, random per connection |
 //! | 1 | lane index, `0..lanes` |
 //! | 1 | lane count (`worker.qps.per_conn` of the connecting side; 0 reads as 1) |
+//! | 4 | the sender's receive size (`worker.recv_size`: the largest send it takes; 0: unknown) |
 //! | 1 | length of the application's part |
 //!
 //! and the application's part follows: at most [`MAX_APP_PRIVATE_DATA`] bytes
@@ -24,7 +25,8 @@ use crate::tunables::{MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
 const NONCE_AT: usize = RemoteRegion::WIRE_BYTES;
 const LANE_AT: usize = NONCE_AT + 8;
 const LANES_AT: usize = LANE_AT + 1;
-const LEN_AT: usize = LANES_AT + 1;
+const RECV_SIZE_AT: usize = LANES_AT + 1;
+const LEN_AT: usize = RECV_SIZE_AT + 4;
 
 /// Bytes of the engine's own header at the start of private data.
 pub const HEADER: usize = LEN_AT + 1;
@@ -33,8 +35,8 @@ pub const HEADER: usize = LEN_AT + 1;
 /// connect): what rdma_cm carries in a connect request less the engine's header.
 pub const MAX_APP_PRIVATE_DATA: usize = MAX_PRIVATE_DATA - HEADER;
 
-// `Cx::connect` documents the application's budget as 25 bytes.
-const _: () = assert!(MAX_APP_PRIVATE_DATA == 25 && MAX_QPS_PER_CONN <= u8::MAX as usize);
+// `Cx::connect` documents the application's budget as 21 bytes.
+const _: () = assert!(MAX_APP_PRIVATE_DATA == 21 && MAX_QPS_PER_CONN <= u8::MAX as usize);
 
 /// The engine's header of one lane, with the application's part.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,6 +49,8 @@ pub(crate) struct Header {
     pub(crate) lane: u8,
     /// Lanes of the engine connection, `1..=MAX_QPS_PER_CONN`.
     pub(crate) lanes: u8,
+    /// The sender's receive buffer size (`None`: a peer that did not say).
+    pub(crate) recv_size: Option<u32>,
     /// The application's part.
     pub(crate) app: Vec<u8>,
 }
@@ -61,6 +65,7 @@ impl Header {
         v.extend_from_slice(&self.nonce.to_le_bytes());
         v.push(self.lane);
         v.push(self.lanes);
+        v.extend_from_slice(&self.recv_size.unwrap_or(0).to_le_bytes());
         v.push(app.len() as u8);
         v.extend_from_slice(app);
         v
@@ -83,9 +88,14 @@ impl Header {
                 "lane {lane} of {lanes}: a connection has 1 to {MAX_QPS_PER_CONN} lanes"
             ));
         }
+        let recv_size = pd
+            .get(RECV_SIZE_AT..LEN_AT)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .filter(|&n| n > 0);
         let len = pd.get(LEN_AT).copied().unwrap_or(0) as usize;
         let app = pd.get(HEADER..HEADER + len).unwrap_or_default().to_vec();
-        Ok(Header { region, nonce, lane, lanes, app })
+        Ok(Header { region, nonce, lane, lanes, recv_size, app })
     }
 }
 
@@ -133,6 +143,7 @@ mod tests {
             nonce: 0x0123_4567_89ab_cdef,
             lane: 2,
             lanes: 4,
+            recv_size: Some(4096),
             app: b"app".to_vec(),
         }
     }

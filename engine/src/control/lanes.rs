@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use corelink_verbs::{CmEvent, ConnRequest, Connection, Context, Listener, Provider};
 
 use super::header::{nonce, reject_data, reject_reason, Header, MAX_APP_PRIVATE_DATA};
-use super::Control;
+use super::{Control, Reservation};
+use crate::error::EngineError;
 use crate::handoff::{Origin, ToWorker};
 use crate::request::ConnInfo;
 
@@ -39,7 +40,7 @@ struct LaneDone<P: Provider> {
     conn: u64,
     lane: usize,
     qp: P::Qp,
-    result: Result<P::Connection, String>,
+    result: Result<P::Connection, EngineError>,
 }
 
 /// A connect in progress.
@@ -52,7 +53,11 @@ struct Connecting<P: Provider> {
     /// Lanes not reported yet.
     waiting: usize,
     /// The first failure.
-    error: Option<String>,
+    error: Option<EngineError>,
+    /// Where it connects.
+    addr: SocketAddr,
+    /// What it holds of the worker's budget.
+    reservation: Reservation,
 }
 
 /// The connects in progress and their connector threads' reports.
@@ -81,7 +86,10 @@ struct Accepting<P: Provider> {
     deadline: Instant,
     info: ConnInfo,
     lanes: Vec<Option<Up<P>>>,
+    /// Why it failed (its late lanes are rejected with this), once it has.
     failed: Option<String>,
+    /// What it holds of the worker's budget (until it fails or goes to the worker).
+    reservation: Option<Reservation>,
 }
 
 /// Accepted connections waiting for their lanes, by nonce.
@@ -95,18 +103,24 @@ impl<P: Provider> Incoming<P> {
     }
 }
 
-/// A connect's error, with an engine's reject reason when it gave one.
-fn describe(e: &corelink_verbs::Error) -> String {
-    match e {
+/// A lane's connect error: an engine's reject reason when the peer gave one, else the verbs
+/// error.
+fn describe(e: corelink_verbs::Error) -> EngineError {
+    match &e {
         corelink_verbs::Error::Rejected { private_data, .. } => match reject_reason(private_data) {
-            Some(why) => format!("{e}: {why}"),
-            None => e.to_string(),
+            Some(why) => EngineError::PeerRefused(why),
+            None => e.into(),
         },
-        _ => e.to_string(),
+        _ => e.into(),
     }
 }
 
-fn lane_error(lane: usize, lanes: usize, e: String) -> String {
+/// A reason in text for a reject's private data (the whole cause chain).
+fn reason(e: &EngineError) -> String {
+    corelink_verbs::chain(e).to_string()
+}
+
+fn lane_text(lane: usize, lanes: usize, e: String) -> String {
     if lanes == 1 {
         e
     } else {
@@ -125,9 +139,9 @@ impl<P: Provider> Control<P> {
         origin: Origin,
     ) {
         let refuse = if self.shutting_down {
-            Some("the engine is shutting down".to_string())
+            Some(EngineError::ShuttingDown)
         } else if app.len() > MAX_APP_PRIVATE_DATA {
-            Some(format!("{} bytes of private data; at most {MAX_APP_PRIVATE_DATA}", app.len()))
+            Some(EngineError::PrivateDataTooLong { len: app.len(), max: MAX_APP_PRIVATE_DATA })
         } else {
             None
         };
@@ -135,17 +149,30 @@ impl<P: Provider> Control<P> {
             return self.send(w, ToWorker::ConnectFailed { token, origin, error });
         }
         let k = self.cfg.per_conn;
+        let reservation = match self.workers[w].budget.reserve(k) {
+            Ok(r) => r,
+            Err(error) => return self.send(w, ToWorker::ConnectFailed { token, origin, error }),
+        };
         let qps = match self.workers[w].qps.take(k) {
             Ok(qps) => qps,
-            Err(e) => {
-                let error = e.to_string();
+            Err(error) => {
+                self.workers[w].budget.release(reservation);
                 return self.send(w, ToWorker::ConnectFailed { token, origin, error });
             }
         };
         let id = self.next_conn;
         self.next_conn += 1;
         let lanes = (0..k).map(|_| None).collect();
-        let group = Connecting { worker: w, token, origin, lanes, waiting: k, error: None };
+        let group = Connecting {
+            worker: w,
+            token,
+            origin,
+            lanes,
+            waiting: k,
+            error: None,
+            addr,
+            reservation,
+        };
         self.outgoing.groups.insert(id, group);
         let nonce = nonce();
         for (lane, mut qp) in qps.into_iter().enumerate() {
@@ -154,15 +181,15 @@ impl<P: Provider> Control<P> {
                 nonce,
                 lane: lane as u8,
                 lanes: k as u8,
+                recv_size: Some(self.cfg.recv_size),
                 app: app.to_vec(),
             }
             .to_bytes();
             let (ctx, attr, tx) = (self.ctx.clone(), self.cfg.attr, self.outgoing.tx.clone());
             let spawned =
                 std::thread::Builder::new().name("corelink-connect".into()).spawn(move || {
-                    let result = ctx
-                        .connect(addr, &mut qp, &attr, &hdr, CONNECT_TIMEOUT)
-                        .map_err(|e| describe(&e));
+                    let result =
+                        ctx.connect(addr, &mut qp, &attr, &hdr, CONNECT_TIMEOUT).map_err(describe);
                     let _ = tx.send(LaneDone { conn: id, lane, qp, result });
                 });
             match spawned {
@@ -172,9 +199,14 @@ impl<P: Provider> Control<P> {
                     self.workers[w].qps.forget();
                     if let Some(g) = self.outgoing.groups.get_mut(&id) {
                         g.waiting -= 1;
-                        let e =
-                            lane_error(lane, k, format!("cannot start a connector thread: {e}"));
-                        g.error.get_or_insert(e);
+                        let source =
+                            Box::new(EngineError::Spawn { what: "connector".into(), source: e });
+                        g.error.get_or_insert(EngineError::Connect {
+                            addr,
+                            lane,
+                            lanes: k,
+                            source,
+                        });
                     }
                 }
             }
@@ -194,7 +226,9 @@ impl<P: Provider> Control<P> {
             match d.result {
                 Ok(cm) => g.lanes[d.lane] = Some((d.qp, cm)),
                 Err(e) => {
-                    g.error.get_or_insert(lane_error(d.lane, g.lanes.len(), e));
+                    let (addr, lanes) = (g.addr, g.lanes.len());
+                    let e = EngineError::Connect { addr, lane: d.lane, lanes, source: Box::new(e) };
+                    g.error.get_or_insert(e);
                     self.workers[w].qps.give_back(d.qp, &self.cfg.attr);
                 }
             }
@@ -212,7 +246,7 @@ impl<P: Provider> Control<P> {
         let (w, token, origin) = (g.worker, g.token, g.origin);
         let error = match g.error {
             Some(e) => Some(e),
-            None if self.shutting_down => Some("the engine is shutting down".to_string()),
+            None if self.shutting_down => Some(EngineError::ShuttingDown),
             None => None,
         };
         let up: Vec<Up<P>> = g.lanes.into_iter().flatten().collect();
@@ -220,16 +254,16 @@ impl<P: Provider> Control<P> {
             for (qp, cm) in up {
                 self.recycle(w, qp, cm);
             }
+            self.workers[w].budget.release(g.reservation);
             return self.send(w, ToWorker::ConnectFailed { token, origin, error });
         }
         let peer = up.first().map(|(_, cm)| Header::parse(cm.peer_private_data()));
-        let (peer_region, private_data) = match peer {
-            Some(Ok(h)) => (h.region, h.app),
-            _ => (None, Vec::new()),
+        let (peer_region, private_data, peer_recv_size) = match peer {
+            Some(Ok(h)) => (h.region, h.app, h.recv_size),
+            _ => (None, Vec::new(), None),
         };
-        let info = ConnInfo { private_data, peer_region, initiated: true, token };
-        self.workers[w].conns += 1;
-        self.hand_off(w, up, info, origin);
+        let info = ConnInfo { private_data, peer_region, peer_recv_size, initiated: true, token };
+        self.hand_off(w, up, info, origin, g.reservation);
     }
 
     /// Accepts one lane if a request is waiting; returns whether one was.
@@ -265,10 +299,18 @@ impl<P: Provider> Control<P> {
             }
             None => {
                 let w = self.choose_worker(&hdr.app);
-                self.workers[w].conns += 1;
+                let reservation = match self.workers[w].budget.reserve(k) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // Refused before any exchange: the connecting side hears why.
+                        let _ = req.reject(&reject_data(&reason(&e)));
+                        return true;
+                    }
+                };
                 let info = ConnInfo {
                     private_data: hdr.app,
                     peer_region: hdr.region,
+                    peer_recv_size: hdr.recv_size,
                     initiated: false,
                     token: 0,
                 };
@@ -278,6 +320,7 @@ impl<P: Provider> Control<P> {
                     info,
                     lanes: (0..k).map(|_| None).collect(),
                     failed: None,
+                    reservation: Some(reservation),
                 };
                 self.incoming.groups.insert(nonce, group);
                 w
@@ -287,9 +330,9 @@ impl<P: Provider> Control<P> {
             Ok(Some(qp)) => qp,
             Ok(None) => return true, // `take(1)` gives one QP
             Err(e) => {
-                let why = e.to_string();
+                let why = reason(&e);
                 let _ = req.reject(&reject_data(&why));
-                self.fail_incoming(nonce, lane_error(lane, k, why));
+                self.fail_incoming(nonce, lane_text(lane, k, why));
                 return true;
             }
         };
@@ -298,6 +341,7 @@ impl<P: Provider> Control<P> {
             nonce,
             lane: lane as u8,
             lanes: k as u8,
+            recv_size: Some(self.cfg.recv_size),
             app: Vec::new(),
         }
         .to_bytes();
@@ -308,7 +352,11 @@ impl<P: Provider> Control<P> {
                     if g.lanes.iter().all(Option::is_some) {
                         if let Some(g) = self.incoming.groups.remove(&nonce) {
                             let up = g.lanes.into_iter().flatten().collect();
-                            self.hand_off(g.worker, up, g.info, Origin::Handler);
+                            match g.reservation {
+                                Some(r) => self.hand_off(g.worker, up, g.info, Origin::Handler, r),
+                                // (a group that failed takes no lanes, so never gets here)
+                                None => up.into_iter().for_each(|(qp, cm)| self.recycle(w, qp, cm)),
+                            }
                         }
                     }
                 }
@@ -316,7 +364,7 @@ impl<P: Provider> Control<P> {
             },
             Err(e) => {
                 self.workers[w].qps.give_back(qp, &self.cfg.attr);
-                self.fail_incoming(nonce, lane_error(lane, k, e.to_string()));
+                self.fail_incoming(nonce, lane_text(lane, k, reason(&e.into())));
             }
         }
         true
@@ -331,14 +379,16 @@ impl<P: Provider> Control<P> {
         }
         let w = g.worker;
         let up: Vec<Up<P>> = g.lanes.iter_mut().filter_map(Option::take).collect();
+        let reservation = g.reservation.take();
         if g.lanes.len() == 1 {
             // No lane will follow (and peers without a header all share nonce 0).
             self.incoming.groups.remove(&nonce);
         } else {
             g.failed = Some(why);
         }
-        let c = &mut self.workers[w].conns;
-        *c = c.saturating_sub(1);
+        if let Some(r) = reservation {
+            self.workers[w].budget.release(r);
+        }
         for (qp, cm) in up {
             self.recycle(w, qp, cm);
         }
@@ -356,7 +406,7 @@ impl<P: Provider> Control<P> {
                 {
                     gone.push((
                         *nonce,
-                        lane_error(lane, k, "disconnected before all lanes were up".into()),
+                        lane_text(lane, k, "disconnected before all lanes were up".into()),
                     ));
                     break;
                 }

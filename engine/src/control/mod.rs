@@ -13,6 +13,7 @@
 //! disconnects and peer closes stay per lane (by cm key); a worker's connection count counts
 //! engine connections.
 
+mod budget;
 mod header;
 mod lanes;
 mod pool;
@@ -31,6 +32,8 @@ use crate::request::ConnInfo;
 use crate::ring::{Consumer, Producer};
 use crate::tunables::MAX_QPS_PER_CONN;
 
+pub(crate) use budget::Budget;
+use budget::Reservation;
 pub use header::{HEADER, MAX_APP_PRIVATE_DATA};
 pub(crate) use pool::QpPool;
 
@@ -83,8 +86,8 @@ pub(crate) struct WorkerLink<P: Provider> {
     pub(crate) thread: std::thread::Thread,
     /// Its QPs: the pool, and the account of those in use.
     pub(crate) qps: QpPool<P>,
-    /// Its engine connections (accepted ones waiting for lanes included).
-    pub(crate) conns: usize,
+    /// What its connections hold of its limits (accepted ones waiting for lanes included).
+    pub(crate) budget: Budget,
     /// Lanes handed to it since start.
     pub(crate) lanes: u64,
     pub(crate) stopped: bool,
@@ -97,6 +100,8 @@ pub(crate) struct ControlCfg {
     pub(crate) attr: QpAttr,
     /// Lanes of a connection this side opens (`worker.qps.per_conn`).
     pub(crate) per_conn: usize,
+    /// The workers' receive size, told to peers in the header (`worker.recv_size`).
+    pub(crate) recv_size: u32,
 }
 
 /// A lane handed to a worker, by cm key.
@@ -117,8 +122,8 @@ pub(crate) struct Control<P: Provider> {
     next_worker: usize,
     /// Lanes on workers, by cm key.
     lanes: HashMap<u64, Lane<P>>,
-    /// Engine connections on workers: lanes not yet released.
-    conns: HashMap<u64, usize>,
+    /// Engine connections on workers: lanes not yet released, and what they hold.
+    conns: HashMap<u64, (usize, Reservation)>,
     next_key: u64,
     next_conn: u64,
     outgoing: lanes::Outgoing<P>,
@@ -207,7 +212,8 @@ impl<P: Provider> Control<P> {
                 .workers
                 .iter()
                 .map(|w| WorkerCounts {
-                    connections: w.conns as u64,
+                    connections: w.budget.conns() as u64,
+                    conns_refused: w.budget.refused(),
                     lanes: w.lanes,
                     ..w.qps.counts()
                 })
@@ -266,23 +272,26 @@ impl<P: Provider> Control<P> {
                 self.next_worker = (self.next_worker + 1) % n;
                 self.next_worker
             }
-            Placement::LeastLoaded => (0..n).min_by_key(|&i| self.workers[i].conns).unwrap_or(0),
+            Placement::LeastLoaded => {
+                (0..n).min_by_key(|&i| self.workers[i].budget.conns()).unwrap_or(0)
+            }
             Placement::Custom(f) => {
-                let loads: Vec<usize> = self.workers.iter().map(|w| w.conns).collect();
+                let loads: Vec<usize> = self.workers.iter().map(|w| w.budget.conns()).collect();
                 f(app, &loads)
             }
         };
         w.min(n - 1)
     }
 
-    /// Gives a connection's lanes (in lane order, all up) to worker `w`. The caller has
-    /// counted the connection in the worker's `conns`.
+    /// Gives a connection's lanes (in lane order, all up) to worker `w`, with what it
+    /// reserved of the worker's budget (given back when its last lane is released).
     fn hand_off(
         &mut self,
         w: usize,
         up: Vec<(P::Qp, P::Connection)>,
         info: ConnInfo,
         origin: Origin,
+        reservation: Reservation,
     ) {
         let id = self.next_conn;
         self.next_conn += 1;
@@ -298,7 +307,7 @@ impl<P: Provider> Control<P> {
             self.lanes.insert(key, Lane { cm, worker: w, conn: id });
             lanes.push(NewLane { qp, cm_key: key });
         }
-        self.conns.insert(id, lanes.len());
+        self.conns.insert(id, (lanes.len(), reservation));
         self.workers[w].lanes += lanes.len() as u64;
         self.send(w, ToWorker::NewConn { lanes, info, origin });
     }
@@ -340,12 +349,12 @@ impl<P: Provider> Control<P> {
         if let Some(lane) = self.lanes.remove(&cm_key) {
             owner = lane.worker;
             drop(lane.cm);
-            if let Some(left) = self.conns.get_mut(&lane.conn) {
+            if let Some((left, _)) = self.conns.get_mut(&lane.conn) {
                 *left = left.saturating_sub(1);
                 if *left == 0 {
-                    self.conns.remove(&lane.conn);
-                    let c = &mut self.workers[lane.worker].conns;
-                    *c = c.saturating_sub(1);
+                    if let Some((_, r)) = self.conns.remove(&lane.conn) {
+                        self.workers[lane.worker].budget.release(r);
+                    }
                 }
             }
         }

@@ -27,7 +27,10 @@ use crate::tunables::{CLASSES, MAX_POLL_BATCH, MAX_PRIVATE_DATA, MAX_QPS_PER_CON
 pub(crate) struct WorkerCfg {
     pub(crate) poll_budget: usize,
     pub(crate) max_inline: u32,
+    /// Bytes of each receive buffer (`worker.recv_size`).
     pub(crate) recv_size: usize,
+    /// Receives each lane keeps posted, by the connection's lane count (index 0 unused).
+    pub(crate) recvs_per_lane: [u32; MAX_QPS_PER_CONN + 1],
     pub(crate) idle_after: Option<Duration>,
     /// Empty polls in a row before a worker with connections yields its core (0: never).
     pub(crate) yield_after: u32,
@@ -50,21 +53,19 @@ pub(crate) struct WorkerCfg {
 
 impl WorkerCfg {
     /// The scheduling part of a worker's settings, from the core map.
-    pub(crate) fn from_map(
-        w: &corelink_config::WorkerResources,
-        recv_size: usize,
-        poll_budget: usize,
-    ) -> WorkerCfg {
+    pub(crate) fn from_map(w: &corelink_config::WorkerResources, poll_budget: usize) -> WorkerCfg {
         let s = &w.scheduler;
-        let max_outstanding = match s.max_outstanding {
-            0 => w.send_queue_depth,
-            n => n.min(w.send_queue_depth),
-        };
+        let max_outstanding = w.max_outstanding();
         let c = &s.classes;
+        let mut recvs_per_lane = [0; MAX_QPS_PER_CONN + 1];
+        for (lanes, n) in recvs_per_lane.iter_mut().enumerate() {
+            *n = w.recvs_per_lane(lanes as u32);
+        }
         WorkerCfg {
             poll_budget,
             max_inline: w.max_inline,
-            recv_size,
+            recv_size: w.recv_size as usize,
+            recvs_per_lane,
             idle_after: (w.idle_after_us > 0).then(|| Duration::from_micros(w.idle_after_us)),
             yield_after: w.yield_after_empty_polls,
             post_list: (w.batching.post_list as usize).clamp(1, crate::tunables::MAX_POST_LIST),
@@ -88,7 +89,7 @@ impl WorkerCfg {
 pub(crate) enum Notice<P: Provider> {
     Done(Done<P>),
     Client(u16, ExtCompletion),
-    ConnectFailed(u64, String),
+    ConnectFailed(u64, EngineError),
     Closed(ConnId, CloseReason),
 }
 
@@ -129,6 +130,9 @@ pub struct Cx<P: Provider> {
     pub(crate) cq: Arc<P::Cq>,
     pub(crate) region: Arc<P::Mr>,
     pub(crate) pool: Pool<P>,
+    /// The connections' receive buffers (`worker.max_conns * worker.recvs_per_conn` of
+    /// `worker.recv_size`; the control core admits no more connections than they serve).
+    pub(crate) recv_pool: Pool<P>,
     pub(crate) conns: Vec<Option<Conn<P>>>,
     /// Connections in `conns` (so that the loop never scans the table to count them).
     pub(crate) live_conns: usize,
@@ -150,7 +154,7 @@ pub struct Cx<P: Provider> {
     /// Receives whose messages were handled this iteration, to post again once the iteration's
     /// work requests went out (a repost is then off the path from a message to its answer):
     /// (connection slot, receive index, buffer).
-    pub(crate) reposts: ArrayVec<(u16, u16, Buf<P>), MAX_POLL_BATCH>,
+    pub(crate) reposts: ArrayVec<(super::RecvId, Buf<P>), MAX_POLL_BATCH>,
     pub(crate) timers: BinaryHeap<Reverse<(Instant, u64)>>,
     pub(crate) metrics: Metrics,
     pub(crate) stopping: bool,
@@ -341,10 +345,17 @@ impl<P: Provider> Cx<P> {
         token: u64,
         origin: Origin,
     ) -> Result<u64, (Op<P>, EngineError)> {
-        if let Err(e) = self.check_open(conn) {
-            return Err((op, e));
-        }
+        let peer_recv_size = match self.check_open(conn) {
+            Ok(n) => n,
+            Err(e) => return Err((op, e)),
+        };
         let kind = op.kind();
+        if let (Op::Send { buf, .. }, Some(max)) = (&op, peer_recv_size) {
+            if buf.len() > max as usize {
+                let len = buf.len();
+                return Err((op, EngineError::MessageTooLarge { conn, len, max }));
+            }
+        }
         // Atomics get an 8-byte buffer for the old value (taken here, in their own arm, so that
         // other requests carry no buffer to drop).
         let (buf, remote, imm, arg, swap) = match op {
@@ -389,15 +400,23 @@ impl<P: Provider> Cx<P> {
         }
     }
 
+    /// Checks that `conn` takes requests; returns the largest send its peer takes.
     #[inline(always)]
-    fn check_open(&self, conn: ConnId) -> Result<()> {
+    fn check_open(&self, conn: ConnId) -> Result<Option<u32>> {
         if self.stopping {
             return Err(EngineError::ShuttingDown);
         }
-        match self.conn(conn)?.phase {
-            Phase::Open => Ok(()),
+        let c = self.conn(conn)?;
+        match c.phase {
+            Phase::Open => Ok(c.info.peer_recv_size),
             Phase::Closing => Err(EngineError::ConnectionClosing(conn)),
         }
+    }
+
+    /// The largest message this worker's connections take (`worker.recv_size`): a peer's send
+    /// up to this size lands in one receive buffer.
+    pub fn recv_size(&self) -> usize {
+        self.cfg.recv_size
     }
 
     /// Puts request `id` of `conn` in the wait queue of `class`.
@@ -481,7 +500,7 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Connects to `addr` through the control core; the handler hears `on_connected` (with
-    /// `token` in the info) or `on_connect_failed`. `private_data` may hold 25 bytes
+    /// `token` in the info) or `on_connect_failed`. `private_data` may hold 21 bytes
     /// ([`crate::control::MAX_APP_PRIVATE_DATA`]: the rest of rdma_cm's 56 carries the
     /// engine's header, see [`crate::control::HEADER`]).
     pub fn connect(&mut self, addr: SocketAddr, private_data: &[u8], token: u64) -> Result<()> {
@@ -500,10 +519,7 @@ impl<P: Provider> Cx<P> {
         }
         let max = MAX_PRIVATE_DATA - crate::control::HEADER;
         if private_data.len() > max {
-            return Err(EngineError::Config(format!(
-                "{} bytes of private data; at most {max}",
-                private_data.len()
-            )));
+            return Err(EngineError::PrivateDataTooLong { len: private_data.len(), max });
         }
         let mut pd = ArrayVec::new();
         pd.extend(private_data.iter().copied());
@@ -538,13 +554,23 @@ impl<P: Provider> Cx<P> {
     /// Calls the handler's `on_timer(token)` once `after` has passed.
     pub fn set_timer(&mut self, after: Duration, token: u64) -> Result<()> {
         if self.timers.len() >= crate::tunables::MAX_TIMERS {
-            return Err(EngineError::Config(format!(
-                "more than {} timers",
-                crate::tunables::MAX_TIMERS
-            )));
+            return Err(EngineError::Limit {
+                worker: self.index,
+                limit: crate::error::Limit::Timers,
+                max: crate::tunables::MAX_TIMERS as u64,
+                in_use: self.timers.len() as u64,
+                need: 1,
+            });
         }
         self.timers.push(Reverse((self.now() + after, token)));
         Ok(())
+    }
+
+    /// A lookup that cannot fail did: counted (and a debug assertion).
+    #[cold]
+    pub(crate) fn invariant_missed(&mut self) {
+        self.metrics.invariant_misses += 1;
+        debug_assert!(false, "a lookup that cannot fail did (worker {})", self.index);
     }
 
     pub(crate) fn tell_control(&mut self, m: ToControl<P>) {

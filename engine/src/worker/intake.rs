@@ -6,31 +6,37 @@ use corelink_verbs::{Provider, Qp, RecvWr, WcStatus};
 
 use super::conn::Phase;
 use super::cx::Cx;
-use super::recv_id;
+use super::{RecvId, WrId};
 use crate::handoff::{ExtCompletion, ExtOp, ExtRequest, Origin};
 use crate::request::{CloseReason, ConnId, Op, OpKind};
-use crate::tunables::RECVS_PER_CONN;
 
 /// How long a shutting-down worker lets requests in flight finish before it closes anyway.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl<P: Provider> Cx<P> {
-    /// Puts receive buffer `idx` of connection `slot` back on the device.
-    pub(crate) fn repost(&mut self, slot: usize, idx: usize, buf: crate::pool::Buf<P>) {
-        let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else { return };
+    /// Puts receive `id`'s buffer back on the device; a failed post closes the connection.
+    pub(crate) fn repost(&mut self, id: RecvId, buf: crate::pool::Buf<P>) {
+        let Some(c) = self.conns.get_mut(usize::from(id.slot)).and_then(Option::as_mut) else {
+            return;
+        };
         if c.phase != Phase::Open {
             return;
         }
-        let (l, i) = (idx / RECVS_PER_CONN, idx % RECVS_PER_CONN);
-        let Some(lane) = c.lanes.get_mut(l) else { return };
+        let Some(lane) = c.lanes.get_mut(usize::from(id.lane)) else { return };
         let sge = [buf.sge(true)];
-        let wr = [RecvWr { wr_id: recv_id(slot as u16, idx), sgl: &sge }];
+        let wr = [RecvWr { wr_id: WrId::Recv(id).encode(), sgl: &sge }];
         // SAFETY: the buffer goes into `recvs` right below and stays there until its completion.
-        if unsafe { lane.qp.post_recv(&wr) }.is_ok() {
+        let ok = unsafe { lane.qp.post_recv(&wr) }.is_ok();
+        if ok {
             lane.recvs_posted += 1;
         }
-        if let Some(r) = lane.recvs.get_mut(i) {
+        if let Some(r) = lane.recvs.get_mut(usize::from(id.index)) {
             *r = Some(buf);
+        }
+        if !ok {
+            self.metrics.recv_post_errors += 1;
+            let conn = c.id;
+            let _ = self.begin_close(conn, CloseReason::RecvPostFailed);
         }
     }
 
@@ -40,7 +46,7 @@ impl<P: Provider> Cx<P> {
         n: u16,
         req: ExtRequest,
     ) -> Result<(), Box<ExtCompletion>> {
-        let fail = |req: ExtRequest, error: String| {
+        let fail = |req: ExtRequest, error: crate::EngineError| {
             Box::new(ExtCompletion {
                 token: req.token,
                 conn: req.conn,
@@ -52,28 +58,28 @@ impl<P: Provider> Cx<P> {
         };
         if let ExtOp::Connect { addr } = req.op {
             if let Err(e) = self.connect_from(addr, &req.data, req.token, Origin::Client(n)) {
-                return Err(fail(req, e.to_string()));
+                return Err(fail(req, e));
             }
             self.ext_connects.push((n, req.token, req.data));
             return Ok(());
         }
-        let Some(conn) = req.conn else { return Err(fail(req, "no connection given".into())) };
+        let Some(conn) = req.conn else {
+            return Err(fail(req, crate::EngineError::BadRequest("no connection given")));
+        };
         if let Err(e) = self.conn(conn).and_then(|c| match c.phase {
             _ if self.stopping => Err(crate::EngineError::ShuttingDown),
             Phase::Open => Ok(()),
             Phase::Closing => Err(crate::EngineError::ConnectionClosing(conn)),
         }) {
-            return Err(fail(req, e.to_string()));
+            return Err(fail(req, e));
         }
         let (kind, len, remote, imm, arg, swap) = match req.op {
             ExtOp::Send { imm } => (OpKind::Send, req.data.len(), Default::default(), imm, 0, 0),
             ExtOp::Write { remote, imm } => (OpKind::Write, req.data.len(), remote, imm, 0, 0),
             ExtOp::Read { remote, len } => {
                 if req.data.capacity() < len {
-                    return Err(fail(
-                        req,
-                        format!("a read of {len} bytes needs a vector of that capacity"),
-                    ));
+                    let capacity = req.data.capacity();
+                    return Err(fail(req, crate::EngineError::ReadCapacity { len, capacity }));
                 }
                 (OpKind::Read, len, remote, None, 0, 0)
             }
@@ -89,14 +95,14 @@ impl<P: Provider> Cx<P> {
             _ => {
                 let mut buf = match self.pool.get(len) {
                     Ok(b) => b,
-                    Err(e) => return Err(fail(req, e.to_string())),
+                    Err(e) => return Err(fail(req, e)),
                 };
                 if kind == OpKind::Read {
                     if let Err(e) = buf.set_len(len) {
-                        return Err(fail(req, e.to_string()));
+                        return Err(fail(req, e));
                     }
                 } else if let Err(e) = buf.fill(&req.data) {
-                    return Err(fail(req, e.to_string()));
+                    return Err(fail(req, e));
                 }
                 match kind {
                     OpKind::Send => Op::Send { buf, imm },
@@ -108,7 +114,7 @@ impl<P: Provider> Cx<P> {
         let class = self.cfg.classes[kind.index()];
         let id = match self.accept(conn, op, req.token, Origin::Client(n)) {
             Ok(id) => id,
-            Err((_, e)) => return Err(fail(req, e.to_string())),
+            Err((_, e)) => return Err(fail(req, e)),
         };
         self.ext_data[crate::slab::slot_of(id)] = req.data;
         self.enqueue(conn, id, class);

@@ -21,6 +21,7 @@ pub(crate) use cx::{Notice, WorkerCfg};
 
 use arrayvec::ArrayVec;
 
+use crate::error::EngineError;
 use crate::handoff::{ExtCompletion, ExtRequest, NewLane, Origin, ToControl, ToWorker};
 use crate::metrics::{thread_context_switches, Metrics};
 use crate::pool::Buf;
@@ -28,7 +29,7 @@ use crate::request::{CloseReason, ConnId, ConnInfo, Done, Message};
 use crate::ring::{Consumer, Producer};
 use crate::tunables::{
     CLASSES, CLIENT_BATCH, CLIENT_RING, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY,
-    MIN_RECVS_PER_LANE, RECVS_PER_CONN, RECV_FLAG,
+    RECV_INDEX_BITS,
 };
 use conn::{Conn, Lane, Phase};
 pub(crate) use sched::MergeTable;
@@ -40,8 +41,8 @@ pub(crate) use sched::MergeTable;
 pub trait Handler<P: Provider>: 'static {
     /// A connection is open on this worker (accepted, or made by `Cx::connect`).
     fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {}
-    /// A `Cx::connect` failed.
-    fn on_connect_failed(&mut self, cx: &mut Cx<P>, token: u64, error: &str) {}
+    /// A `Cx::connect` failed (print `error` with [`corelink_verbs::chain`] for its causes).
+    fn on_connect_failed(&mut self, cx: &mut Cx<P>, token: u64, error: &EngineError) {}
     /// A send arrived, or a write-with-immediate's notice.
     fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {}
     /// One of this handler's requests completed (or failed, or flushed).
@@ -76,6 +77,9 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
     pub(crate) wcs: [Wc; MAX_POLL_BATCH],
     /// Since when a worker without connections has found nothing to do (read only then).
     pub(crate) idle_since: Option<std::time::Instant>,
+    /// `ToControl::Stopped` is queued: the loop runs on until the control core has it (and
+    /// every release before it), however full the ring was.
+    pub(crate) stopped_sent: bool,
     pub(crate) stopped: bool,
 }
 
@@ -113,7 +117,13 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let budget = self.cx.cfg.poll_budget;
         // The completion array lives in the worker (zeroing one per iteration costs more than
         // an idle iteration's work).
-        let n = self.cx.cq.poll(&mut self.wcs[..budget]).unwrap_or(0);
+        let n = match self.cx.cq.poll(&mut self.wcs[..budget]) {
+            Ok(n) => n,
+            Err(_) => {
+                self.cx.metrics.poll_errors += 1;
+                0
+            }
+        };
         self.cx.metrics.polls += 1;
         if n == 0 {
             self.cx.metrics.empty_polls += 1;
@@ -143,8 +153,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         // Each step below is skipped by one check when it has nothing to do (most iterations).
         let took = !self.clients.is_empty() && self.take_client_requests();
         let posted = (!self.cx.dirty.is_empty() || self.cx.stopping) && self.cx.flush();
-        while let Some((slot, idx, buf)) = self.cx.reposts.pop() {
-            self.cx.repost(usize::from(slot), usize::from(idx), buf);
+        while let Some((id, buf)) = self.cx.reposts.pop() {
+            self.cx.repost(id, buf);
         }
         if !self.cx.notices.is_empty() {
             self.deliver_notices();
@@ -172,10 +182,18 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         // Stops once every client's queued submissions were taken (and refused): none is lost.
         let clients_drained =
             || self.clients.iter().all(|c| c.submit.is_empty() || c.inflight >= CLIENT_RING);
-        if self.cx.stopping && self.cx.live_conns == 0 && !self.stopped && clients_drained() {
+        if self.cx.stopping && self.cx.live_conns == 0 && !self.stopped_sent && clients_drained() {
             self.cx.tell_control(ToControl::Stopped);
+            self.stopped_sent = true;
+        }
+        if self.stopped_sent {
+            // Everything queued for the control core (releases, then `Stopped`) must reach it:
+            // stop only once the backlog is empty.
             self.flush_control_backlog();
-            self.stopped = true;
+            self.stopped = self.cx.control_backlog.is_empty();
+            if !self.stopped {
+                std::thread::yield_now();
+            }
         }
         n > 0 || took || posted || controlled
     }
@@ -191,10 +209,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     fn dispatch(&mut self, wc: &Wc) {
-        if wc.wr_id & RECV_FLAG != 0 {
-            self.dispatch_recv(wc)
-        } else {
-            self.dispatch_send(wc)
+        match WrId::decode(wc.wr_id) {
+            WrId::Recv(r) => self.dispatch_recv(wc, r),
+            WrId::Req(_) => self.dispatch_send(wc),
         }
     }
 
@@ -206,14 +223,16 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
     }
 
-    fn dispatch_recv(&mut self, wc: &Wc) {
-        let slot = ((wc.wr_id >> 16) & 0xffff) as usize;
-        let idx = (wc.wr_id & 0xffff) as usize;
-        let Some(c) = self.cx.conns.get_mut(slot).and_then(Option::as_mut) else { return };
-        let (l, i) = (idx / RECVS_PER_CONN, idx % RECVS_PER_CONN);
-        let Some(lane) = c.lanes.get_mut(l) else { return };
-        lane.recvs_posted = lane.recvs_posted.saturating_sub(1);
-        let Some(mut buf) = lane.recvs.get_mut(i).and_then(Option::take) else { return };
+    fn dispatch_recv(&mut self, wc: &Wc, id: RecvId) {
+        let slot = usize::from(id.slot);
+        let found = self.cx.conns.get_mut(slot).and_then(Option::as_mut).and_then(|c| {
+            let lane = c.lanes.get_mut(usize::from(id.lane))?;
+            lane.recvs_posted = lane.recvs_posted.saturating_sub(1);
+            let buf = lane.recvs.get_mut(usize::from(id.index)).and_then(Option::take)?;
+            Some((c, buf))
+        });
+        // A receive's connection, lane and buffer are held until its completion.
+        let Some((c, mut buf)) = found else { return self.cx.invariant_missed() };
         if wc.status != WcStatus::Success {
             if c.phase == Phase::Open {
                 c.note_error(wc.status);
@@ -225,7 +244,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if c.phase != Phase::Open {
             return;
         }
-        let id = c.id;
+        let conn = c.id;
         let write_imm = wc.opcode == WcOpcode::RecvRdmaWithImm;
         let len = if write_imm { 0 } else { wc.byte_len as usize };
         if buf.set_len(len.min(buf.capacity())).is_err() {
@@ -236,11 +255,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             imm: wc.imm,
             written: write_imm.then_some(wc.byte_len),
         };
-        self.handler.on_message(&mut self.cx, id, &msg);
+        self.handler.on_message(&mut self.cx, conn, &msg);
         // Posted again after this iteration's flush (at most one per completion polled).
-        if let Err(e) = self.cx.reposts.try_push((slot as u16, idx as u16, buf)) {
-            let (_, _, buf) = e.element();
-            self.cx.repost(slot, idx, buf);
+        if let Err(e) = self.cx.reposts.try_push((id, buf)) {
+            let (id, buf) = e.element();
+            self.cx.repost(id, buf);
         }
     }
 
@@ -281,23 +300,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             any = true;
             match m {
                 ToWorker::NewConn { lanes, info, origin } => self.add_conn(lanes, info, origin),
-                ToWorker::ConnectFailed { token, origin, error } => match origin {
-                    Origin::Handler => {
-                        self.cx.notices.push_back(Notice::ConnectFailed(token, error))
-                    }
-                    Origin::Client(n) => {
-                        let data = self.cx.take_ext_connect(n, token);
-                        let done = ExtCompletion {
-                            token,
-                            conn: None,
-                            status: WcStatus::GeneralErr,
-                            data,
-                            old_value: None,
-                            error: Some(error),
-                        };
-                        self.cx.notices.push_back(Notice::Client(n, done));
-                    }
-                },
+                ToWorker::ConnectFailed { token, origin, error } => {
+                    self.connect_failed(token, origin, error)
+                }
                 ToWorker::PeerClosed { cm_key } => {
                     let found = self
                         .cx
@@ -325,6 +330,25 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         any
     }
 
+    /// Tells whoever asked for connect `token` that it failed.
+    fn connect_failed(&mut self, token: u64, origin: Origin, error: EngineError) {
+        match origin {
+            Origin::Handler => self.cx.notices.push_back(Notice::ConnectFailed(token, error)),
+            Origin::Client(n) => {
+                let data = self.cx.take_ext_connect(n, token);
+                let done = ExtCompletion {
+                    token,
+                    conn: None,
+                    status: WcStatus::GeneralErr,
+                    data,
+                    old_value: None,
+                    error: Some(error),
+                };
+                self.cx.notices.push_back(Notice::Client(n, done));
+            }
+        }
+    }
+
     fn add_conn(
         &mut self,
         new: ArrayVec<NewLane<P>, MAX_QPS_PER_CONN>,
@@ -332,29 +356,51 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         origin: Origin,
     ) {
         let Some(slot) = self.cx.free_conns.pop() else {
-            // Full: give the QPs back to be destroyed, and say so.
+            // Never: the control core admits at most `worker.max_conns` connections. Count it,
+            // give the QPs back, and tell the connect's issuer (an accepted one's peer sees the
+            // disconnect).
+            self.cx.invariant_missed();
             for l in new {
                 self.cx.tell_control(ToControl::Disconnect { cm_key: l.cm_key });
                 self.cx.tell_control(ToControl::Release { cm_key: l.cm_key, qp: l.qp });
+            }
+            if info.initiated {
+                let error = EngineError::Limit {
+                    worker: self.cx.index,
+                    limit: crate::error::Limit::Connections,
+                    max: self.cx.conns.len() as u64,
+                    in_use: self.cx.live_conns as u64,
+                    need: 1,
+                };
+                self.connect_failed(info.token, origin, error);
             }
             return;
         };
         let gen = &mut self.cx.generations[slot as usize];
         *gen = gen.wrapping_add(1);
         let id = ConnId { worker: self.cx.index as u16, slot, generation: *gen };
-        // The connection's receives, shared out over its lanes.
-        let per_lane = (RECVS_PER_CONN / new.len().max(1)).max(MIN_RECVS_PER_LANE);
+        // The connection's receives, shared out over its lanes (the control core reserved
+        // them in the receive pool).
+        let per_lane = self.cx.cfg.recvs_per_lane[new.len().min(MAX_QPS_PER_CONN)] as usize;
         let mut lanes = ArrayVec::new();
+        let mut post_failed = false;
         for (l, NewLane { mut qp, cm_key }) in new.into_iter().enumerate() {
             let mut recvs: Vec<Option<Buf<P>>> = Vec::with_capacity(per_lane);
             let mut posted = 0;
             for i in 0..per_lane {
-                let Ok(b) = self.cx.pool.get(self.cx.cfg.recv_size) else { break };
+                let Ok(b) = self.cx.recv_pool.get(self.cx.cfg.recv_size) else {
+                    self.cx.invariant_missed();
+                    break;
+                };
                 let sge = [b.sge(true)];
-                let wr = [RecvWr { wr_id: recv_id(slot, l * RECVS_PER_CONN + i), sgl: &sge }];
+                let wr_id = WrId::Recv(RecvId { slot, lane: l as u8, index: i as u16 }).encode();
+                let wr = [RecvWr { wr_id, sgl: &sge }];
                 // SAFETY: the buffer is kept in `recvs` (not handed out) until its completion.
                 if unsafe { qp.post_recv(&wr) }.is_ok() {
                     posted += 1;
+                } else {
+                    self.cx.metrics.recv_post_errors += 1;
+                    post_failed = true;
                 }
                 recvs.push(Some(b));
             }
@@ -402,6 +448,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 };
                 self.client_done(n, done);
             }
+        }
+        if post_failed {
+            let _ = self.cx.begin_close(id, CloseReason::RecvPostFailed);
         }
     }
 
@@ -452,7 +501,70 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 }
 
-/// The id of receive `i` of connection slot `slot`.
-pub(crate) fn recv_id(slot: u16, i: usize) -> u64 {
-    RECV_FLAG | u64::from(slot) << 16 | i as u64
+/// A receive's identity: connection slot, lane, and its index among the lane's receives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RecvId {
+    pub(crate) slot: u16,
+    pub(crate) lane: u8,
+    pub(crate) index: u16,
+}
+
+/// What a work request's 64-bit id names: a request in the slab (its slab id), or a receive.
+/// Encoded and decoded here only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WrId {
+    Req(u64),
+    Recv(RecvId),
+}
+
+/// The top bit of a work-request id marks a receive (slab ids stay below it).
+const RECV_FLAG: u64 = 1 << 63;
+
+impl WrId {
+    /// The id as the device carries it.
+    #[inline(always)]
+    pub(crate) fn encode(self) -> u64 {
+        match self {
+            WrId::Req(id) => id,
+            WrId::Recv(r) => {
+                RECV_FLAG
+                    | u64::from(r.slot) << 16
+                    | u64::from(r.lane) << RECV_INDEX_BITS
+                    | u64::from(r.index)
+            }
+        }
+    }
+
+    /// The id a completion carries, read back.
+    #[inline(always)]
+    pub(crate) fn decode(wr_id: u64) -> WrId {
+        if wr_id & RECV_FLAG == 0 {
+            return WrId::Req(wr_id);
+        }
+        WrId::Recv(RecvId {
+            slot: (wr_id >> 16) as u16,
+            lane: ((wr_id & 0xffff) >> RECV_INDEX_BITS) as u8,
+            index: (wr_id & ((1 << RECV_INDEX_BITS) - 1)) as u16,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_request_ids_round_trip() {
+        let recv = |slot, lane, index| WrId::Recv(RecvId { slot, lane, index });
+        for id in [
+            WrId::Req(0),
+            WrId::Req((1 << 40) | 7),
+            recv(0, 0, 0),
+            recv(u16::MAX, 7, (1 << RECV_INDEX_BITS) - 1),
+            recv(513, 3, 4000),
+        ] {
+            assert_eq!(WrId::decode(id.encode()), id);
+        }
+        assert_ne!(recv(1, 0, 0).encode(), recv(0, 1, 0).encode());
+    }
 }

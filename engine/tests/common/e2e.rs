@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corelink_config::{parse, MachineTopology};
-use corelink_engine::verbs::{Provider, RemoteAddr, WcStatus};
+use corelink_engine::verbs::{self, Provider, RemoteAddr, WcStatus};
 use corelink_engine::*;
 
 /// How long a step may take before the test calls it a hang (not a performance bound: rxe in
@@ -97,7 +97,8 @@ pub fn every_request_kind_through_the_engine<P: Provider>(map: &str) {
     let mut c = e.client(0).unwrap();
     c.submit(req(None, ExtOp::Connect { addr }, b"hi there".to_vec(), 1)).unwrap();
     let d = done(&mut c);
-    assert_eq!((d.token, d.status, d.error.as_deref()), (1, WcStatus::Success, None));
+    let error = d.error.as_ref().map(|e| verbs::chain(e).to_string());
+    assert_eq!((d.token, d.status, error.as_deref()), (1, WcStatus::Success, None));
     let conn = d.conn.unwrap();
     wait_for(&log, "connected initiated=false hi there region=true");
     wait_for(&log, "connected initiated=true  region=true");
@@ -217,7 +218,7 @@ pub fn connect_to_nowhere_fails_cleanly<P: Provider>(map: &str, nowhere: SocketA
     c.submit(req(None, ExtOp::Connect { addr: nowhere }, vec![], 4)).unwrap();
     let d = done(&mut c);
     assert_eq!((d.token, d.conn), (4, None));
-    let error = d.error.unwrap();
+    let error = verbs::chain(&d.error.unwrap()).to_string();
     assert!(error.contains(expect), "{error:?} should say {expect:?}");
     e.shutdown().unwrap();
 }

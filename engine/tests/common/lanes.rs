@@ -88,8 +88,13 @@ impl<P: Provider> Handler<P> for Driver {
         });
     }
 
-    fn on_connect_failed(&mut self, _cx: &mut Cx<P>, token: u64, error: &str) {
-        self.log(Ev::ConnectFailed(token, error.to_owned()));
+    fn on_connect_failed(
+        &mut self,
+        _cx: &mut Cx<P>,
+        token: u64,
+        error: &corelink_engine::EngineError,
+    ) {
+        self.log(Ev::ConnectFailed(token, corelink_engine::verbs::chain(error).to_string()));
     }
 
     fn on_message(&mut self, _cx: &mut Cx<P>, _conn: ConnId, msg: &Message<'_>) {

@@ -191,8 +191,13 @@ impl<P: Provider> Handler<P> for Traffic<P> {
         }
     }
 
-    fn on_connect_failed(&mut self, _cx: &mut Cx<P>, _token: u64, error: &str) {
-        self.report.fail(format!("connect: {error}"));
+    fn on_connect_failed(
+        &mut self,
+        _cx: &mut Cx<P>,
+        _token: u64,
+        error: &corelink_engine::EngineError,
+    ) {
+        self.report.fail(format!("connect: {}", corelink_engine::verbs::chain(error)));
     }
 
     fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {

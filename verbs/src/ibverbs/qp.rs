@@ -122,7 +122,11 @@ impl IbvQp {
         // with the capacities the device gave.
         let qp = unsafe { rdma_sys::ibv_create_qp(pd.pd, &mut init) };
         if qp.is_null() {
-            return Err(Error::CreateQp { qp_type: attr.qp_type, source: last_err() });
+            return Err(Error::CreateQp {
+                qp_type: attr.qp_type,
+                cap: attr.cap,
+                source: last_err(),
+            });
         }
         // SAFETY: a live QP.
         let qp_num = unsafe { (*qp).qp_num };

@@ -431,7 +431,8 @@ pub struct SoftQp {
 impl SoftQp {
     pub(crate) fn new(pd: &SoftPd, attr: &QpInitAttr<'_, Soft>) -> Result<Self> {
         let cap = attr.cap;
-        let fail = |msg: String| Error::CreateQp { qp_type: attr.qp_type, source: invalid(msg) };
+        let fail =
+            |msg: String| Error::CreateQp { qp_type: attr.qp_type, cap, source: invalid(msg) };
         if cap.max_send_wr == 0
             || cap.max_send_wr > limits::MAX_QP_WR
             || cap.max_recv_wr > limits::MAX_QP_WR

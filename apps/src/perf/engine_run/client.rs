@@ -335,8 +335,16 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         }
     }
 
-    fn on_connect_failed(&mut self, _cx: &mut Cx<P>, _token: u64, error: &str) {
-        self.shared.tell(Event::ClientDone(Err(format!("connect failed: {error}"))));
+    fn on_connect_failed(
+        &mut self,
+        _cx: &mut Cx<P>,
+        _token: u64,
+        error: &corelink_engine::EngineError,
+    ) {
+        self.shared.tell(Event::ClientDone(Err(format!(
+            "connect failed: {}",
+            corelink_engine::verbs::chain(error)
+        ))));
     }
 
     fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {

@@ -18,11 +18,10 @@ fn env<T: std::str::FromStr>(name: &str) -> Result<Option<T>, PerfError> {
 }
 
 /// The registered pools a run needs: small buffers (atomics, small messages); one class per
-/// power of two of the sizes, each holding a window of them; and receives (the first class of
-/// 4096 B or more is the engine's receive size, so for sends it must hold the largest message).
-pub fn pools(o: &PerfOpts, conns_per_worker: usize) -> Vec<PoolClass> {
+/// power of two of the sizes, each holding a window of them. (The engine registers the
+/// receives apart, [`recv_size`] each.)
+pub fn pools(o: &PerfOpts) -> Vec<PoolClass> {
     let w = o.workers;
-    let recvs = corelink_engine::tunables::RECVS_PER_CONN * conns_per_worker * w + 16;
     let mut classes: Vec<PoolClass> = vec![PoolClass { size: 256, count: 4096 }];
     let class_of = |s: usize| s.next_power_of_two().max(256);
     let big = class_of(o.max_size()).max(4096);
@@ -46,15 +45,15 @@ pub fn pools(o: &PerfOpts, conns_per_worker: usize) -> Vec<PoolClass> {
         }
     }
     classes.sort_by_key(|k| k.size);
-    let recv_size = if o.test.verb() == Verb::Send { big } else { 4096 };
-    match classes.iter_mut().find(|k| k.size == recv_size) {
-        Some(k) => k.count += recvs,
-        None => {
-            classes.push(PoolClass { size: recv_size, count: recvs });
-            classes.sort_by_key(|k| k.size);
-        }
-    }
     classes
+}
+
+/// The receive size a run needs (`worker.recv_size`): for sends, the largest message's class.
+pub fn recv_size(o: &PerfOpts) -> u32 {
+    match o.test.verb() {
+        Verb::Send => o.max_size().next_power_of_two().max(4096) as u32,
+        _ => 4096,
+    }
 }
 
 pub(super) fn core_map(o: &PerfOpts, listen: Option<SocketAddr>) -> Result<Validated, PerfError> {
@@ -106,7 +105,10 @@ pub(super) fn core_map(o: &PerfOpts, listen: Option<SocketAddr>) -> Result<Valid
         map.worker.max_inline = i;
     }
     let conns = if o.role == Role::Loopback { 2 } else { 1 };
-    map.worker.pools = pools(o, conns);
+    map.worker.pools = pools(o);
+    map.worker.recv_size = recv_size(o);
+    // Each worker holds its pair's ends (the receives are registered for this many).
+    map.worker.max_conns = conns as u32;
     let s = &o.sched;
     let depth = o.sizes.iter().map(|&s| o.window(s)).max().unwrap_or(1) as u32;
     let depth = depth + s.bg_writes as u32;
@@ -120,7 +122,8 @@ pub(super) fn core_map(o: &PerfOpts, listen: Option<SocketAddr>) -> Result<Valid
     if let Some(n) = s.max_outstanding {
         w.scheduler.max_outstanding = n.min(w.send_queue_depth);
     }
-    map.worker.cq_depth = map.worker.cq_depth.max(4 * (depth + 64) * conns as u32);
+    let cqes = map.worker.cqes_per_conn(o.qps) * conns as u64;
+    map.worker.cq_depth = map.worker.cq_depth.max(4 * (depth + 64) * conns as u32).max(cqes as u32);
     map.listen = listen.map(|a| a.to_string());
     let topo = MachineTopology::load().map_err(|e| PerfError::Run(e.to_string()))?;
     let cores = topo.cores().len();
