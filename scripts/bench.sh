@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # corelink's main job (README, first command): perftest-style benchmarks on the default `soft`
-# provider through the engine, beside the baselines measured in the same run, so that each
-# figure reads as a ratio. Speed figures are printed, never judged.
+# provider through the engine, beside the baselines measured in the same run (raw_write: the
+# same writes as a verbs loop without the engine), so that each figure reads as a ratio. Speed
+# figures are printed, never judged.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -12,6 +13,8 @@ run() { echo; echo "== corelink-perf $*"; "$perf" "$@"; }
 run write_bw -a
 run write_bw -s 65536 -n 50000
 run baseline memcpy -s 65536 -n 50000
+run write_bw -s 8 -n 1000000 -l 16 -Q 64
+run baseline raw_write -s 8 -n 1000000 -l 16 -Q 64
 run send_lat -s 8
 run baseline ring_pingpong -s 8
 run baseline tcp_lat -s 8

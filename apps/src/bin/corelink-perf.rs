@@ -4,6 +4,7 @@
 //! corelink-perf TEST [options] [SERVER_ADDR]
 //!   TEST: write_bw write_lat read_bw read_lat send_bw send_lat atomic_bw atomic_lat
 //! corelink-perf baseline memcpy|ring_pingpong|tcp_lat|tcp_bw [-s SIZE | -a] [-n ITERS] [--json] [SERVER_ADDR]
+//! corelink-perf baseline raw_write [write_bw's options] [SERVER_ADDR]
 //! ```
 //!
 //! Without SERVER_ADDR on `ibverbs` it is the server (it serves one client, until that client
@@ -24,7 +25,7 @@ use clap::Parser;
 use corelink_apps::perf::baseline::{self, BaselineKind, BaselineOpts};
 use corelink_apps::perf::engine_run::{self, RunInfo};
 use corelink_apps::perf::opts::{
-    PerfError, PerfOpts, Prov, Role, Test, Transport, DEFAULT_PORT, MAX_BYTES_IN_FLIGHT,
+    Explicit, PerfError, PerfOpts, Prov, Role, Test, Transport, DEFAULT_PORT, MAX_BYTES_IN_FLIGHT,
     SEND_WINDOW,
 };
 use corelink_apps::perf::verbs_run::{self, VerbsInfo};
@@ -43,7 +44,12 @@ Examples:
   corelink-perf send_lat -a --json --plot send_lat.svg
   corelink-perf read_bw --provider ibverbs                    # server
   corelink-perf read_bw --provider ibverbs 10.0.0.1           # client
-  corelink-perf baseline memcpy -a";
+  corelink-perf baseline memcpy -a
+  corelink-perf baseline raw_write -l 16 -Q 64                # write_bw 8 B, a verbs loop
+
+baseline raw_write is write_bw (8 B unless -s) as a hand-written verbs loop on RC, no engine,
+with write_bw's -l, -Q, -t, -n/-D and provider options: the floor any engine on that provider
+can reach (the loop that -c UC runs; reported as baseline_raw_write).";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -70,15 +76,17 @@ struct Cli {
     /// run each size for this many seconds instead of -n
     #[arg(short = 'D', long = "duration")]
     duration: Option<u64>,
-    /// queue pairs per worker
-    #[arg(short = 'q', long = "qp", default_value_t = 1)]
-    qps: u32,
-    /// requests posted with one doorbell at most (1: doorbell batching off)
-    #[arg(short = 'l', long = "post_list", default_value_t = 16)]
-    post_list: u32,
-    /// one request in this many asks for a completion (1: selective signalling off)
-    #[arg(short = 'Q', long = "cq-mod", default_value_t = 16)]
-    cq_mod: u32,
+    /// queue pairs per connection [default: 1; with --config: the map's worker.qps.per_conn]
+    #[arg(short = 'q', long = "qp")]
+    qps: Option<u32>,
+    /// requests posted with one doorbell at most (1: doorbell batching off) [default: 16; with
+    /// --config: the map's worker.batching.post_list]
+    #[arg(short = 'l', long = "post_list")]
+    post_list: Option<u32>,
+    /// one request in this many asks for a completion (1: selective signalling off) [default:
+    /// 16; with --config: the map's worker.batching.signal_every]
+    #[arg(short = 'Q', long = "cq-mod")]
+    cq_mod: Option<u32>,
     /// post each request at once, bypassing the engine's scheduler (the flat path)
     #[arg(long)]
     flat: bool,
@@ -195,16 +203,19 @@ fn sizes(cli: &Cli, default: usize) -> Vec<usize> {
     }
 }
 
-/// Builds the options of a `TEST` run; returns them with notes for the header.
+/// Builds the options of a `TEST` run (with `raw`: of `baseline raw_write`, `write_bw` on the
+/// verbs runner, 8 B by default); returns them with notes for the header.
 fn perf_opts(
     cli: &Cli,
     test: Test,
     addr: Option<&str>,
+    raw: bool,
 ) -> Result<(PerfOpts, Vec<String>), PerfError> {
     let mut o = PerfOpts::new(test);
+    o.raw_write = raw;
     o.transport = Transport::parse(&cli.connection)
         .ok_or_else(|| PerfError::Usage(format!("-c {}: RC, UC or UD", cli.connection)))?;
-    o.sizes = sizes(cli, o.sizes[0]);
+    o.sizes = sizes(cli, if raw { 8 } else { o.sizes[0] });
     if o.transport == Transport::Ud && cli.size.is_none() && !cli.all && !test.is_lat() {
         o.sizes.clear(); // verbs_run: one message of the port MTU
     }
@@ -212,9 +223,14 @@ fn perf_opts(
         o.iters = n;
     }
     o.duration = cli.duration.map(Duration::from_secs);
-    o.qps = cli.qps;
-    o.post_list = cli.post_list;
-    o.cq_mod = cli.cq_mod;
+    o.qps = cli.qps.unwrap_or(1);
+    o.post_list = cli.post_list.unwrap_or(16);
+    o.cq_mod = cli.cq_mod.unwrap_or(16);
+    o.explicit = Explicit {
+        post_list: cli.post_list.is_some(),
+        cq_mod: cli.cq_mod.is_some(),
+        qps: cli.qps.is_some(),
+    };
     o.sched = corelink_apps::perf::opts::SchedOpts {
         flat: cli.flat,
         no_merge: cli.no_merge,
@@ -305,7 +321,7 @@ fn header_block(o: &PerfOpts, info: &RunInfo, notes: &[String]) -> String {
     };
     let mut s = format!(
         "{line}\n{:^87}\n Provider        : {:<14} Device : {}\n \
-         Transport type  : {:<14} QPs    : 1 per worker (engine, rdma_cm)\n \
+         Transport type  : {:<14} QPs    : {} per connection (engine, rdma_cm)\n \
          Mode            : {mode}\n \
          Workers         : {} (cores {:?}), control core {}\n \
          TX depth        : {depth}\n \
@@ -317,12 +333,13 @@ fn header_block(o: &PerfOpts, info: &RunInfo, notes: &[String]) -> String {
         info.provider,
         info.device,
         o.transport.name(),
+        info.lanes,
         info.worker_cores.len(),
         info.worker_cores,
         info.control_core,
         info.max_inline,
-        o.post_list,
-        o.cq_mod,
+        info.post_list,
+        info.signal_every,
         sched_line(o),
         match o.duration {
             Some(d) => format!("Duration        : {} s per size", d.as_secs()),
@@ -349,8 +366,8 @@ fn table_header(lat: bool) -> String {
     r.header()
 }
 
-fn run_test(cli: &Cli, test: Test, addr: Option<&str>) -> Result<(), PerfError> {
-    let (o, notes) = perf_opts(cli, test, addr)?;
+fn run_test(cli: &Cli, test: Test, addr: Option<&str>, raw: bool) -> Result<(), PerfError> {
+    let (o, notes) = perf_opts(cli, test, addr, raw)?;
     let json = cli.json;
     let show = |block: String| {
         if json {
@@ -392,7 +409,7 @@ fn run_test(cli: &Cli, test: Test, addr: Option<&str>) -> Result<(), PerfError> 
         } else {
             let title = format!(
                 "corelink-perf {} ({}, {})",
-                test.name(),
+                o.report_name(),
                 reports_provider(&reports),
                 o.transport.name()
             );
@@ -408,17 +425,18 @@ fn reports_provider(r: &[Report]) -> String {
     r.first().and_then(|r| r.provider.clone()).unwrap_or_default()
 }
 
+/// The baselines, as the usage errors list them.
+const BASELINES: &str = "memcpy, ring_pingpong, tcp_lat, tcp_bw or raw_write";
+
 fn run_baseline(cli: &Cli, kind: &str, addr: Option<&str>) -> Result<(), PerfError> {
     let kind = match kind {
         "memcpy" => BaselineKind::Memcpy,
         "ring_pingpong" => BaselineKind::RingPingpong,
         "tcp_lat" => BaselineKind::TcpLat,
         "tcp_bw" => BaselineKind::TcpBw,
-        k => {
-            return Err(PerfError::Usage(format!(
-                "baseline {k:?}: memcpy, ring_pingpong, tcp_lat or tcp_bw"
-            )))
-        }
+        // write_bw's loop on the verbs runner, with write_bw's options and output.
+        "raw_write" => return run_test(cli, Test::WriteBw, addr, true),
+        k => return Err(PerfError::Usage(format!("baseline {k:?}: {BASELINES}"))),
     };
     let default = match kind {
         BaselineKind::Memcpy | BaselineKind::TcpBw => 65536,
@@ -459,11 +477,9 @@ fn main() -> ExitCode {
     let res = match args.as_slice() {
         ["baseline", kind] => run_baseline(&cli, kind, None),
         ["baseline", kind, addr] => run_baseline(&cli, kind, Some(addr)),
-        ["baseline"] => {
-            Err(PerfError::Usage("baseline KIND: memcpy, ring_pingpong, tcp_lat or tcp_bw".into()))
-        }
+        ["baseline"] => Err(PerfError::Usage(format!("baseline KIND: {BASELINES}"))),
         [test, rest @ ..] if rest.len() <= 1 => match Test::from_name(test) {
-            Some(t) => run_test(&cli, t, rest.first().copied()),
+            Some(t) => run_test(&cli, t, rest.first().copied(), false),
             None => Err(PerfError::Usage(format!(
                 "TEST {test:?}: one of {}, or baseline",
                 Test::ALL.map(Test::name).join(" ")

@@ -5,6 +5,7 @@ pub mod baseline;
 pub mod clock;
 pub mod engine_run;
 pub mod opts;
+pub mod phase;
 pub mod plot;
 pub mod verbs_run;
 

@@ -272,6 +272,24 @@ pub struct PerfOpts {
     pub progress: bool,
     /// The engine's scheduler knobs (`--flat`, `--no-merge`, `--no-priority`, ...).
     pub sched: SchedOpts,
+    /// `baseline raw_write`: `write_bw` as a hand-written verbs loop on RC (the verbs runner,
+    /// no engine), with the same `-s`, `-l`, `-Q` and `-t`: the floor any engine on that
+    /// provider can reach. Reported as `baseline_raw_write`.
+    pub raw_write: bool,
+    /// Which of `-l`, `-Q` and `-q` were given on the command line: with `--config` only those
+    /// override the core map's batching and lanes (the others keep the map's values).
+    pub explicit: Explicit,
+}
+
+/// Options given on the command line rather than left at their defaults.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Explicit {
+    /// `-l`.
+    pub post_list: bool,
+    /// `-Q`.
+    pub cq_mod: bool,
+    /// `-q`.
+    pub qps: bool,
 }
 
 /// How the engine runner drives the engine's scheduler (issue 6's experiments).
@@ -329,6 +347,8 @@ impl PerfOpts {
             timeout: Some(Duration::from_secs(600)),
             progress: false,
             sched: SchedOpts { bg_size: 4096, ..SchedOpts::default() },
+            raw_write: false,
+            explicit: Explicit::default(),
         }
     }
 
@@ -337,6 +357,9 @@ impl PerfOpts {
     pub fn check(&mut self, all_sizes: bool) -> Result<Vec<String>, PerfError> {
         let mut notes = Vec::new();
         let t = self.test;
+        if self.raw_write {
+            self.check_raw_write()?;
+        }
         match (self.transport, t.verb()) {
             (Transport::Uc, Verb::Read | Verb::Atomic) => {
                 return Err(PerfError::Usage(format!(
@@ -414,10 +437,46 @@ impl PerfOpts {
         Ok(notes)
     }
 
+    /// What `baseline raw_write` refuses: anything but RC writes without an SRQ, and the engine's
+    /// scheduler options (there is no engine).
+    fn check_raw_write(&self) -> Result<(), PerfError> {
+        if self.test != Test::WriteBw {
+            return Err(PerfError::Usage(format!(
+                "baseline raw_write measures RDMA writes (write_bw), not {}",
+                self.test.name()
+            )));
+        }
+        if self.transport != Transport::Rc || self.use_srq {
+            return Err(PerfError::Usage(
+                "baseline raw_write runs on RC without an SRQ (for UC: write_bw -c UC, which \
+                 runs the same verbs loop)"
+                    .into(),
+            ));
+        }
+        if self.sched != (SchedOpts { bg_size: self.sched.bg_size, ..SchedOpts::default() }) {
+            return Err(PerfError::Usage(
+                "baseline raw_write has no engine: --flat, --no-merge, --no-priority, \
+                 --hot-records, --bg-writes and --max-outstanding do not apply"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether the run goes to the verbs runner (`verbs_run`): `-c UC`, `-c UD` or
-    /// `--use-srq`, which the engine (RC, receives per connection) does not offer.
+    /// `--use-srq`, which the engine (RC, receives per connection) does not offer, and
+    /// `baseline raw_write`, which is that runner's loop on RC.
     pub fn on_verbs(&self) -> bool {
-        self.transport != Transport::Rc || self.use_srq
+        self.raw_write || self.transport != Transport::Rc || self.use_srq
+    }
+
+    /// The name reports carry: the test's, or `baseline_raw_write`.
+    pub fn report_name(&self) -> &'static str {
+        if self.raw_write {
+            "baseline_raw_write"
+        } else {
+            self.test.name()
+        }
     }
 
     /// Requests kept in flight at `size`: 1 for latency tests; else `tx_depth`, at most
@@ -480,6 +539,25 @@ mod tests {
             assert_eq!(Test::from_name(t.name()), Some(t));
             assert_eq!(Test::from_code(t.code()), Some(t));
         }
+    }
+
+    #[test]
+    fn raw_write_is_rc_writes_on_verbs() {
+        let mut o = PerfOpts::new(Test::WriteBw);
+        o.raw_write = true;
+        o.check(false).expect("RC writes");
+        assert!(o.on_verbs());
+        assert_eq!(o.report_name(), "baseline_raw_write");
+        let mut uc = o.clone();
+        uc.transport = Transport::Uc;
+        assert!(matches!(uc.check(false), Err(PerfError::Usage(_))));
+        let mut flat = o.clone();
+        flat.sched.flat = true;
+        assert!(matches!(flat.check(false), Err(PerfError::Usage(_))));
+        let mut read = PerfOpts::new(Test::ReadBw);
+        read.raw_write = true;
+        assert!(matches!(read.check(false), Err(PerfError::Usage(_))));
+        assert_eq!(PerfOpts::new(Test::WriteBw).report_name(), "write_bw");
     }
 
     #[test]

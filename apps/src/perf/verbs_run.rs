@@ -1,6 +1,8 @@
 //! The eight tests measured directly on the verbs API, as perftest measures them: what
 //! `corelink-perf` runs for `-c UC`, `-c UD` and `--use-srq` (the engine creates RC queue pairs
-//! with per-connection receives only). Generic over the provider (`soft`, `ibverbs`).
+//! with per-connection receives only), and for `baseline raw_write` (`write_bw` on RC here: the
+//! engine's floor on the same provider). Generic over the provider (`soft`, `ibverbs`). The
+//! client thread's loop that posts and polls is [`bw`]'s `client` (not inlined).
 //!
 //! A run is a server side and a client side, each with its own device context, queue pairs
 //! (`-q`, used round robin), CQs, regions and, with `--use-srq`, one shared receive queue. The

@@ -14,6 +14,7 @@ use super::{
 };
 use crate::perf::clock::Clock;
 use crate::perf::opts::{PerfOpts, Test, Verb};
+use crate::perf::phase;
 
 pub(super) struct ClientPart<P: Provider> {
     shared: Shared,
@@ -157,6 +158,7 @@ impl<P: Provider> ClientPart<P> {
 
     /// Starts the timed part of a size, with the buffers in `spare`.
     fn measure(&mut self, cx: &mut Cx<P>) {
+        phase::timed_phase_begin(self.size);
         let o = self.opts.clone();
         self.posted = 0;
         self.completed = 0;
@@ -289,6 +291,7 @@ impl<P: Provider> ClientPart<P> {
     }
 
     fn finish_size(&mut self, cx: &mut Cx<P>, now: Instant) {
+        phase::timed_phase_end(self.size);
         let elapsed = now.duration_since(self.started);
         let samples = std::mem::take(&mut self.samples);
         self.shared.tell(Event::Size(SizeResult {

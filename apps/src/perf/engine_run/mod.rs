@@ -43,7 +43,7 @@ mod client;
 mod map;
 mod server;
 
-pub use map::{pools, recv_size};
+pub use map::{fit_map, pools, recv_size, MapChange};
 
 /// The immediate that asks the server to answer (echo a send, write back a write).
 pub const ECHO_IMM: u32 = 0x6563_686f;
@@ -148,6 +148,12 @@ pub struct RunInfo {
     pub control_core: usize,
     /// Inline bytes.
     pub max_inline: u32,
+    /// Work requests per doorbell at most (the core map's, after `-l`).
+    pub post_list: u32,
+    /// One request in this many asks for a completion (the core map's, after `-Q`).
+    pub signal_every: u32,
+    /// QPs per connection (the core map's, after `-q`).
+    pub lanes: u32,
     /// Where the server listens / the client connects.
     pub addr: Option<SocketAddr>,
 }
@@ -163,7 +169,7 @@ pub fn run(
     let provider = match (&o.config, o.provider) {
         (_, Some(Prov::Ibverbs)) => ProviderKind::Ibverbs,
         (_, Some(Prov::Soft)) | (None, None) => ProviderKind::Soft,
-        (Some(_), None) => core_map(o, None)?.map.provider,
+        (Some(_), None) => core_map(o, None)?.0.map.provider,
     };
     if provider == ProviderKind::Soft && matches!(o.role, Role::Client(_) | Role::Server) {
         return Err(PerfError::Usage(
@@ -172,7 +178,10 @@ pub fn run(
                 .into(),
         ));
     }
-    let cfg = core_map(o, listen_addr(o, provider)?)?;
+    let (cfg, changes) = core_map(o, listen_addr(o, provider)?)?;
+    for c in &changes {
+        eprintln!("corelink-perf: note: {c}");
+    }
     for w in &cfg.warnings {
         eprintln!("corelink-perf: warning: {w}");
     }
@@ -219,6 +228,9 @@ fn run_on<P: Provider>(
         worker_cores: cfg.workers.clone(),
         control_core: cfg.map.control_core,
         max_inline: cfg.map.worker.max_inline,
+        post_list: cfg.map.worker.batching.post_list,
+        signal_every: cfg.map.worker.batching.signal_every,
+        lanes: cfg.map.worker.qps.per_conn,
         addr: if o.role == Role::Server { engine.listen_addr() } else { target },
     };
     on_start(&info);

@@ -16,6 +16,7 @@ use super::setup::Side;
 use super::wire::{poll_ctl, Ctl, Info};
 use crate::perf::engine_run::PEAK_INTERVAL;
 use crate::perf::opts::Verb;
+use crate::perf::phase;
 
 /// What the client measured at one size.
 #[derive(Debug, Clone, Default)]
@@ -40,7 +41,10 @@ struct QpRun {
     done: bool,
 }
 
-/// The client of `write_bw`, `read_bw`, `send_bw` and `atomic_bw` at `size`.
+/// The client of `write_bw`, `read_bw`, `send_bw` and `atomic_bw` at `size` (and of `baseline
+/// raw_write`): the loop that posts and polls, on the client thread. Not inlined, so that a
+/// profiler can single it out (`valgrind --tool=callgrind --toggle-collect='*verbs_run::bw::client*'`).
+#[inline(never)]
 pub fn client<P: Provider>(
     s: &mut Side<P>,
     peer: &Info,
@@ -79,6 +83,7 @@ pub fn client<P: Provider>(
         .collect();
     let mut wrs: Vec<SendWr<'_, P>> = Vec::with_capacity(list);
     let mut wcs = [Wc::default(); 32];
+    phase::timed_phase_begin(size);
     let start = Instant::now();
     let deadline = plan.duration.map(|d| start + d);
     let (mut closing, mut slot, mut completed) = (false, 0usize, 0u64);
@@ -170,12 +175,9 @@ pub fn client<P: Provider>(
             break;
         }
     }
-    Ok(Measured {
-        iterations: completed,
-        elapsed: start.elapsed(),
-        peak_rate: peak,
-        samples: Vec::new(),
-    })
+    let elapsed = start.elapsed();
+    phase::timed_phase_end(size);
+    Ok(Measured { iterations: completed, elapsed, peak_rate: peak, samples: Vec::new() })
 }
 
 /// The server of `send_bw`: reposts each receive as it completes until the client's

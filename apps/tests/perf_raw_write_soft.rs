@@ -1,0 +1,71 @@
+//! `corelink-perf baseline raw_write` on soft: write_bw's loop on the verbs runner over RC (no
+//! engine), through the library and through the binary. A few thousand iterations; no timing is
+//! asserted, only that it reports a positive message rate with write_bw's keys.
+
+use std::process::Command;
+
+use corelink_apps::perf::opts::{PerfError, PerfOpts, Test, Transport};
+use corelink_apps::perf::verbs_run::run;
+
+fn raw_write(iters: u64, post_list: u32, cq_mod: u32) -> PerfOpts {
+    let mut o = PerfOpts::new(Test::WriteBw);
+    o.raw_write = true;
+    o.sizes = vec![8];
+    o.iters = iters;
+    o.post_list = post_list;
+    o.cq_mod = cq_mod;
+    o.check(false).expect("RC writes");
+    assert!(o.on_verbs());
+    o
+}
+
+#[test]
+fn raw_write_reports_a_positive_message_rate() {
+    for (l, q) in [(16, 64), (1, 1)] {
+        let o = raw_write(4000, l, q);
+        let r = run(&o, &mut |_| {}, &mut |_| {}).expect("the run");
+        assert_eq!(r.len(), 1);
+        let r = &r[0];
+        assert_eq!(r.test, "baseline_raw_write");
+        assert_eq!((r.bytes, r.iterations), (8, 4000));
+        assert_eq!(r.transport.as_deref(), Some("RC"));
+        assert_eq!(r.provider.as_deref(), Some("soft"));
+        assert!(r.msg_rate_mpps.is_some_and(|m| m > 0.0), "{r:?}");
+        let (avg, peak) = (r.bw_avg_mbps.expect("avg"), r.bw_peak_mbps.expect("peak"));
+        assert!(avg > 0.0 && peak >= avg, "{r:?}");
+        assert!(r.lat.is_none());
+    }
+}
+
+#[test]
+fn raw_write_is_rc_only() {
+    let mut o = PerfOpts::new(Test::WriteBw);
+    o.raw_write = true;
+    o.transport = Transport::Uc;
+    assert!(matches!(o.check(false), Err(PerfError::Usage(_))));
+}
+
+/// The binary routes `baseline raw_write` to the verbs runner and prints write_bw's JSON keys.
+#[test]
+fn the_binary_runs_baseline_raw_write() {
+    let out = Command::new(env!("CARGO_BIN_EXE_corelink-perf"))
+        .args(["baseline", "raw_write", "-n", "3000", "-l", "16", "-Q", "64", "--json"])
+        .output()
+        .expect("corelink-perf runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let line = String::from_utf8(out.stdout).expect("utf-8");
+    let j: serde_json::Value = serde_json::from_str(line.trim()).expect("one JSON object");
+    assert_eq!(j["test"], "baseline_raw_write");
+    assert_eq!(j["bytes"], 8);
+    assert_eq!(j["iterations"], 3000);
+    for k in ["transport", "provider", "workers", "bw_peak_mbps", "bw_avg_mbps", "msg_rate_mpps"] {
+        assert!(j.get(k).is_some(), "{k} in {line}");
+    }
+    assert!(j["msg_rate_mpps"].as_f64().is_some_and(|m| m > 0.0), "{line}");
+    let bad = Command::new(env!("CARGO_BIN_EXE_corelink-perf"))
+        .args(["baseline", "raw_write", "-c", "UD"])
+        .output()
+        .expect("corelink-perf runs");
+    assert_eq!(bad.status.code(), Some(2));
+}
