@@ -14,6 +14,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 echo "== cargo test --workspace"
 cargo test --workspace
 
+echo "== compile_fail doc tests, with the error each must fail with (checked on nightly rustdoc only)"
+# The ownership rules (Cx and Buf are !Send, Client and ring ends are not Clone) are locked by
+# compile_fail doc tests; with RUSTC_BOOTSTRAP=1 rustdoc checks that each fails for its error
+# code, not for a typo. Its own target directory: the flag would rebuild the main one.
+RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR=target/doc-codes cargo test -q -p corelink-engine --doc
+
 echo "== loom: the SPSC rings"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -q -p corelink-engine --release --lib ring::loom_tests
 

@@ -14,13 +14,15 @@
 //! The benchmark thread is pinned to core 0; the echo thread and the engine's worker to core 1.
 //! Kept short (20 samples, 2 s each) so that `cargo bench -p corelink-benches` stays within a
 //! couple of minutes on a 2-core machine.
+// criterion's `criterion_group!` makes public functions that cannot carry docs.
+#![allow(missing_docs)]
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use corelink_config::{parse, MachineTopology};
-use corelink_engine::pool::Pool;
-use corelink_engine::ring::ring;
+use corelink_engine::bench_support::ring;
+use corelink_engine::bench_support::Pool;
 use corelink_engine::{Engine, ExtOp, ExtRequest, Handler, Placement};
 use corelink_verbs::soft::{Soft, DEVICE_NAME};
 use corelink_verbs::{

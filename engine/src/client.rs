@@ -5,7 +5,52 @@ use crate::handoff::{ExtCompletion, ExtRequest};
 use crate::ring::{Consumer, Producer};
 
 /// An external thread's line to one worker. `Send` (hand it to the thread that will use it),
-/// not `Clone` (one producer per ring).
+/// not `Clone` (one producer per ring):
+///
+/// ```
+/// fn is_send<T: Send>() {}
+/// is_send::<corelink_engine::Client>();
+/// ```
+///
+/// ```compile_fail,E0277
+/// fn is_clone<T: Clone>() {}
+/// is_clone::<corelink_engine::Client>();
+/// ```
+///
+/// # Examples
+///
+/// A thread of the application connects an engine to itself and sends a message; the
+/// worker's handler (here: none, [`Handler`](crate::Handler)'s defaults) receives it:
+///
+/// ```
+/// use corelink_engine::verbs::{soft::Soft, WcStatus};
+/// use corelink_engine::{Engine, ExtOp, ExtRequest, Placement};
+///
+/// struct Quiet;
+/// impl corelink_engine::Handler<Soft> for Quiet {}
+///
+/// let map = corelink_config::parse(
+///     "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"10.98.0.2:0\"",
+/// )?
+/// .validate(&corelink_config::MachineTopology::load()?)?;
+/// let mut engine = Engine::<Soft>::start(&map, Placement::RoundRobin, |_| Quiet)?;
+/// let addr = engine.listen_addr().unwrap();
+/// let mut client = engine.client(0)?;
+/// let app = std::thread::spawn(move || {
+///     let wait = std::time::Duration::from_secs(30);
+///     let connect = ExtRequest { conn: None, op: ExtOp::Connect { addr }, data: vec![], token: 1 };
+///     client.submit(connect).unwrap();
+///     let conn = client.wait(wait).and_then(|d| d.conn).expect("connected");
+///     let send = ExtOp::Send { imm: Some(7) };
+///     client.submit(ExtRequest { conn: Some(conn), op: send, data: b"hi".to_vec(), token: 2 })
+///         .unwrap();
+///     let done = client.wait(wait).expect("the send's completion");
+///     assert_eq!((done.token, done.status, done.data), (2, WcStatus::Success, b"hi".to_vec()));
+/// });
+/// app.join().unwrap();
+/// engine.shutdown()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Client {
     pub(crate) worker: usize,

@@ -98,9 +98,9 @@ impl<P: Provider> Pool<P> {
 ///
 /// It cannot leave its worker's thread:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn is_send<T: Send>() {}
-/// is_send::<corelink_engine::pool::Buf<corelink_verbs::soft::Soft>>();
+/// is_send::<corelink_engine::Buf<corelink_verbs::soft::Soft>>();
 /// ```
 pub struct Buf<P: Provider> {
     pool: Rc<Inner<P>>,

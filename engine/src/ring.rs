@@ -48,14 +48,14 @@ impl<T> Drop for Shared<T> {
 ///
 /// Not `Clone` (one producer) and not `Sync` (used through `&mut` by its one thread):
 ///
-/// ```compile_fail
-/// let (p, _c) = corelink_engine::ring::ring::<u8>(2);
+/// ```compile_fail,E0599
+/// let (p, _c) = corelink_engine::bench_support::ring::<u8>(2);
 /// let _q = p.clone();
 /// ```
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn is_sync<T: Sync>() {}
-/// is_sync::<corelink_engine::ring::Producer<u8>>();
+/// is_sync::<corelink_engine::bench_support::Producer<u8>>();
 /// ```
 pub struct Producer<T> {
     shared: Arc<Shared<T>>,
@@ -67,8 +67,8 @@ pub struct Producer<T> {
 ///
 /// Not `Clone` (one consumer):
 ///
-/// ```compile_fail
-/// let (_p, c) = corelink_engine::ring::ring::<u8>(2);
+/// ```compile_fail,E0599
+/// let (_p, c) = corelink_engine::bench_support::ring::<u8>(2);
 /// let _d = c.clone();
 /// ```
 pub struct Consumer<T> {

@@ -90,11 +90,13 @@ impl<T> Slab<T> {
     }
 
     /// Whether nothing is stored.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Takes every value out whose id `pick` selects, passing each to `f`.
+    #[cfg(test)]
     pub fn drain_where(&mut self, mut pick: impl FnMut(&T) -> bool, mut f: impl FnMut(T)) {
         for (i, slot) in self.slots.iter_mut().enumerate() {
             if slot.1.as_ref().is_some_and(&mut pick) {

@@ -16,7 +16,7 @@ mod traffic;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use corelink_engine::metrics::thread_context_switches;
+use corelink_engine::thread_context_switches;
 use corelink_verbs::soft::Soft;
 
 const REQUESTS: u64 = 1_000_000;

@@ -58,8 +58,13 @@ can reach (the loop that -c UC runs; reported as baseline_raw_write).";
     after_help = AFTER_HELP
 )]
 struct Cli {
-    /// TEST [SERVER_ADDR], or: baseline KIND [SERVER_ADDR]
-    #[arg(required = true, num_args = 1..=3, value_name = "TEST [SERVER_ADDR]")]
+    // (help in the attribute: a doc comment's brackets would be links to rustdoc)
+    #[arg(
+        required = true,
+        num_args = 1..=3,
+        value_name = "TEST [SERVER_ADDR]",
+        help = "TEST [SERVER_ADDR], or: baseline KIND [SERVER_ADDR]"
+    )]
     args: Vec<String>,
     /// transport: RC, UC or UD
     #[arg(short = 'c', long = "connection", default_value = "RC")]

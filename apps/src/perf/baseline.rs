@@ -12,7 +12,7 @@
 //!   of cache alike), all allocated and touched before timing. The run is split into about ten
 //!   intervals: the peak bandwidth is the best interval's, the average the whole run's.
 //! - `ring_pingpong`: a thread on `cores.0` pushes a 64-byte payload (one cache line, a
-//!   `[u8; 64]`) into one [`corelink_engine::ring`], a thread on `cores.1` pops it and pushes it
+//!   `[u8; 64]`) into one ring (the engine's SPSC ring), a thread on `cores.1` pops it and pushes it
 //!   back through a second ring; both busy-poll. The first `min(size, 64)` bytes are written
 //!   by the sender and read (and checked) on return; the ring slot always moves 64 bytes, so
 //!   the report's `bytes` is `min(size, 64)`. Each round trip is timed; one-way is half.
@@ -30,7 +30,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use corelink_engine::ring::{ring, Consumer, Producer};
+use corelink_engine::bench_support::{ring, Consumer, Producer};
 
 use super::{Latency, Report};
 

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use corelink_engine::engine::REGION_BYTES;
+use corelink_engine::REGION_BYTES;
 
 /// perftest's default TCP port, used when `SERVER_ADDR` has none.
 pub const DEFAULT_PORT: u16 = 18515;

@@ -2,7 +2,7 @@
 //! `corelink-perf` runs for `-c UC`, `-c UD` and `--use-srq` (the engine creates RC queue pairs
 //! with per-connection receives only), and for `baseline raw_write` (`write_bw` on RC here: the
 //! engine's floor on the same provider). Generic over the provider (`soft`, `ibverbs`). The
-//! client thread's loop that posts and polls is [`bw`]'s `client` (not inlined).
+//! client thread's loop that posts and polls is `bw`'s `client` (not inlined).
 //!
 //! A run is a server side and a client side, each with its own device context, queue pairs
 //! (`-q`, used round robin), CQs, regions and, with `--use-srq`, one shared receive queue. The
@@ -12,7 +12,7 @@
 //! each size over that socket, measures it and ends it. In loopback (the default on `soft`,
 //! `--loopback`) both sides are threads of this process, pinned to different cores where there
 //! are two; otherwise the server is the process without SERVER_ADDR and the client the one with
-//! it (`-p` is the socket's port). How each test is measured: [`bw`] and [`lat`].
+//! it (`-p` is the socket's port). How each test is measured: `bw` and `lat` (modules of this one).
 
 mod bw;
 mod guard;

@@ -121,7 +121,15 @@ impl<P: Provider> Notice<P> {
     }
 }
 
-/// A worker's state, as its handler uses it.
+/// A worker's state, as its handler uses it: buffers, connections, requests, timers and
+/// metrics of the worker the handler runs on.
+///
+/// It never leaves its worker's thread (it is not `Send`):
+///
+/// ```compile_fail,E0277
+/// fn is_send<T: Send>() {}
+/// is_send::<corelink_engine::Cx<corelink_engine::verbs::soft::Soft>>();
+/// ```
 pub struct Cx<P: Provider> {
     pub(crate) index: usize,
     /// This iteration's clock, once read (see [`Cx::now`]).
@@ -436,7 +444,63 @@ impl<P: Provider> Cx<P> {
         c.waiting += 1;
     }
 
-    /// Sends `buf`'s bytes (with an immediate if `imm`).
+    /// Sends `buf`'s bytes (with an immediate if `imm`); the peer's handler hears
+    /// `on_message`, this one `on_completion` with `token`.
+    ///
+    /// # Examples
+    ///
+    /// A handler that connects its engine to itself, sends on the connection it opened and
+    /// echoes on the one it accepted:
+    ///
+    /// ```
+    /// use corelink_engine::verbs::soft::Soft;
+    /// use corelink_engine::{ConnId, ConnInfo, Cx, Done, Engine, Handler, Message, Placement};
+    /// use std::sync::mpsc::{channel, Sender};
+    ///
+    /// struct Ping { addr: std::net::SocketAddr, asked: bool, told: Sender<Vec<u8>> }
+    ///
+    /// impl Handler<Soft> for Ping {
+    ///     fn poll(&mut self, cx: &mut Cx<Soft>) {
+    ///         if !std::mem::replace(&mut self.asked, true) {
+    ///             cx.connect(self.addr, b"ping", 1).unwrap();
+    ///         }
+    ///     }
+    ///     fn on_connected(&mut self, cx: &mut Cx<Soft>, conn: ConnId, info: &ConnInfo) {
+    ///         if info.initiated {
+    ///             let mut buf = cx.alloc(4).unwrap();
+    ///             buf.fill(b"ping").unwrap();
+    ///             cx.send(conn, buf, None, 2).map_err(|(_, e)| e).unwrap();
+    ///         }
+    ///     }
+    ///     fn on_message(&mut self, cx: &mut Cx<Soft>, conn: ConnId, msg: &Message<'_>) {
+    ///         if cx.conn_info(conn).is_some_and(|i| i.initiated) {
+    ///             self.told.send(msg.data.to_vec()).unwrap(); // the answer
+    ///         } else {
+    ///             let mut buf = cx.alloc(4).unwrap();
+    ///             buf.fill(b"pong").unwrap();
+    ///             cx.send(conn, buf, None, 3).map_err(|(_, e)| e).unwrap();
+    ///         }
+    ///     }
+    ///     fn on_completion(&mut self, _cx: &mut Cx<Soft>, done: Done<Soft>) {
+    ///         assert!(done.status.is_success(), "{done:?}");
+    ///     }
+    /// }
+    ///
+    /// let addr: std::net::SocketAddr = "10.98.0.3:7000".parse()?;
+    /// let map = corelink_config::parse(&format!(
+    ///     "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{addr}\""
+    /// ))?
+    /// .validate(&corelink_config::MachineTopology::load()?)?;
+    /// let (tx, rx) = channel();
+    /// let engine = Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| Ping {
+    ///     addr,
+    ///     asked: false,
+    ///     told: tx.clone(),
+    /// })?;
+    /// assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(30))?, b"pong");
+    /// engine.shutdown()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline(always)]
     pub fn send(
         &mut self,
@@ -449,6 +513,64 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Writes `buf`'s bytes to `remote` (with an immediate if `imm`).
+    ///
+    /// # Examples
+    ///
+    /// Writes 8 bytes into the memory the peer exposes, then reads them back with
+    /// [`Cx::read`]:
+    ///
+    /// ```
+    /// use corelink_engine::verbs::{soft::Soft, RemoteAddr};
+    /// use corelink_engine::{ConnId, ConnInfo, Cx, Done, Engine, Handler, OpKind, Placement};
+    /// use std::sync::mpsc::{channel, Sender};
+    ///
+    /// struct WriteRead { addr: std::net::SocketAddr, asked: bool, at: Option<RemoteAddr>, told: Sender<Vec<u8>> }
+    ///
+    /// impl Handler<Soft> for WriteRead {
+    ///     fn poll(&mut self, cx: &mut Cx<Soft>) {
+    ///         if !std::mem::replace(&mut self.asked, true) {
+    ///             cx.connect(self.addr, &[], 1).unwrap();
+    ///         }
+    ///     }
+    ///     fn on_connected(&mut self, cx: &mut Cx<Soft>, conn: ConnId, info: &ConnInfo) {
+    ///         let Some(region) = info.peer_region.filter(|_| info.initiated) else { return };
+    ///         let at = RemoteAddr { addr: region.addr, rkey: region.rkey };
+    ///         self.at = Some(at);
+    ///         let mut buf = cx.alloc(8).unwrap();
+    ///         buf.fill(&42u64.to_le_bytes()).unwrap();
+    ///         cx.write(conn, buf, at, None, 2).map_err(|(_, e)| e).unwrap();
+    ///     }
+    ///     fn on_completion(&mut self, cx: &mut Cx<Soft>, done: Done<Soft>) {
+    ///         assert!(done.status.is_success(), "{done:?}");
+    ///         match done.kind {
+    ///             // Requests of one class go in order; a read after a write goes in the
+    ///             // write's class to see it (or, as here, after the write's completion).
+    ///             OpKind::Write => {
+    ///                 let buf = cx.alloc(8).unwrap();
+    ///                 cx.read(done.conn, buf, self.at.unwrap(), 3).map_err(|(_, e)| e).unwrap();
+    ///             }
+    ///             _ => self.told.send(done.buf.unwrap().as_slice().to_vec()).unwrap(),
+    ///         }
+    ///     }
+    /// }
+    ///
+    /// let addr: std::net::SocketAddr = "10.98.0.4:7000".parse()?;
+    /// let map = corelink_config::parse(&format!(
+    ///     "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{addr}\""
+    /// ))?
+    /// .validate(&corelink_config::MachineTopology::load()?)?;
+    /// let (tx, rx) = channel();
+    /// let engine = Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| WriteRead {
+    ///     addr,
+    ///     asked: false,
+    ///     at: None,
+    ///     told: tx.clone(),
+    /// })?;
+    /// let read = rx.recv_timeout(std::time::Duration::from_secs(30))?;
+    /// assert_eq!(read, 42u64.to_le_bytes());
+    /// engine.shutdown()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline(always)]
     pub fn write(
         &mut self,
@@ -461,7 +583,8 @@ impl<P: Provider> Cx<P> {
         self.submit(conn, Op::Write { buf, remote, imm }, token)
     }
 
-    /// Reads `buf.len()` bytes at `remote` into `buf`.
+    /// Reads `buf.len()` bytes at `remote` into `buf` (the completion's `buf`; an example is
+    /// at [`Cx::write`]).
     #[inline(always)]
     pub fn read(
         &mut self,
@@ -501,8 +624,8 @@ impl<P: Provider> Cx<P> {
 
     /// Connects to `addr` through the control core; the handler hears `on_connected` (with
     /// `token` in the info) or `on_connect_failed`. `private_data` may hold 21 bytes
-    /// ([`crate::control::MAX_APP_PRIVATE_DATA`]: the rest of rdma_cm's 56 carries the
-    /// engine's header, see [`crate::control::HEADER`]).
+    /// ([`crate::MAX_APP_PRIVATE_DATA`]: the rest of rdma_cm's 56 carries the engine's
+    /// header, see [`crate::HEADER`]). An example is at [`Cx::send`].
     pub fn connect(&mut self, addr: SocketAddr, private_data: &[u8], token: u64) -> Result<()> {
         self.connect_from(addr, private_data, token, Origin::Handler)
     }

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corelink_config::{parse, MachineTopology};
-use corelink_engine::metrics::WorkerCounts;
 use corelink_engine::verbs::{Provider, WcStatus};
+use corelink_engine::WorkerCounts;
 use corelink_engine::*;
 
 /// How long a step may take before the test calls it a hang.

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corelink_config::{parse, MachineTopology};
-use corelink_engine::metrics::Metrics;
 use corelink_engine::verbs::{Mr, Provider, RemoteAddr, RemoteRegion, WcStatus};
+use corelink_engine::Metrics;
 use corelink_engine::*;
 
 /// How long a scenario may take before the test calls it a hang (not a performance bound).

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use corelink_config::{parse, MachineTopology};
-use corelink_engine::pool::Buf;
 use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
+use corelink_engine::Buf;
 use corelink_engine::{ConnId, ConnInfo, Cx, Done, Engine, Handler, Message, OpKind, Placement};
 
 /// What to run.

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use corelink_engine::engine::REGION_BYTES;
-use corelink_engine::pool::Buf;
 use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
+use corelink_engine::Buf;
+use corelink_engine::REGION_BYTES;
 use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, EngineError, Handler, Message, Op};
 
 use super::{

@@ -13,7 +13,7 @@
 //!   trip, reported as is (perftest's convention for reads and atomics).
 //! - `send_lat`: a send ping-pong, the server echoing each message; `write_lat`: a ping-pong of
 //!   RDMA writes, each side's handler polling the last byte of its region for the other's
-//!   write, as perftest does (see [`POLL_SLOT`]; sizes over half the region fall back to writes
+//!   write, as perftest does (see `POLL_SLOT`; sizes over half the region fall back to writes
 //!   with immediate, answered through the receive queue). Both report half the round trip
 //!   (one-way), as perftest does.
 //!
@@ -28,8 +28,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use corelink_config::{ProviderKind, Validated};
-use corelink_engine::engine::REGION_BYTES;
 use corelink_engine::verbs::Provider;
+use corelink_engine::REGION_BYTES;
 use corelink_engine::{Cx, Engine, Placement};
 
 use super::opts::{PerfError, PerfOpts, Prov, Role, Test};
@@ -338,9 +338,8 @@ fn collect(
 }
 
 /// One line on how requests became work requests, over the whole run (both ends in loopback).
-pub fn engine_summary(metrics: &[corelink_engine::metrics::Metrics]) -> String {
-    let sum =
-        |f: fn(&corelink_engine::metrics::Metrics) -> u64| -> u64 { metrics.iter().map(f).sum() };
+pub fn engine_summary(metrics: &[corelink_engine::Metrics]) -> String {
+    let sum = |f: fn(&corelink_engine::Metrics) -> u64| -> u64 { metrics.iter().map(f).sum() };
     // Requests: successful sends, writes, reads and atomics (not receives).
     let requests = sum(|m| m.ops[..5].iter().sum());
     let (wrs, bells, sig) = (sum(|m| m.posted), sum(|m| m.doorbells), sum(|m| m.signalled));

@@ -60,7 +60,7 @@ impl ConnRequest<Ibverbs> for IbvConnRequest {
         self.peer
     }
 
-    /// Moves `qp` to INIT, RTR and RTS, accepts, and waits up to [`ACCEPT_TIMEOUT`] for the
+    /// Moves `qp` to INIT, RTR and RTS, accepts, and waits up to `ACCEPT_TIMEOUT` (30 s) for the
     /// connector's RTU.
     fn accept(self, qp: &mut IbvQp, attr: &QpAttr, private_data: &[u8]) -> Result<IbvConnection> {
         let peer = self.peer;
