@@ -20,7 +20,7 @@ use crate::tunables::{
     CLIENT_RING, CONTROL_RING, MAX_CLIENTS_PER_WORKER, MAX_POLL_BATCH, MAX_REQUESTS_PER_WORKER,
     MAX_SGE, MAX_TIMERS, MERGE_TABLE,
 };
-use crate::worker::{Cx, Handler, Worker, WorkerCfg};
+use crate::worker::{Cx, Handler, Outbox, Timers, Worker, WorkerCfg};
 
 /// Bytes of the region each worker exposes to its peers for one-sided operations.
 pub const REGION_BYTES: usize = 1 << 20;
@@ -187,11 +187,9 @@ impl<P: Provider> Engine<P> {
                         reqs: Slab::new(MAX_REQUESTS_PER_WORKER),
                         ext_data: (0..MAX_REQUESTS_PER_WORKER).map(|_| Vec::new()).collect(),
                         merges: crate::worker::MergeTable::with_capacity(MERGE_TABLE),
-                        to_control: to_c,
-                        control_backlog: std::collections::VecDeque::with_capacity(CONTROL_RING),
-                        notices: std::collections::VecDeque::with_capacity(4096),
+                        outbox: Outbox::new(to_c, 4096, CONTROL_RING),
                         reposts: arrayvec::ArrayVec::new(),
-                        timers: std::collections::BinaryHeap::with_capacity(MAX_TIMERS),
+                        timers: Timers::new(MAX_TIMERS),
                         metrics: Metrics { worker: i, pinned, ..Metrics::default() },
                         stopping: false,
                         shutdown_deadline: None,

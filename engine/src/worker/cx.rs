@@ -2,8 +2,6 @@
 //! metrics. Everything here runs on the worker's thread, takes no lock and allocates nothing
 //! after start-up (the queues it fills were sized then).
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,13 +10,12 @@ use arrayvec::ArrayVec;
 use corelink_verbs::{Provider, Qp, RemoteAddr, SendFlags, SendWr, WcStatus};
 
 use super::conn::{Conn, Phase, Req, NONE};
-use super::MergeTable;
+use super::{MergeTable, Outbox, Timers};
 use crate::error::{EngineError, Result};
 use crate::handoff::{ExtCompletion, Origin, ToControl};
 use crate::metrics::Metrics;
 use crate::pool::{Buf, Pool};
 use crate::request::{CloseReason, ConnId, ConnInfo, Done, Op, OpKind};
-use crate::ring::Producer;
 use crate::slab::Slab;
 use crate::tunables::{CLASSES, MAX_POLL_BATCH, MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
 
@@ -155,15 +152,12 @@ pub struct Cx<P: Provider> {
     pub(crate) ext_data: Vec<Vec<u8>>,
     /// Reads in flight that identical reads may share.
     pub(crate) merges: MergeTable,
-    pub(crate) to_control: Producer<ToControl<P>>,
-    /// Messages for the control core that did not fit in the ring yet.
-    pub(crate) control_backlog: VecDeque<ToControl<P>>,
-    pub(crate) notices: VecDeque<Notice<P>>,
+    /// Notices for the handler and clients, messages for the control core.
+    pub(crate) outbox: Outbox<P>,
     /// Receives whose messages were handled this iteration, to post again once the iteration's
-    /// work requests went out (a repost is then off the path from a message to its answer):
-    /// (connection slot, receive index, buffer).
+    /// work requests went out (a repost is then off the path from a message to its answer).
     pub(crate) reposts: ArrayVec<(super::RecvId, Buf<P>), MAX_POLL_BATCH>,
-    pub(crate) timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    pub(crate) timers: Timers,
     pub(crate) metrics: Metrics,
     pub(crate) stopping: bool,
     pub(crate) shutdown_deadline: Option<Instant>,
@@ -306,7 +300,7 @@ impl<P: Provider> Cx<P> {
         };
         let Some(l) = lane else { return Err((op, EngineError::QueueFull(conn))) };
         let id = self.accept(conn, op, token, Origin::Handler)?;
-        let Cx { conns, reqs, metrics, cfg, merges, notices, ext_data, .. } = self;
+        let Cx { conns, reqs, metrics, cfg, merges, outbox, ext_data, .. } = self;
         let (Some(c), Some(r)) = (conns[conn.slot as usize].as_mut(), reqs.get_mut(id)) else {
             return Ok(());
         };
@@ -336,7 +330,7 @@ impl<P: Provider> Cx<P> {
             }
             Err(_) => {
                 let ext = ext_data;
-                super::sched::fail_chain(id, WcStatus::GeneralErr, reqs, merges, notices, ext);
+                super::sched::fail_chain(id, WcStatus::GeneralErr, reqs, merges, outbox, ext);
                 c.note_error(WcStatus::GeneralErr);
                 self.dirty.push(conn.slot);
             }
@@ -676,17 +670,14 @@ impl<P: Provider> Cx<P> {
 
     /// Calls the handler's `on_timer(token)` once `after` has passed.
     pub fn set_timer(&mut self, after: Duration, token: u64) -> Result<()> {
-        if self.timers.len() >= crate::tunables::MAX_TIMERS {
-            return Err(EngineError::Limit {
-                worker: self.index,
-                limit: crate::error::Limit::Timers,
-                max: crate::tunables::MAX_TIMERS as u64,
-                in_use: self.timers.len() as u64,
-                need: 1,
-            });
-        }
-        self.timers.push(Reverse((self.now() + after, token)));
-        Ok(())
+        let due = self.now() + after;
+        self.timers.set(due, token).map_err(|in_use| EngineError::Limit {
+            worker: self.index,
+            limit: crate::error::Limit::Timers,
+            max: crate::tunables::MAX_TIMERS as u64,
+            in_use: in_use as u64,
+            need: 1,
+        })
     }
 
     /// A lookup that cannot fail did: counted (and a debug assertion).
@@ -697,12 +688,6 @@ impl<P: Provider> Cx<P> {
     }
 
     pub(crate) fn tell_control(&mut self, m: ToControl<P>) {
-        if !self.control_backlog.is_empty() {
-            self.control_backlog.push_back(m);
-            return;
-        }
-        if let Err(m) = self.to_control.push(m) {
-            self.control_backlog.push_back(m);
-        }
+        self.outbox.tell_control(m);
     }
 }

@@ -8,10 +8,11 @@
 mod conn;
 mod cx;
 mod intake;
+mod outbox;
 mod retire;
 mod sched;
+mod timers;
 
-use std::cmp::Reverse;
 use std::sync::{Arc, Mutex};
 
 use corelink_verbs::{Cq, Provider, Qp, QpAttr, QpState, RecvWr, Wc, WcOpcode, WcStatus};
@@ -32,7 +33,9 @@ use crate::tunables::{
     RECV_INDEX_BITS,
 };
 use conn::{Conn, Lane, Phase};
+pub(crate) use outbox::Outbox;
 pub(crate) use sched::MergeTable;
+pub(crate) use timers::Timers;
 
 /// What an application runs on each worker (thread-per-core): told of connections, messages,
 /// completions of its own requests, closes and timers, it issues requests through [`Cx`].
@@ -156,21 +159,21 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         while let Some((id, buf)) = self.cx.reposts.pop() {
             self.cx.repost(id, buf);
         }
-        if !self.cx.notices.is_empty() {
+        if self.cx.outbox.has_notices() {
             self.deliver_notices();
         }
         let controlled = self.from_control.ready() && self.drain_control();
         if !self.cx.dirty.is_empty() {
             self.finish_closing();
         }
-        if !self.cx.notices.is_empty() {
+        if self.cx.outbox.has_notices() {
             self.deliver_notices();
         }
         if !self.cx.timers.is_empty() {
             self.fire_timers();
         }
-        if !self.cx.control_backlog.is_empty() {
-            self.flush_control_backlog();
+        if self.cx.outbox.control_waiting() {
+            self.cx.outbox.flush_control();
         }
         if self.cx.metrics.polls % METRICS_EVERY == 0 {
             self.publish();
@@ -189,8 +192,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if self.stopped_sent {
             // Everything queued for the control core (releases, then `Stopped`) must reach it:
             // stop only once the backlog is empty.
-            self.flush_control_backlog();
-            self.stopped = self.cx.control_backlog.is_empty();
+            self.stopped = self.cx.outbox.flush_control();
             if !self.stopped {
                 std::thread::yield_now();
             }
@@ -282,7 +284,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     fn deliver_notices(&mut self) {
-        while let Some(n) = self.cx.notices.pop_front() {
+        while let Some(n) = self.cx.outbox.next_notice() {
             match n {
                 Notice::Done(d) => self.handler.on_completion(&mut self.cx, d),
                 Notice::Client(c, d) => self.client_done(c, d),
@@ -333,7 +335,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// Tells whoever asked for connect `token` that it failed.
     fn connect_failed(&mut self, token: u64, origin: Origin, error: EngineError) {
         match origin {
-            Origin::Handler => self.cx.notices.push_back(Notice::ConnectFailed(token, error)),
+            Origin::Handler => self.cx.outbox.notify(Notice::ConnectFailed(token, error)),
             Origin::Client(n) => {
                 let data = self.cx.take_ext_connect(n, token);
                 let done = ExtCompletion {
@@ -344,7 +346,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                     old_value: None,
                     error: Some(error),
                 };
-                self.cx.notices.push_back(Notice::Client(n, done));
+                self.cx.outbox.notify(Notice::Client(n, done));
             }
         }
     }
@@ -469,7 +471,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                     }
                     self.cx.free_conns.push(slot as u16);
                     self.cx.live_conns -= 1;
-                    self.cx.notices.push_back(Notice::Closed(c.id, reason));
+                    self.cx.outbox.notify(Notice::Closed(c.id, reason));
                 }
             }
             let keep = matches!(&self.cx.conns[slot], Some(c) if c.phase == Phase::Closing || c.has_waiting());
@@ -482,21 +484,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     fn fire_timers(&mut self) {
-        while let Some(Reverse((at, token))) = self.cx.timers.peek().copied() {
-            if at > self.cx.now() {
-                break;
-            }
-            self.cx.timers.pop();
+        while let Some(token) = self.cx.timers.next_due(self.cx.now()) {
             self.handler.on_timer(&mut self.cx, token);
-        }
-    }
-
-    fn flush_control_backlog(&mut self) {
-        while let Some(m) = self.cx.control_backlog.pop_front() {
-            if let Err(m) = self.cx.to_control.push(m) {
-                self.cx.control_backlog.push_front(m);
-                break;
-            }
         }
     }
 }

@@ -12,6 +12,7 @@ use corelink_verbs::{Error as VerbsError, Provider, Qp, SendFlags, SendOp, SendW
 
 use super::conn::{Conn, MergeKey, Phase, Req, NONE};
 use super::cx::{Cx, Notice, WorkerCfg};
+use super::outbox::Outbox;
 use crate::metrics::Metrics;
 use crate::request::OpKind;
 use crate::slab::Slab;
@@ -23,7 +24,7 @@ pub(crate) type MergeTable = std::collections::HashMap<MergeKey, u64>;
 /// Everything a flush touches besides the connection.
 struct Ctx<'a, P: Provider> {
     reqs: &'a mut Slab<Req<P>>,
-    notices: &'a mut std::collections::VecDeque<Notice<P>>,
+    outbox: &'a mut Outbox<P>,
     metrics: &'a mut Metrics,
     cfg: &'a WorkerCfg,
     merges: &'a mut MergeTable,
@@ -36,8 +37,8 @@ impl<P: Provider> Cx<P> {
         if self.stopping {
             self.close_for_shutdown();
         }
-        let Cx { conns, reqs, notices, metrics, cfg, dirty, merges, ext_data, .. } = self;
-        let mut x = Ctx { reqs, notices, metrics, cfg, merges, ext_data };
+        let Cx { conns, reqs, outbox, metrics, cfg, dirty, merges, ext_data, .. } = self;
+        let mut x = Ctx { reqs, outbox, metrics, cfg, merges, ext_data };
         let mut posted_any = false;
         // Visits each connection with work; keeps only those that still have some (waiting
         // behind backpressure, or closing), so that the rest of the loop finds the list empty.
@@ -67,7 +68,7 @@ fn flush_waiting<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
         while let Some(id) = q.pop(x.reqs) {
             if let Some(r) = x.reqs.remove(id) {
                 let data = std::mem::take(&mut x.ext_data[crate::slab::slot_of(id)]);
-                x.notices.push_back(Notice::failed(r, WcStatus::WrFlushErr, data));
+                x.outbox.notify(Notice::failed(r, WcStatus::WrFlushErr, data));
             }
         }
     }
@@ -374,7 +375,7 @@ fn post<P: Provider>(
     x.metrics.doorbells += 1;
     if k < n {
         for st in &staged[k..] {
-            fail_chain(st.id, WcStatus::GeneralErr, x.reqs, x.merges, x.notices, x.ext_data);
+            fail_chain(st.id, WcStatus::GeneralErr, x.reqs, x.merges, x.outbox, x.ext_data);
         }
         c.note_error(WcStatus::GeneralErr);
     }
@@ -387,7 +388,7 @@ pub(crate) fn fail_chain<P: Provider>(
     status: WcStatus,
     reqs: &mut Slab<Req<P>>,
     merges: &mut MergeTable,
-    notices: &mut std::collections::VecDeque<Notice<P>>,
+    outbox: &mut Outbox<P>,
     ext_data: &mut [Vec<u8>],
 ) {
     let mut next = id;
@@ -401,6 +402,6 @@ pub(crate) fn fail_chain<P: Provider>(
         }
         let data = std::mem::take(&mut ext_data[crate::slab::slot_of(next)]);
         next = r.next;
-        notices.push_back(Notice::failed(r, status, data));
+        outbox.notify(Notice::failed(r, status, data));
     }
 }
