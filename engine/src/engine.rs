@@ -15,12 +15,11 @@ use crate::handoff::ToWorker;
 use crate::metrics::{ControlMetrics, Metrics};
 use crate::pool::Pool;
 use crate::ring::ring;
-use crate::slab::Slab;
 use crate::tunables::{
     CLIENT_RING, CONTROL_RING, MAX_CLIENTS_PER_WORKER, MAX_POLL_BATCH, MAX_REQUESTS_PER_WORKER,
     MAX_SGE, MAX_TIMERS, MERGE_TABLE,
 };
-use crate::worker::{Cx, Handler, Outbox, Timers, Worker, WorkerCfg};
+use crate::worker::{Cx, Handler, Outbox, Requests, Timers, Worker, WorkerCfg};
 
 /// Bytes of the region each worker exposes to its peers for one-sided operations.
 pub const REGION_BYTES: usize = 1 << 20;
@@ -184,9 +183,7 @@ impl<P: Provider> Engine<P> {
                         generations: vec![0; max_conns],
                         free_conns: (0..max_conns).rev().map(|s| s as u16).collect(),
                         dirty: Vec::with_capacity(max_conns * 2),
-                        reqs: Slab::new(MAX_REQUESTS_PER_WORKER),
-                        ext_data: (0..MAX_REQUESTS_PER_WORKER).map(|_| Vec::new()).collect(),
-                        merges: crate::worker::MergeTable::with_capacity(MERGE_TABLE),
+                        reqs: Requests::new(MAX_REQUESTS_PER_WORKER, MERGE_TABLE),
                         outbox: Outbox::new(to_c, 4096, CONTROL_RING),
                         reposts: arrayvec::ArrayVec::new(),
                         timers: Timers::new(MAX_TIMERS),
@@ -206,6 +203,7 @@ impl<P: Provider> Engine<P> {
                         empty_run: 0,
                         wcs: [corelink_verbs::Wc::default(); MAX_POLL_BATCH],
                         stopped_sent: false,
+                        queue_misses: 0,
                         stopped: false,
                     };
                     let _ = ready_tx.send(Ok(()));

@@ -1,12 +1,45 @@
 //! Fixed slots for requests in flight: a work-request id is a slot index and a generation,
 //! so a completion finds its request with an index, no hashing, and a stale id finds nothing.
 
+use std::cell::Cell;
+
 use crate::tunables::SLOT_BITS;
 
-/// The slot index of a slab id (for side tables kept in step with a slab).
-#[inline]
-pub fn slot_of(id: u64) -> usize {
-    (id & SLOT_MASK) as usize
+/// The id of a value in a [`Slab`]: its slot and the slot's generation when it was stored
+/// (`generation << SLOT_BITS | slot`, below 2^63 so that a work-request id can tell it from a
+/// receive's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Id(u64);
+
+impl Id {
+    /// Its slot (for side tables kept in step with a slab).
+    #[inline(always)]
+    pub fn slot(self) -> usize {
+        (self.0 & SLOT_MASK) as usize
+    }
+
+    /// The id as a work request carries it.
+    #[inline(always)]
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// An id read back from a work request (a stale or foreign one finds nothing).
+    #[inline(always)]
+    pub fn from_raw(raw: u64) -> Id {
+        Id(raw)
+    }
+
+    #[inline(always)]
+    fn generation(self) -> u64 {
+        self.0 >> SLOT_BITS
+    }
+
+    #[inline(always)]
+    fn new(generation: u32, slot: u32) -> Id {
+        // Generations wrap within 31 bits: the top bit of a work-request id marks a receive.
+        Id(u64::from(generation & (u32::MAX >> 1)) << SLOT_BITS | u64::from(slot))
+    }
 }
 
 /// A slab of `T`s with a free list, sized once.
@@ -14,6 +47,8 @@ pub fn slot_of(id: u64) -> usize {
 pub struct Slab<T> {
     slots: Vec<(u32, Option<T>)>,
     free: Vec<u32>,
+    /// Lookups that cannot fail and did (a queued value missing): a bug, counted.
+    misses: Cell<u64>,
 }
 
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
@@ -25,27 +60,33 @@ impl<T> Slab<T> {
         Slab {
             slots: (0..capacity).map(|_| (0, None)).collect(),
             free: (0..capacity as u32).rev().collect(),
+            misses: Cell::new(0),
         }
+    }
+
+    /// Lookups that cannot fail and did, since start (see [`Fifo`]).
+    pub fn misses(&self) -> u64 {
+        self.misses.get()
     }
 
     /// Stores `v`; returns its id, or gives `v` back when every slot is taken.
     #[inline(always)]
-    pub fn insert(&mut self, v: T) -> Result<u64, T> {
+    pub fn insert(&mut self, v: T) -> Result<Id, T> {
         let Some(i) = self.free.pop() else { return Err(v) };
         let slot = &mut self.slots[i as usize];
-        slot.0 = slot.0.wrapping_add(1);
+        slot.0 = slot.0.wrapping_add(1) & (u32::MAX >> 1);
         // A free slot holds nothing, so there is nothing to drop (this skips the drop glue).
         let old = slot.1.replace(v);
         debug_assert!(old.is_none());
         std::mem::forget(old);
-        Ok(u64::from(slot.0) << SLOT_BITS | u64::from(i))
+        Ok(Id::new(slot.0, i))
     }
 
     /// Takes the value of `id` out, if `id` is current.
-    pub fn remove(&mut self, id: u64) -> Option<T> {
-        let i = (id & SLOT_MASK) as usize;
+    pub fn remove(&mut self, id: Id) -> Option<T> {
+        let i = id.slot();
         let slot = self.slots.get_mut(i)?;
-        if u64::from(slot.0) != id >> SLOT_BITS || slot.1.is_none() {
+        if u64::from(slot.0) != id.generation() || slot.1.is_none() {
             return None;
         }
         self.free.push(i as u32);
@@ -53,18 +94,18 @@ impl<T> Slab<T> {
     }
 
     /// The value of `id`, if `id` is current.
-    pub fn get(&self, id: u64) -> Option<&T> {
-        let slot = self.slots.get((id & SLOT_MASK) as usize)?;
-        if u64::from(slot.0) != id >> SLOT_BITS {
+    pub fn get(&self, id: Id) -> Option<&T> {
+        let slot = self.slots.get(id.slot())?;
+        if u64::from(slot.0) != id.generation() {
             return None;
         }
         slot.1.as_ref()
     }
 
     /// The value of `id`, mutably, if `id` is current.
-    pub fn get_mut(&mut self, id: u64) -> Option<&mut T> {
-        let slot = self.slots.get_mut((id & SLOT_MASK) as usize)?;
-        if u64::from(slot.0) != id >> SLOT_BITS {
+    pub fn get_mut(&mut self, id: Id) -> Option<&mut T> {
+        let slot = self.slots.get_mut(id.slot())?;
+        if u64::from(slot.0) != id.generation() {
             return None;
         }
         slot.1.as_mut()
@@ -72,10 +113,10 @@ impl<T> Slab<T> {
 
     /// The value in slot `i` and its id, if the slot holds one.
     #[inline]
-    pub fn at(&self, i: u32) -> Option<(u64, &T)> {
+    pub fn at(&self, i: u32) -> Option<(Id, &T)> {
         let slot = self.slots.get(i as usize)?;
         let v = slot.1.as_ref()?;
-        Some((u64::from(slot.0) << SLOT_BITS | u64::from(i), v))
+        Some((Id::new(slot.0, i), v))
     }
 
     /// The value in slot `i`, mutably, if the slot holds one.
@@ -147,11 +188,11 @@ impl Fifo {
 
     /// Appends the value of `id` (which must be in `slab` and in no other queue).
     #[inline]
-    pub fn push<T: Linked>(&mut self, slab: &mut Slab<T>, id: u64) {
-        let i = slot_of(id) as u32;
+    pub fn push<T: Linked>(&mut self, slab: &mut Slab<T>, id: Id) {
+        let i = id.slot() as u32;
         let prev = self.tail;
         if self.len > 0 {
-            let Some(t) = slab.at_mut(prev) else { return self.lost() };
+            let Some(t) = slab.at_mut(prev) else { return self.lost(slab) };
             t.set_link(i);
         } else {
             self.head = i;
@@ -162,7 +203,7 @@ impl Fifo {
 
     /// The id of the first member.
     #[inline]
-    pub fn front<T: Linked>(&self, slab: &Slab<T>) -> Option<u64> {
+    pub fn front<T: Linked>(&self, slab: &Slab<T>) -> Option<Id> {
         if self.len == 0 {
             return None;
         }
@@ -171,12 +212,12 @@ impl Fifo {
 
     /// Takes the first member out of the queue (it stays in the slab); returns its id.
     #[inline]
-    pub fn pop<T: Linked>(&mut self, slab: &Slab<T>) -> Option<u64> {
+    pub fn pop<T: Linked>(&mut self, slab: &Slab<T>) -> Option<Id> {
         if self.len == 0 {
             return None;
         }
         let Some((id, v)) = slab.at(self.head) else {
-            self.lost();
+            self.lost(slab);
             return None;
         };
         self.head = v.link();
@@ -185,8 +226,10 @@ impl Fifo {
     }
 
     /// A member left the slab while queued (a bug): the rest of the chain is unreachable.
+    /// Counted in the slab's misses (the worker's metrics), and a debug assertion.
     #[cold]
-    fn lost(&mut self) {
+    fn lost<T>(&mut self, slab: &Slab<T>) {
+        slab.misses.set(slab.misses.get() + 1);
         debug_assert!(false, "a queued value left the slab");
         *self = Fifo::new();
     }
@@ -209,7 +252,7 @@ mod tests {
     fn fifos_link_through_the_slab() {
         let mut s = Slab::new(8);
         let (mut a, mut b) = (Fifo::new(), Fifo::new());
-        let ids: Vec<u64> = "wxyz".chars().map(|c| s.insert((c, 0)).unwrap()).collect();
+        let ids: Vec<Id> = "wxyz".chars().map(|c| s.insert((c, 0)).unwrap()).collect();
         a.push(&mut s, ids[0]);
         b.push(&mut s, ids[1]);
         a.push(&mut s, ids[2]);
@@ -251,5 +294,33 @@ mod tests {
         assert_eq!(s.remove(b), None);
         assert_eq!(s.remove(c), Some('c'));
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn ids_stay_below_the_receive_flag_and_round_trip() {
+        let mut s = Slab::new(1);
+        for _ in 0..3 {
+            let id = s.insert(()).unwrap();
+            assert!(id.raw() < 1 << 63);
+            assert_eq!(Id::from_raw(id.raw()), id);
+            s.remove(id).unwrap();
+        }
+        // A generation at the top of its range wraps within 31 bits.
+        s.slots[0].0 = u32::MAX >> 1;
+        let id = s.insert(()).unwrap();
+        assert_eq!((id.generation(), id.slot()), (0, 0));
+    }
+
+    #[test]
+    fn a_member_missing_from_its_queue_is_counted() {
+        let mut s = Slab::new(4);
+        let mut q = Fifo::new();
+        let a = s.insert(('a', 0)).unwrap();
+        q.push(&mut s, a);
+        s.remove(a);
+        let pop = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| q.pop(&s)));
+        // (a debug assertion in debug builds; counted either way)
+        assert!(pop.is_err() || pop.unwrap().is_none());
+        assert_eq!(s.misses(), 1);
     }
 }

@@ -10,9 +10,6 @@ use crate::request::{ConnId, ConnInfo, OpKind};
 use crate::slab::{Fifo, Linked};
 use crate::tunables::{CLASSES, MAX_QPS_PER_CONN};
 
-/// "No request" in a chain of requests.
-pub(crate) const NONE: u64 = u64::MAX;
-
 /// What makes two reads identical (so that one RDMA read serves both).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct MergeKey {
@@ -46,7 +43,7 @@ pub(crate) struct Req<P: Provider> {
     pub(crate) token: u64,
     pub(crate) origin: Origin,
     /// The next request riding on this one's work request (merged reads, coalesced writes).
-    pub(crate) next: u64,
+    pub(crate) next: Option<super::ReqId>,
     /// While it is in the worker's merge table: the write epoch of its key there.
     pub(crate) merge_epoch: Option<u32>,
     /// The slot of the request after it in the queue it is in: a class queue while it waits,

@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 use arrayvec::ArrayVec;
 use corelink_verbs::{Provider, Qp, RemoteAddr, SendFlags, SendWr, WcStatus};
 
-use super::conn::{Conn, Phase, Req, NONE};
-use super::{MergeTable, Outbox, Timers};
+use super::conn::{Conn, Phase, Req};
+use super::requests::{ReqId, Requests};
+use super::{Outbox, Timers};
 use crate::error::{EngineError, Result};
 use crate::handoff::{ExtCompletion, Origin, ToControl};
 use crate::metrics::Metrics;
 use crate::pool::{Buf, Pool};
 use crate::request::{CloseReason, ConnId, ConnInfo, Done, Op, OpKind};
-use crate::slab::Slab;
 use crate::tunables::{CLASSES, MAX_POLL_BATCH, MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
 
 /// A worker's settings, from the core map.
@@ -92,7 +92,7 @@ pub(crate) enum Notice<P: Provider> {
 
 impl<P: Provider> Notice<P> {
     /// The notice telling a request's issuer that it ended with `status` off the device.
-    /// `data` is an external client's vector (see [`Cx::ext_data`]).
+    /// `data` is an external client's vector (see `Requests`).
     pub(crate) fn failed(r: Req<P>, status: WcStatus, data: Vec<u8>) -> Notice<P> {
         match r.origin {
             Origin::Handler => Notice::Done(Done {
@@ -145,13 +145,9 @@ pub struct Cx<P: Provider> {
     pub(crate) free_conns: Vec<u16>,
     /// Connections with queued requests or closing, to visit at the next flush.
     pub(crate) dirty: Vec<u16>,
-    /// Requests accepted and not yet completed (waiting or on the device), by id.
-    pub(crate) reqs: Slab<Req<P>>,
-    /// External clients' vectors, by request slot (`Slab::slot`), given back in their
-    /// completions (kept out of `Req` so that a request moves in fewer bytes).
-    pub(crate) ext_data: Vec<Vec<u8>>,
-    /// Reads in flight that identical reads may share.
-    pub(crate) merges: MergeTable,
+    /// Requests accepted and not yet completed (waiting or on the device), by id, with
+    /// external clients' vectors and the reads in flight that identical reads may share.
+    pub(crate) reqs: Requests<P>,
     /// Notices for the handler and clients, messages for the control core.
     pub(crate) outbox: Outbox<P>,
     /// Receives whose messages were handled this iteration, to post again once the iteration's
@@ -300,7 +296,7 @@ impl<P: Provider> Cx<P> {
         };
         let Some(l) = lane else { return Err((op, EngineError::QueueFull(conn))) };
         let id = self.accept(conn, op, token, Origin::Handler)?;
-        let Cx { conns, reqs, metrics, cfg, merges, outbox, ext_data, .. } = self;
+        let Cx { conns, reqs, metrics, cfg, outbox, .. } = self;
         let (Some(c), Some(r)) = (conns[conn.slot as usize].as_mut(), reqs.get_mut(id)) else {
             return Ok(());
         };
@@ -314,12 +310,12 @@ impl<P: Provider> Cx<P> {
         }
         let is_rd = r.is_rd_atomic();
         let lane = &mut c.lanes[l];
-        let wr = [SendWr { wr_id: id, op, sgl: &sge, flags, ud: None }];
+        let wr = [SendWr { wr_id: super::WrId::Req(id).encode(), op, sgl: &sge, flags, ud: None }];
         // SAFETY: the buffer the work request names is held by its request in the slab until
         // the request's completion is dispatched.
         match unsafe { lane.qp.post_send(&wr) } {
             Ok(()) => {
-                lane.posted.push(reqs, id);
+                lane.posted.push(reqs.slab_mut(), id);
                 lane.unsignalled = 0;
                 if is_rd {
                     lane.rd_outstanding += 1;
@@ -329,8 +325,7 @@ impl<P: Provider> Cx<P> {
                 metrics.doorbells += 1;
             }
             Err(_) => {
-                let ext = ext_data;
-                super::sched::fail_chain(id, WcStatus::GeneralErr, reqs, merges, outbox, ext);
+                reqs.fail_chain(id, WcStatus::GeneralErr, outbox);
                 c.note_error(WcStatus::GeneralErr);
                 self.dirty.push(conn.slot);
             }
@@ -338,7 +333,7 @@ impl<P: Provider> Cx<P> {
         Ok(())
     }
 
-    /// Checks `conn` and makes `op` a request in the slab; returns its id.
+    /// Checks `conn` and makes `op` a request of the handler; returns its id.
     #[inline(always)]
     pub(crate) fn accept(
         &mut self,
@@ -346,16 +341,32 @@ impl<P: Provider> Cx<P> {
         op: Op<P>,
         token: u64,
         origin: Origin,
-    ) -> Result<u64, (Op<P>, EngineError)> {
+    ) -> Result<ReqId, (Op<P>, EngineError)> {
+        self.accept_with(conn, op, token, origin, Vec::new()).map_err(|(op, _, e)| (op, e))
+    }
+
+    /// Checks `conn` and makes `op` a request (with an external client's vector `ext`, given
+    /// back in its completion); returns its id, or everything back with why (unboxed: a
+    /// refusal allocates nothing).
+    #[allow(clippy::result_large_err)]
+    #[inline(always)]
+    pub(crate) fn accept_with(
+        &mut self,
+        conn: ConnId,
+        op: Op<P>,
+        token: u64,
+        origin: Origin,
+        ext: Vec<u8>,
+    ) -> Result<ReqId, (Op<P>, Vec<u8>, EngineError)> {
         let peer_recv_size = match self.check_open(conn) {
             Ok(n) => n,
-            Err(e) => return Err((op, e)),
+            Err(e) => return Err((op, ext, e)),
         };
         let kind = op.kind();
         if let (Op::Send { buf, .. }, Some(max)) = (&op, peer_recv_size) {
             if buf.len() > max as usize {
                 let len = buf.len();
-                return Err((op, EngineError::MessageTooLarge { conn, len, max }));
+                return Err((op, ext, EngineError::MessageTooLarge { conn, len, max }));
             }
         }
         // Atomics get an 8-byte buffer for the old value (taken here, in their own arm, so that
@@ -366,11 +377,11 @@ impl<P: Provider> Cx<P> {
             Op::Read { buf, remote } => (buf, remote, None, 0, 0),
             Op::FetchAdd { remote, add } => match self.pool.get(8) {
                 Ok(b) => (b, remote, None, add, 0),
-                Err(e) => return Err((Op::FetchAdd { remote, add }, e)),
+                Err(e) => return Err((Op::FetchAdd { remote, add }, ext, e)),
             },
             Op::CompareSwap { remote, compare, swap } => match self.pool.get(8) {
                 Ok(b) => (b, remote, None, compare, swap),
-                Err(e) => return Err((Op::CompareSwap { remote, compare, swap }, e)),
+                Err(e) => return Err((Op::CompareSwap { remote, compare, swap }, ext, e)),
             },
         };
         let len = match kind {
@@ -389,15 +400,15 @@ impl<P: Provider> Cx<P> {
             swap,
             token,
             origin,
-            next: NONE,
+            next: None,
             merge_epoch: None,
             link: 0,
         };
-        match self.reqs.insert(r) {
+        match self.reqs.insert(r, ext) {
             Ok(id) => Ok(id),
-            Err(r) => {
+            Err((r, ext)) => {
                 let limit = self.reqs.len();
-                Err((r.into_op(), EngineError::TooManyRequests { limit }))
+                Err((r.into_op(), ext, EngineError::TooManyRequests { limit }))
             }
         }
     }
@@ -423,7 +434,7 @@ impl<P: Provider> Cx<P> {
 
     /// Puts request `id` of `conn` in the wait queue of `class`.
     #[inline(always)]
-    pub(crate) fn enqueue(&mut self, conn: ConnId, id: u64, class: u8) {
+    pub(crate) fn enqueue(&mut self, conn: ConnId, id: ReqId, class: u8) {
         let Some(c) = self.conns.get_mut(conn.slot as usize).and_then(Option::as_mut) else {
             return;
         };
@@ -434,7 +445,7 @@ impl<P: Provider> Cx<P> {
             self.dirty.push(conn.slot);
         }
         let k = if self.cfg.priorities { usize::from(class).min(CLASSES - 1) } else { 0 };
-        c.queues[k].push(&mut self.reqs, id);
+        c.queues[k].push(self.reqs.slab_mut(), id);
         c.waiting += 1;
     }
 

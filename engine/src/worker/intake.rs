@@ -112,11 +112,14 @@ impl<P: Provider> Cx<P> {
             }
         };
         let class = self.cfg.classes[kind.index()];
-        let id = match self.accept(conn, op, req.token, Origin::Client(n)) {
+        let ExtRequest { token, data, .. } = req;
+        let id = match self.accept_with(conn, op, token, Origin::Client(n), data) {
             Ok(id) => id,
-            Err((_, e)) => return Err(fail(req, e)),
+            Err((_, data, e)) => {
+                let r = ExtRequest { conn: Some(conn), op: ExtOp::Send { imm: None }, data, token };
+                return Err(fail(r, e));
+            }
         };
-        self.ext_data[crate::slab::slot_of(id)] = req.data;
         self.enqueue(conn, id, class);
         Ok(())
     }

@@ -9,6 +9,7 @@ mod conn;
 mod cx;
 mod intake;
 mod outbox;
+mod requests;
 mod retire;
 mod sched;
 mod timers;
@@ -34,7 +35,7 @@ use crate::tunables::{
 };
 use conn::{Conn, Lane, Phase};
 pub(crate) use outbox::Outbox;
-pub(crate) use sched::MergeTable;
+pub(crate) use requests::{ReqId, Requests};
 pub(crate) use timers::Timers;
 
 /// What an application runs on each worker (thread-per-core): told of connections, messages,
@@ -84,6 +85,8 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
     /// every release before it), however full the ring was.
     pub(crate) stopped_sent: bool,
     pub(crate) stopped: bool,
+    /// The request queues' misses already counted in the metrics.
+    pub(crate) queue_misses: u64,
 }
 
 impl<P: Provider, H: Handler<P>> Worker<P, H> {
@@ -202,6 +205,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
 
     fn publish(&mut self) {
         self.cx.metrics.sample_switches(self.switches_base);
+        // The queues' misses are counted in the request slab (a queue cannot reach the metrics).
+        let queued = self.cx.reqs.misses();
+        self.cx.metrics.invariant_misses += queued - self.queue_misses;
+        self.queue_misses = queued;
         self.cx.metrics.ring_occupancy = (self.from_control.len()
             + self.clients.iter().map(|c| c.submit.len()).sum::<usize>())
             as u64;
@@ -213,7 +220,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     fn dispatch(&mut self, wc: &Wc) {
         match WrId::decode(wc.wr_id) {
             WrId::Recv(r) => self.dispatch_recv(wc, r),
-            WrId::Req(_) => self.dispatch_send(wc),
+            WrId::Req(id) => self.dispatch_send(wc, id),
         }
     }
 
@@ -502,7 +509,7 @@ pub(crate) struct RecvId {
 /// Encoded and decoded here only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WrId {
-    Req(u64),
+    Req(ReqId),
     Recv(RecvId),
 }
 
@@ -514,7 +521,7 @@ impl WrId {
     #[inline(always)]
     pub(crate) fn encode(self) -> u64 {
         match self {
-            WrId::Req(id) => id,
+            WrId::Req(id) => id.raw(),
             WrId::Recv(r) => {
                 RECV_FLAG
                     | u64::from(r.slot) << 16
@@ -528,7 +535,7 @@ impl WrId {
     #[inline(always)]
     pub(crate) fn decode(wr_id: u64) -> WrId {
         if wr_id & RECV_FLAG == 0 {
-            return WrId::Req(wr_id);
+            return WrId::Req(ReqId::from_raw(wr_id));
         }
         WrId::Recv(RecvId {
             slot: (wr_id >> 16) as u16,
@@ -546,8 +553,8 @@ mod tests {
     fn work_request_ids_round_trip() {
         let recv = |slot, lane, index| WrId::Recv(RecvId { slot, lane, index });
         for id in [
-            WrId::Req(0),
-            WrId::Req((1 << 40) | 7),
+            WrId::Req(ReqId::from_raw(0)),
+            WrId::Req(ReqId::from_raw((1 << 40) | 7)),
             recv(0, 0, 0),
             recv(u16::MAX, 7, (1 << RECV_INDEX_BITS) - 1),
             recv(513, 3, 4000),

@@ -5,23 +5,30 @@
 
 use corelink_verbs::{Provider, Wc, WcOpcode, WcStatus};
 
-use super::conn::{Phase, Req, NONE};
+use super::conn::{Phase, Req};
+use super::requests::ReqId;
 use super::{Handler, Worker};
 use crate::handoff::{ExtCompletion, Origin};
 use crate::request::{Done, OpKind};
 
 impl<P: Provider, H: Handler<P>> Worker<P, H> {
-    /// A send-queue completion.
-    pub(super) fn dispatch_send(&mut self, wc: &Wc) {
-        let Some(r) = self.cx.reqs.get(wc.wr_id) else { return };
+    /// A send-queue completion of request `done` (every request completes once, so each
+    /// lookup below cannot fail; one that does is counted).
+    pub(super) fn dispatch_send(&mut self, wc: &Wc, done: ReqId) {
+        let Some(r) = self.cx.reqs.get(done) else { return self.cx.invariant_missed() };
         let (slot, l) = (r.conn.slot as usize, r.lane as usize);
         loop {
-            let Some(c) = self.cx.conns.get_mut(slot).and_then(Option::as_mut) else { return };
-            let Some(lane) = c.lanes.get_mut(l) else { return };
-            let Some(id) = lane.posted.pop(&self.cx.reqs) else { return };
-            let mine = id == wc.wr_id;
+            let Some(c) = self.cx.conns.get_mut(slot).and_then(Option::as_mut) else {
+                return self.cx.invariant_missed();
+            };
+            let Some(lane) = c.lanes.get_mut(l) else { return self.cx.invariant_missed() };
+            let Some(id) = lane.posted.pop(self.cx.reqs.slab()) else {
+                return self.cx.invariant_missed();
+            };
+            let mine = id == done;
             let status = if mine { wc.status } else { WcStatus::Success };
-            let Some(r) = self.cx.reqs.remove(id) else {
+            let Some((r, ext)) = self.cx.reqs.remove(id) else {
+                self.cx.invariant_missed();
                 if mine {
                     return;
                 }
@@ -34,46 +41,42 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 c.note_error(status);
                 self.cx.dirty.push(slot as u16);
             }
-            self.finish(id, r, status);
+            self.finish(r, ext, status);
             if mine {
                 return;
             }
         }
     }
 
-    /// Tells request `id` (taken out of the slab as `r`) and every request riding on it how
-    /// it ended.
+    /// Tells a request (taken out as `r`, with its client's vector `ext`) and every request
+    /// riding on it how it ended.
     #[inline(always)]
-    pub(super) fn finish(&mut self, id: u64, r: Req<P>, status: WcStatus) {
-        if let Some(epoch) = r.merge_epoch {
-            let key = r.merge_key(epoch);
-            if self.cx.merges.get(&key) == Some(&id) {
-                self.cx.merges.remove(&key);
-            }
-        }
+    pub(super) fn finish(&mut self, r: Req<P>, ext: Vec<u8>, status: WcStatus) {
         let mut next = r.next;
         if r.kind == OpKind::Read && status.is_success() {
             // The bytes read go to every merged requester too.
             let mut n = next;
-            while n != NONE {
-                let Some(f) = self.cx.reqs.get_mut(n) else { break };
+            while let Some(id) = n {
+                let Some(f) = self.cx.reqs.get_mut(id) else { break };
                 let len = r.buf.len().min(f.buf.capacity());
                 let _ = f.buf.fill(&r.buf.as_slice()[..len]);
                 n = f.next;
             }
         }
-        self.complete(id, r, status);
-        while next != NONE {
-            let f_id = next;
-            let Some(f) = self.cx.reqs.remove(f_id) else { break };
+        self.complete(r, ext, status);
+        while let Some(id) = next {
+            let Some((f, ext)) = self.cx.reqs.remove(id) else {
+                return self.cx.invariant_missed();
+            };
             next = f.next;
-            self.complete(f_id, f, status);
+            self.complete(f, ext, status);
         }
     }
 
-    /// Tells the issuer of request `id` (taken out of the slab as `r`) how it ended.
+    /// Tells the issuer of a request (taken out as `r`, with its client's vector `ext`) how it
+    /// ended.
     #[inline(always)]
-    pub(super) fn complete(&mut self, id: u64, r: Req<P>, status: WcStatus) {
+    pub(super) fn complete(&mut self, r: Req<P>, ext: Vec<u8>, status: WcStatus) {
         self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
         let old_value = match r.kind {
             OpKind::FetchAdd | OpKind::CompareSwap if status.is_success() => {
@@ -96,7 +99,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 self.handler.on_completion(&mut self.cx, done);
             }
             Origin::Client(n) => {
-                let mut data = std::mem::take(&mut self.cx.ext_data[crate::slab::slot_of(id)]);
+                let mut data = ext;
                 if r.kind == OpKind::Read && status.is_success() {
                     data.clear();
                     data.extend_from_slice(r.buf.as_slice()); // within the capacity the client gave

@@ -10,25 +10,21 @@
 use arrayvec::ArrayVec;
 use corelink_verbs::{Error as VerbsError, Provider, Qp, SendFlags, SendOp, SendWr, Sge, WcStatus};
 
-use super::conn::{Conn, MergeKey, Phase, Req, NONE};
+use super::conn::{Conn, Phase, Req};
 use super::cx::{Cx, Notice, WorkerCfg};
 use super::outbox::Outbox;
+use super::requests::{ReqId, Requests};
+use super::WrId;
 use crate::metrics::Metrics;
 use crate::request::OpKind;
-use crate::slab::Slab;
-use crate::tunables::{CLASSES, MAX_POST_LIST, MAX_SGE, MERGE_TABLE};
-
-/// The worker's merge table: identical reads in flight, by key, to the request posted.
-pub(crate) type MergeTable = std::collections::HashMap<MergeKey, u64>;
+use crate::tunables::{CLASSES, MAX_POST_LIST, MAX_SGE};
 
 /// Everything a flush touches besides the connection.
 struct Ctx<'a, P: Provider> {
-    reqs: &'a mut Slab<Req<P>>,
+    reqs: &'a mut Requests<P>,
     outbox: &'a mut Outbox<P>,
     metrics: &'a mut Metrics,
     cfg: &'a WorkerCfg,
-    merges: &'a mut MergeTable,
-    ext_data: &'a mut [Vec<u8>],
 }
 
 impl<P: Provider> Cx<P> {
@@ -37,8 +33,8 @@ impl<P: Provider> Cx<P> {
         if self.stopping {
             self.close_for_shutdown();
         }
-        let Cx { conns, reqs, outbox, metrics, cfg, dirty, merges, ext_data, .. } = self;
-        let mut x = Ctx { reqs, outbox, metrics, cfg, merges, ext_data };
+        let Cx { conns, reqs, outbox, metrics, cfg, dirty, .. } = self;
+        let mut x = Ctx { reqs, outbox, metrics, cfg };
         let mut posted_any = false;
         // Visits each connection with work; keeps only those that still have some (waiting
         // behind backpressure, or closing), so that the rest of the loop finds the list empty.
@@ -65,9 +61,8 @@ impl<P: Provider> Cx<P> {
 /// Fails every waiting request of a closing connection with `WrFlushErr`.
 fn flush_waiting<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
     for q in c.queues.iter_mut() {
-        while let Some(id) = q.pop(x.reqs) {
-            if let Some(r) = x.reqs.remove(id) {
-                let data = std::mem::take(&mut x.ext_data[crate::slab::slot_of(id)]);
+        while let Some(id) = q.pop(x.reqs.slab()) {
+            if let Some((r, data)) = x.reqs.remove(id) {
                 x.outbox.notify(Notice::failed(r, WcStatus::WrFlushErr, data));
             }
         }
@@ -113,12 +108,12 @@ fn pick_class<P: Provider>(c: &Conn<P>, rd_room: bool, x: &Ctx<'_, P>) -> Option
         if rd_room {
             return !c.queues[k].is_empty(); // the common case: no need to look at the request
         }
-        let Some(id) = c.queues[k].front(x.reqs) else { return false };
+        let Some(id) = c.queues[k].front(x.reqs.slab()) else { return false };
         let Some(r) = x.reqs.get(id) else { return true }; // gone: popped and skipped
         !r.is_rd_atomic()
             || (r.kind == OpKind::Read
                 && x.cfg.merge_reads
-                && x.merges.contains_key(&r.merge_key(c.write_epoch)))
+                && x.reqs.reading(&r.merge_key(c.write_epoch)))
     };
     if c.most_passed >= x.cfg.aging_rounds {
         // The class passed over longest, once it has waited `aging_rounds` flushes, goes first.
@@ -151,7 +146,7 @@ fn post_batch<P: Provider>(
         // Class `k` stays the one to serve while it has requests and reads and atomics have
         // room (queues only shrink during a flush, so no class above it fills up): take its
         // requests without choosing again. Without that room, each head is admitted alone.
-        while let Some(id) = c.queues[k].pop(x.reqs) {
+        while let Some(id) = c.queues[k].pop(x.reqs.slab()) {
             c.waiting -= 1;
             stage(c, k, l, id, x, &mut staged, &mut sges, &mut rd);
             if staged.len() >= limit || !rd_room || rd >= cfg.max_rd_atomic {
@@ -173,7 +168,7 @@ fn stage<P: Provider>(
     c: &mut Conn<P>,
     k: usize,
     l: usize,
-    id: u64,
+    id: ReqId,
     x: &mut Ctx<'_, P>,
     staged: &mut ArrayVec<Staged<P>, MAX_POST_LIST>,
     sges: &mut ArrayVec<Sge, { MAX_POST_LIST * MAX_SGE }>,
@@ -185,7 +180,8 @@ fn stage<P: Provider>(
     let r = match key {
         None => r,
         Some(key) => {
-            if ride_or_register(key, id, x) {
+            if x.reqs.ride_or_register(key, id) {
+                x.metrics.merged_reads += 1;
                 return;
             }
             let Some(r) = x.reqs.get_mut(id) else { return };
@@ -210,32 +206,6 @@ fn stage<P: Provider>(
         coalesce_after(c, k, id, x, sges);
     }
     staged.push(Staged { id, end: sges.len(), op, rd_atomic, may_inline });
-}
-
-/// A read about to be posted: rides on an identical read in flight (returns true), or enters
-/// the merge table as the one later identical reads ride on.
-#[inline(never)]
-fn ride_or_register<P: Provider>(key: MergeKey, id: u64, x: &mut Ctx<'_, P>) -> bool {
-    if let Some(&primary) = x.merges.get(&key) {
-        // An identical read is in flight: ride on it. (Its entry leaves the table when it
-        // completes; one that outlived its read would be a bug: drop it, post.)
-        if let Some(after) = x.reqs.get(primary).map(|p| p.next) {
-            if let Some(r) = x.reqs.get_mut(id) {
-                r.next = after;
-            }
-            if let Some(p) = x.reqs.get_mut(primary) {
-                p.next = id;
-            }
-            x.metrics.merged_reads += 1;
-            return true;
-        }
-        x.merges.remove(&key);
-    }
-    // Within the capacity reserved at start (no allocation): beyond it, no merging.
-    if x.merges.len() < MERGE_TABLE {
-        x.merges.insert(key, id);
-    }
-    false
 }
 
 /// The verbs operation of a request.
@@ -267,7 +237,7 @@ pub(crate) fn sge_of<P: Provider>(r: &Req<P>) -> Sge {
 fn coalesce_after<P: Provider>(
     c: &mut Conn<P>,
     k: usize,
-    id: u64,
+    id: ReqId,
     x: &mut Ctx<'_, P>,
     sges: &mut ArrayVec<Sge, { MAX_POST_LIST * MAX_SGE }>,
 ) {
@@ -277,7 +247,7 @@ fn coalesce_after<P: Provider>(
     let mut tail = id;
     let mut n = 1;
     while n < MAX_SGE && !sges.is_full() {
-        let Some(next) = c.queues[k].front(x.reqs) else { break };
+        let Some(next) = c.queues[k].front(x.reqs.slab()) else { break };
         let Some(r) = x.reqs.get(next) else { break };
         let fits = r.kind == OpKind::Write
             && r.imm.is_none()
@@ -290,10 +260,10 @@ fn coalesce_after<P: Provider>(
         sges.push(sge_of(r));
         end += r.len as u64;
         total += r.len;
-        c.queues[k].pop(x.reqs);
+        c.queues[k].pop(x.reqs.slab());
         c.waiting -= 1;
         if let Some(t) = x.reqs.get_mut(tail) {
-            t.next = next;
+            t.next = Some(next);
         }
         tail = next;
         n += 1;
@@ -303,7 +273,7 @@ fn coalesce_after<P: Provider>(
 
 /// A request staged for a batch: what its work request needs, so that posting looks nothing up.
 struct Staged<P: Provider> {
-    id: u64,
+    id: ReqId,
     /// Its gather list ends here in the batch's entries.
     end: usize,
     op: SendOp<'static, P>,
@@ -355,7 +325,7 @@ fn post<P: Provider>(
         if st.may_inline && bytes <= cfg.max_inline {
             flags |= SendFlags::INLINE;
         }
-        wrs.push(SendWr { wr_id: st.id, op: st.op, sgl, flags, ud: None });
+        wrs.push(SendWr { wr_id: WrId::Req(st.id).encode(), op: st.op, sgl, flags, ud: None });
     }
     // SAFETY: every buffer a work request names is held by its request in the slab (not by the
     // application) until the request's completion is dispatched.
@@ -367,7 +337,7 @@ fn post<P: Provider>(
     };
     drop(wrs);
     for st in &staged[..k] {
-        lane.posted.push(x.reqs, st.id);
+        lane.posted.push(x.reqs.slab_mut(), st.id);
         lane.rd_outstanding += u32::from(st.rd_atomic);
     }
     x.metrics.posted += k as u64;
@@ -375,33 +345,9 @@ fn post<P: Provider>(
     x.metrics.doorbells += 1;
     if k < n {
         for st in &staged[k..] {
-            fail_chain(st.id, WcStatus::GeneralErr, x.reqs, x.merges, x.outbox, x.ext_data);
+            x.reqs.fail_chain(st.id, WcStatus::GeneralErr, x.outbox);
         }
         c.note_error(WcStatus::GeneralErr);
     }
     k
-}
-
-/// Fails request `id` and every request riding on it, taking them out of the slab.
-pub(crate) fn fail_chain<P: Provider>(
-    id: u64,
-    status: WcStatus,
-    reqs: &mut Slab<Req<P>>,
-    merges: &mut MergeTable,
-    outbox: &mut Outbox<P>,
-    ext_data: &mut [Vec<u8>],
-) {
-    let mut next = id;
-    while next != NONE {
-        let Some(r) = reqs.remove(next) else { break };
-        if let Some(epoch) = r.merge_epoch {
-            let key = r.merge_key(epoch);
-            if merges.get(&key) == Some(&next) {
-                merges.remove(&key);
-            }
-        }
-        let data = std::mem::take(&mut ext_data[crate::slab::slot_of(next)]);
-        next = r.next;
-        outbox.notify(Notice::failed(r, status, data));
-    }
 }

@@ -1,0 +1,149 @@
+//! A worker's requests, from the moment `Cx` accepts one until its issuer learns how it ended:
+//! the slab they live in (queues link them through it), the vectors of external clients' requests
+//! (kept in step with the slab here, by slot), and the merge table of reads in flight. A
+//! request leaves through [`Requests::remove`] only, which takes its vector and its merge entry
+//! with it.
+
+use std::collections::HashMap;
+
+use corelink_verbs::{Provider, WcStatus};
+
+use super::conn::{MergeKey, Req};
+use super::cx::Notice;
+use super::outbox::Outbox;
+use crate::slab::{Id, Slab};
+
+/// A request's id: its slot in the worker's slab and the slot's generation.
+pub(crate) type ReqId = Id;
+
+/// The requests of one worker.
+pub(crate) struct Requests<P: Provider> {
+    slab: Slab<Req<P>>,
+    /// External clients' vectors, by request slot (empty for the handler's requests).
+    ext: Vec<Vec<u8>>,
+    /// Reads in flight that identical reads may ride on, by key.
+    merges: HashMap<MergeKey, ReqId>,
+    /// Entries the merge table holds at most (reserved at start: it never grows).
+    merge_cap: usize,
+}
+
+impl<P: Provider> Requests<P> {
+    /// Room for `capacity` requests and `merges` reads in the merge table, reserved now.
+    pub(crate) fn new(capacity: usize, merges: usize) -> Self {
+        Requests {
+            slab: Slab::new(capacity),
+            ext: (0..capacity).map(|_| Vec::new()).collect(),
+            merges: HashMap::with_capacity(merges),
+            merge_cap: merges,
+        }
+    }
+
+    /// Stores a request (with an external client's vector, or an empty one); gives both back
+    /// when the slab is full (unboxed: a refusal allocates nothing).
+    #[allow(clippy::result_large_err)]
+    #[inline(always)]
+    pub(crate) fn insert(&mut self, r: Req<P>, ext: Vec<u8>) -> Result<ReqId, (Req<P>, Vec<u8>)> {
+        match self.slab.insert(r) {
+            Ok(id) => {
+                if !ext.is_empty() || ext.capacity() > 0 {
+                    self.ext[id.slot()] = ext;
+                }
+                Ok(id)
+            }
+            Err(r) => Err((r, ext)),
+        }
+    }
+
+    /// The request `id`, if it is current.
+    #[inline(always)]
+    pub(crate) fn get(&self, id: ReqId) -> Option<&Req<P>> {
+        self.slab.get(id)
+    }
+
+    /// The request `id`, mutably, if it is current.
+    #[inline(always)]
+    pub(crate) fn get_mut(&mut self, id: ReqId) -> Option<&mut Req<P>> {
+        self.slab.get_mut(id)
+    }
+
+    /// The slab, for the queues that link requests through it.
+    #[inline(always)]
+    pub(crate) fn slab(&self) -> &Slab<Req<P>> {
+        &self.slab
+    }
+
+    /// The slab, mutably, for the queues that link requests through it.
+    #[inline(always)]
+    pub(crate) fn slab_mut(&mut self) -> &mut Slab<Req<P>> {
+        &mut self.slab
+    }
+
+    /// Takes request `id` out, with its client's vector; its merge entry goes too.
+    #[inline(always)]
+    pub(crate) fn remove(&mut self, id: ReqId) -> Option<(Req<P>, Vec<u8>)> {
+        let r = self.slab.remove(id)?;
+        if let Some(epoch) = r.merge_epoch {
+            self.unmerge(&r, epoch, id);
+        }
+        let ext = std::mem::take(&mut self.ext[id.slot()]);
+        Some((r, ext))
+    }
+
+    #[inline(never)]
+    fn unmerge(&mut self, r: &Req<P>, epoch: u32, id: ReqId) {
+        let key = r.merge_key(epoch);
+        if self.merges.get(&key) == Some(&id) {
+            self.merges.remove(&key);
+        }
+    }
+
+    /// Whether a read with merge key `key` is in flight (an identical read would ride on it).
+    pub(crate) fn reading(&self, key: &MergeKey) -> bool {
+        self.merges.contains_key(key)
+    }
+
+    /// A read about to be posted with merge key `key`: rides on an identical read in flight
+    /// (returns true: it is chained behind it), or enters the merge table as the one later
+    /// identical reads ride on (within the table's reserved capacity: beyond, no merging).
+    pub(crate) fn ride_or_register(&mut self, key: MergeKey, id: ReqId) -> bool {
+        if let Some(&primary) = self.merges.get(&key) {
+            // An identical read is in flight: ride on it. (Its entry leaves the table when it
+            // completes; one that outlived its read would be a bug: drop it, post.)
+            if let Some(after) = self.slab.get(primary).map(|p| p.next) {
+                if let Some(r) = self.slab.get_mut(id) {
+                    r.next = after;
+                }
+                if let Some(p) = self.slab.get_mut(primary) {
+                    p.next = Some(id);
+                }
+                return true;
+            }
+            self.merges.remove(&key);
+        }
+        if self.merges.len() < self.merge_cap {
+            self.merges.insert(key, id);
+        }
+        false
+    }
+
+    /// Fails request `id` and every request riding on it (taking them out), telling each
+    /// issuer through `outbox`.
+    pub(crate) fn fail_chain(&mut self, id: ReqId, status: WcStatus, outbox: &mut Outbox<P>) {
+        let mut next = Some(id);
+        while let Some(n) = next {
+            let Some((r, data)) = self.remove(n) else { break };
+            next = r.next;
+            outbox.notify(Notice::failed(r, status, data));
+        }
+    }
+
+    /// Requests held (waiting and in flight).
+    pub(crate) fn len(&self) -> usize {
+        self.slab.len()
+    }
+
+    /// Lookups of queued requests that cannot fail and did (see `slab::Fifo`).
+    pub(crate) fn misses(&self) -> u64 {
+        self.slab.misses()
+    }
+}
