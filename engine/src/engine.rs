@@ -19,7 +19,7 @@ use crate::tunables::{
     CLIENT_RING, CONTROL_RING, MAX_CLIENTS_PER_WORKER, MAX_POLL_BATCH, MAX_REQUESTS_PER_WORKER,
     MAX_SGE, MAX_TIMERS, MERGE_TABLE,
 };
-use crate::worker::{Cx, Handler, Outbox, Requests, Timers, Worker, WorkerCfg};
+use crate::worker::{Conns, Cx, Handler, Outbox, Requests, Timers, Worker, WorkerCfg};
 
 /// Bytes of the region each worker exposes to its peers for one-sided operations.
 pub const REGION_BYTES: usize = 1 << 20;
@@ -178,11 +178,7 @@ impl<P: Provider> Engine<P> {
                         region: region2,
                         pool,
                         recv_pool,
-                        conns: (0..max_conns).map(|_| None).collect(),
-                        live_conns: 0,
-                        generations: vec![0; max_conns],
-                        free_conns: (0..max_conns).rev().map(|s| s as u16).collect(),
-                        dirty: Vec::with_capacity(max_conns * 2),
+                        conns: Conns::new(i as u16, max_conns),
                         reqs: Requests::new(MAX_REQUESTS_PER_WORKER, MERGE_TABLE),
                         outbox: Outbox::new(to_c, 4096, CONTROL_RING),
                         reposts: arrayvec::ArrayVec::new(),

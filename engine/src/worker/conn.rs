@@ -154,6 +154,28 @@ pub(crate) struct Conn<P: Provider> {
 }
 
 impl<P: Provider> Conn<P> {
+    /// A connection just opened with its lanes (receives posted), nothing waiting.
+    pub(crate) fn new(
+        id: ConnId,
+        info: ConnInfo,
+        lanes: ArrayVec<Lane<P>, MAX_QPS_PER_CONN>,
+    ) -> Self {
+        Conn {
+            id,
+            info,
+            lanes,
+            next_lane: 0,
+            queues: [Fifo::new(); CLASSES],
+            waiting: 0,
+            passed: [0; CLASSES],
+            most_passed: 0,
+            write_epoch: 0,
+            phase: Phase::Open,
+            reason: None,
+            disconnect_sent: false,
+        }
+    }
+
     /// Whether everything posted has come back, so the connection can be released.
     pub(crate) fn drained(&self) -> bool {
         self.waiting == 0 && self.lanes.iter().all(|l| l.posted.is_empty() && l.recvs_posted == 0)

@@ -11,7 +11,7 @@ use corelink_verbs::{Provider, Qp, RemoteAddr, SendFlags, SendWr, WcStatus};
 
 use super::conn::{Conn, Phase, Req};
 use super::requests::{ReqId, Requests};
-use super::{Outbox, Timers};
+use super::{Conns, Outbox, Timers};
 use crate::error::{EngineError, Result};
 use crate::handoff::{ExtCompletion, Origin, ToControl};
 use crate::metrics::Metrics;
@@ -138,13 +138,8 @@ pub struct Cx<P: Provider> {
     /// The connections' receive buffers (`worker.max_conns * worker.recvs_per_conn` of
     /// `worker.recv_size`; the control core admits no more connections than they serve).
     pub(crate) recv_pool: Pool<P>,
-    pub(crate) conns: Vec<Option<Conn<P>>>,
-    /// Connections in `conns` (so that the loop never scans the table to count them).
-    pub(crate) live_conns: usize,
-    pub(crate) generations: Vec<u32>,
-    pub(crate) free_conns: Vec<u16>,
-    /// Connections with queued requests or closing, to visit at the next flush.
-    pub(crate) dirty: Vec<u16>,
+    /// Connections (slots, generations, the dirty set).
+    pub(crate) conns: Conns<P>,
     /// Requests accepted and not yet completed (waiting or on the device), by id, with
     /// external clients' vectors and the reads in flight that identical reads may share.
     pub(crate) reqs: Requests<P>,
@@ -165,7 +160,7 @@ impl<P: Provider> std::fmt::Debug for Cx<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cx")
             .field("worker", &self.index)
-            .field("conns", &self.conns.iter().flatten().count())
+            .field("conns", &self.conns.live())
             .field("requests", &self.reqs.len())
             .finish()
     }
@@ -215,21 +210,11 @@ impl<P: Provider> Cx<P> {
 
     /// Open connections.
     pub fn connections(&self) -> impl Iterator<Item = ConnId> + '_ {
-        self.conns.iter().flatten().filter(|c| c.phase == Phase::Open).map(|c| c.id)
+        self.conns.iter().filter(|c| c.phase == Phase::Open).map(|c| c.id)
     }
 
     pub(crate) fn conn(&self, id: ConnId) -> Result<&Conn<P>> {
-        match self.conns.get(id.slot as usize).and_then(Option::as_ref) {
-            Some(c) if c.id == id => Ok(c),
-            _ => Err(EngineError::NoSuchConnection(id)),
-        }
-    }
-
-    fn conn_mut(&mut self, id: ConnId) -> Result<&mut Conn<P>> {
-        match self.conns.get_mut(id.slot as usize).and_then(Option::as_mut) {
-            Some(c) if c.id == id => Ok(c),
-            _ => Err(EngineError::NoSuchConnection(id)),
-        }
+        self.conns.get(id)
     }
 
     /// Queues a request on `conn` in its kind's default class; it goes to the device at the
@@ -297,7 +282,7 @@ impl<P: Provider> Cx<P> {
         let Some(l) = lane else { return Err((op, EngineError::QueueFull(conn))) };
         let id = self.accept(conn, op, token, Origin::Handler)?;
         let Cx { conns, reqs, metrics, cfg, outbox, .. } = self;
-        let (Some(c), Some(r)) = (conns[conn.slot as usize].as_mut(), reqs.get_mut(id)) else {
+        let (Ok(c), Some(r)) = (conns.get_mut(conn), reqs.get_mut(id)) else {
             return Ok(());
         };
         c.next_lane = (l + 1) % c.lanes.len();
@@ -327,7 +312,7 @@ impl<P: Provider> Cx<P> {
             Err(_) => {
                 reqs.fail_chain(id, WcStatus::GeneralErr, outbox);
                 c.note_error(WcStatus::GeneralErr);
-                self.dirty.push(conn.slot);
+                conns.mark(conn.slot);
             }
         }
         Ok(())
@@ -435,18 +420,14 @@ impl<P: Provider> Cx<P> {
     /// Puts request `id` of `conn` in the wait queue of `class`.
     #[inline(always)]
     pub(crate) fn enqueue(&mut self, conn: ConnId, id: ReqId, class: u8) {
-        let Some(c) = self.conns.get_mut(conn.slot as usize).and_then(Option::as_mut) else {
-            return;
-        };
-        if c.id != conn {
-            return;
-        }
-        if c.waiting == 0 {
-            self.dirty.push(conn.slot);
-        }
+        // (`accept` found the connection open just before)
         let k = if self.cfg.priorities { usize::from(class).min(CLASSES - 1) } else { 0 };
+        let Ok(c) = self.conns.get_mut(conn) else { return self.invariant_missed() };
         c.queues[k].push(self.reqs.slab_mut(), id);
         c.waiting += 1;
+        if c.waiting == 1 {
+            self.conns.mark(conn.slot);
+        }
     }
 
     /// Sends `buf`'s bytes (with an immediate if `imm`); the peer's handler hears
@@ -662,7 +643,7 @@ impl<P: Provider> Cx<P> {
     }
 
     pub(crate) fn begin_close(&mut self, conn: ConnId, reason: CloseReason) -> Result<()> {
-        let c = self.conn_mut(conn)?;
+        let c = self.conns.get_mut(conn)?;
         if c.reason.is_none() {
             c.reason = Some(reason);
         }
@@ -670,7 +651,7 @@ impl<P: Provider> Cx<P> {
         let send = !c.disconnect_sent;
         c.disconnect_sent = true;
         let keys: ArrayVec<u64, MAX_QPS_PER_CONN> = c.lanes.iter().map(|l| l.cm_key).collect();
-        self.dirty.push(conn.slot);
+        self.conns.mark(conn.slot);
         if send {
             for cm_key in keys {
                 self.tell_control(ToControl::Disconnect { cm_key });

@@ -16,9 +16,7 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 impl<P: Provider> Cx<P> {
     /// Puts receive `id`'s buffer back on the device; a failed post closes the connection.
     pub(crate) fn repost(&mut self, id: RecvId, buf: crate::pool::Buf<P>) {
-        let Some(c) = self.conns.get_mut(usize::from(id.slot)).and_then(Option::as_mut) else {
-            return;
-        };
+        let Some(c) = self.conns.at_mut(id.slot) else { return };
         if c.phase != Phase::Open {
             return;
         }
@@ -146,7 +144,6 @@ impl<P: Provider> Cx<P> {
         let ready: ArrayVec<ConnId, 64> = self
             .conns
             .iter()
-            .flatten()
             .filter(|c| {
                 c.phase == Phase::Open
                     && (late || (c.waiting == 0 && c.lanes.iter().all(|l| l.posted.is_empty())))

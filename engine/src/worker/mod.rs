@@ -6,6 +6,7 @@
 //! connections; fire due timers.
 
 mod conn;
+mod conns;
 mod cx;
 mod intake;
 mod outbox;
@@ -30,10 +31,10 @@ use crate::pool::Buf;
 use crate::request::{CloseReason, ConnId, ConnInfo, Done, Message};
 use crate::ring::{Consumer, Producer};
 use crate::tunables::{
-    CLASSES, CLIENT_BATCH, CLIENT_RING, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY,
-    RECV_INDEX_BITS,
+    CLIENT_BATCH, CLIENT_RING, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY, RECV_INDEX_BITS,
 };
 use conn::{Conn, Lane, Phase};
+pub(crate) use conns::Conns;
 pub(crate) use outbox::Outbox;
 pub(crate) use requests::{ReqId, Requests};
 pub(crate) use timers::Timers;
@@ -98,7 +99,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             if busy {
                 self.idle_since = None;
                 self.empty_run = 0;
-            } else if self.cx.live_conns > 0 {
+            } else if self.cx.conns.live() > 0 {
                 // A worker with connections busy-polls (reading no clock for this); where the
                 // core map says so, it lets others have the core while nothing comes.
                 self.idle_since = None;
@@ -158,7 +159,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         self.handler.poll(&mut self.cx);
         // Each step below is skipped by one check when it has nothing to do (most iterations).
         let took = !self.clients.is_empty() && self.take_client_requests();
-        let posted = (!self.cx.dirty.is_empty() || self.cx.stopping) && self.cx.flush();
+        let posted = (self.cx.conns.any_dirty() || self.cx.stopping) && self.cx.flush();
         while let Some((id, buf)) = self.cx.reposts.pop() {
             self.cx.repost(id, buf);
         }
@@ -166,7 +167,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             self.deliver_notices();
         }
         let controlled = self.from_control.ready() && self.drain_control();
-        if !self.cx.dirty.is_empty() {
+        if self.cx.conns.any_dirty() {
             self.finish_closing();
         }
         if self.cx.outbox.has_notices() {
@@ -188,7 +189,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         // Stops once every client's queued submissions were taken (and refused): none is lost.
         let clients_drained =
             || self.clients.iter().all(|c| c.submit.is_empty() || c.inflight >= CLIENT_RING);
-        if self.cx.stopping && self.cx.live_conns == 0 && !self.stopped_sent && clients_drained() {
+        if self.cx.stopping && self.cx.conns.live() == 0 && !self.stopped_sent && clients_drained()
+        {
             self.cx.tell_control(ToControl::Stopped);
             self.stopped_sent = true;
         }
@@ -233,8 +235,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     fn dispatch_recv(&mut self, wc: &Wc, id: RecvId) {
-        let slot = usize::from(id.slot);
-        let found = self.cx.conns.get_mut(slot).and_then(Option::as_mut).and_then(|c| {
+        let found = self.cx.conns.at_mut(id.slot).and_then(|c| {
             let lane = c.lanes.get_mut(usize::from(id.lane))?;
             lane.recvs_posted = lane.recvs_posted.saturating_sub(1);
             let buf = lane.recvs.get_mut(usize::from(id.index)).and_then(Option::take)?;
@@ -245,7 +246,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if wc.status != WcStatus::Success {
             if c.phase == Phase::Open {
                 c.note_error(wc.status);
-                self.cx.dirty.push(slot as u16);
+                self.cx.conns.mark(id.slot);
             }
             return;
         }
@@ -317,7 +318,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                         .cx
                         .conns
                         .iter_mut()
-                        .flatten()
                         .find(|c| c.lanes.iter().any(|l| l.cm_key == cm_key));
                     if let Some(c) = found {
                         let id = c.id;
@@ -364,7 +364,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         info: ConnInfo,
         origin: Origin,
     ) {
-        let Some(slot) = self.cx.free_conns.pop() else {
+        if self.cx.conns.live() >= self.cx.conns.capacity() {
             // Never: the control core admits at most `worker.max_conns` connections. Count it,
             // give the QPs back, and tell the connect's issuer (an accepted one's peer sees the
             // disconnect).
@@ -377,69 +377,60 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 let error = EngineError::Limit {
                     worker: self.cx.index,
                     limit: crate::error::Limit::Connections,
-                    max: self.cx.conns.len() as u64,
-                    in_use: self.cx.live_conns as u64,
+                    max: self.cx.conns.capacity() as u64,
+                    in_use: self.cx.conns.live() as u64,
                     need: 1,
                 };
                 self.connect_failed(info.token, origin, error);
             }
             return;
-        };
-        let gen = &mut self.cx.generations[slot as usize];
-        *gen = gen.wrapping_add(1);
-        let id = ConnId { worker: self.cx.index as u16, slot, generation: *gen };
+        }
         // The connection's receives, shared out over its lanes (the control core reserved
         // them in the receive pool).
         let per_lane = self.cx.cfg.recvs_per_lane[new.len().min(MAX_QPS_PER_CONN)] as usize;
-        let mut lanes = ArrayVec::new();
         let mut post_failed = false;
-        for (l, NewLane { mut qp, cm_key }) in new.into_iter().enumerate() {
-            let mut recvs: Vec<Option<Buf<P>>> = Vec::with_capacity(per_lane);
-            let mut posted = 0;
-            for i in 0..per_lane {
-                let Ok(b) = self.cx.recv_pool.get(self.cx.cfg.recv_size) else {
-                    self.cx.invariant_missed();
-                    break;
-                };
-                let sge = [b.sge(true)];
-                let wr_id = WrId::Recv(RecvId { slot, lane: l as u8, index: i as u16 }).encode();
-                let wr = [RecvWr { wr_id, sgl: &sge }];
-                // SAFETY: the buffer is kept in `recvs` (not handed out) until its completion.
-                if unsafe { qp.post_recv(&wr) }.is_ok() {
-                    posted += 1;
-                } else {
-                    self.cx.metrics.recv_post_errors += 1;
-                    post_failed = true;
-                }
-                recvs.push(Some(b));
-            }
-            lanes.push(Lane {
-                qp,
-                cm_key,
-                recvs,
-                recvs_posted: posted,
-                posted: crate::slab::Fifo::new(),
-                rd_outstanding: 0,
-                unsignalled: 0,
-            });
-        }
+        let (recv_pool, recv_size) = (&self.cx.recv_pool, self.cx.cfg.recv_size);
+        let (metrics, misses) = (&mut self.cx.metrics, &mut 0u64);
         let token = info.token;
-        let conn = Conn {
-            id,
-            info: info.clone(),
-            lanes,
-            next_lane: 0,
-            queues: [crate::slab::Fifo::new(); CLASSES],
-            waiting: 0,
-            passed: [0; CLASSES],
-            most_passed: 0,
-            write_epoch: 0,
-            phase: Phase::Open,
-            reason: None,
-            disconnect_sent: false,
-        };
-        self.cx.conns[slot as usize] = Some(conn);
-        self.cx.live_conns += 1;
+        let opened = self.cx.conns.open(|id| {
+            let mut lanes = ArrayVec::new();
+            for (l, NewLane { mut qp, cm_key }) in new.into_iter().enumerate() {
+                let mut recvs: Vec<Option<Buf<P>>> = Vec::with_capacity(per_lane);
+                let mut posted = 0;
+                for i in 0..per_lane {
+                    let Ok(b) = recv_pool.get(recv_size) else {
+                        *misses += 1;
+                        break;
+                    };
+                    let sge = [b.sge(true)];
+                    let r = RecvId { slot: id.slot, lane: l as u8, index: i as u16 };
+                    let wr = [RecvWr { wr_id: WrId::Recv(r).encode(), sgl: &sge }];
+                    // SAFETY: the buffer is kept in `recvs` (not handed out) until its
+                    // completion.
+                    if unsafe { qp.post_recv(&wr) }.is_ok() {
+                        posted += 1;
+                    } else {
+                        metrics.recv_post_errors += 1;
+                        post_failed = true;
+                    }
+                    recvs.push(Some(b));
+                }
+                lanes.push(Lane {
+                    qp,
+                    cm_key,
+                    recvs,
+                    recvs_posted: posted,
+                    posted: crate::slab::Fifo::new(),
+                    rd_outstanding: 0,
+                    unsignalled: 0,
+                });
+            }
+            Conn::new(id, info.clone(), lanes)
+        });
+        for _ in 0..*misses {
+            self.cx.invariant_missed();
+        }
+        let Some(id) = opened else { return self.cx.invariant_missed() };
         // The handler hears of every connection on its worker (its messages come to it), and a
         // client that asked for it gets its completion too.
         self.handler.on_connected(&mut self.cx, id, &info);
@@ -464,30 +455,14 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     fn finish_closing(&mut self) {
-        let mut i = 0;
-        while i < self.cx.dirty.len() {
-            let slot = self.cx.dirty[i] as usize;
-            let release =
-                matches!(&self.cx.conns[slot], Some(c) if c.phase == Phase::Closing && c.drained());
-            if release {
-                if let Some(c) = self.cx.conns[slot].take() {
-                    let reason = c.reason.clone().unwrap_or(CloseReason::Local);
-                    for lane in c.lanes {
-                        self.cx
-                            .tell_control(ToControl::Release { cm_key: lane.cm_key, qp: lane.qp });
-                    }
-                    self.cx.free_conns.push(slot as u16);
-                    self.cx.live_conns -= 1;
-                    self.cx.outbox.notify(Notice::Closed(c.id, reason));
-                }
+        let Cx { conns, outbox, .. } = &mut self.cx;
+        conns.release_drained(|c| {
+            let reason = c.reason.clone().unwrap_or(CloseReason::Local);
+            for lane in c.lanes {
+                outbox.tell_control(ToControl::Release { cm_key: lane.cm_key, qp: lane.qp });
             }
-            let keep = matches!(&self.cx.conns[slot], Some(c) if c.phase == Phase::Closing || c.has_waiting());
-            if keep {
-                i += 1;
-            } else {
-                self.cx.dirty.swap_remove(i);
-            }
-        }
+            outbox.notify(Notice::Closed(c.id, reason));
+        });
     }
 
     fn fire_timers(&mut self) {

@@ -16,11 +16,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// lookup below cannot fail; one that does is counted).
     pub(super) fn dispatch_send(&mut self, wc: &Wc, done: ReqId) {
         let Some(r) = self.cx.reqs.get(done) else { return self.cx.invariant_missed() };
-        let (slot, l) = (r.conn.slot as usize, r.lane as usize);
+        let (slot, l) = (r.conn.slot, r.lane as usize);
         loop {
-            let Some(c) = self.cx.conns.get_mut(slot).and_then(Option::as_mut) else {
-                return self.cx.invariant_missed();
-            };
+            let Some(c) = self.cx.conns.at_mut(slot) else { return self.cx.invariant_missed() };
             let Some(lane) = c.lanes.get_mut(l) else { return self.cx.invariant_missed() };
             let Some(id) = lane.posted.pop(self.cx.reqs.slab()) else {
                 return self.cx.invariant_missed();
@@ -39,7 +37,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             }
             if status != WcStatus::Success && c.phase == Phase::Open {
                 c.note_error(status);
-                self.cx.dirty.push(slot as u16);
+                self.cx.conns.mark(slot);
             }
             self.finish(r, ext, status);
             if mine {

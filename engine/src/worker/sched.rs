@@ -33,27 +33,20 @@ impl<P: Provider> Cx<P> {
         if self.stopping {
             self.close_for_shutdown();
         }
-        let Cx { conns, reqs, outbox, metrics, cfg, dirty, .. } = self;
+        let Cx { conns, reqs, outbox, metrics, cfg, .. } = self;
         let mut x = Ctx { reqs, outbox, metrics, cfg };
         let mut posted_any = false;
         // Visits each connection with work; keeps only those that still have some (waiting
-        // behind backpressure, or closing), so that the rest of the loop finds the list empty.
-        let mut kept = 0;
-        for i in 0..dirty.len() {
-            let slot = dirty[i];
-            let Some(c) = conns[slot as usize].as_mut() else { continue };
+        // behind backpressure, or closing), so that the rest of the loop finds the set empty.
+        conns.retain_dirty(|c| {
             if c.phase == Phase::Closing {
                 flush_waiting(c, &mut x);
             } else {
                 posted_any |= flush_conn(c, &mut x);
             }
             // (a failed post closes it)
-            if c.phase == Phase::Closing || c.has_waiting() {
-                dirty[kept] = slot;
-                kept += 1;
-            }
-        }
-        dirty.truncate(kept);
+            c.phase == Phase::Closing || c.has_waiting()
+        });
         posted_any
     }
 }
