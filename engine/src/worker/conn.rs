@@ -103,15 +103,9 @@ pub(crate) enum Phase {
     Closing,
 }
 
-/// One QP of a connection.
-#[derive(Debug)]
-pub(crate) struct Lane<P: Provider> {
-    pub(crate) qp: P::Qp,
-    pub(crate) cm_key: u64,
-    /// Receive buffers, by receive index; `None` while handed to the handler or after a flush.
-    pub(crate) recvs: Vec<Option<Buf<P>>>,
-    /// Receives posted and not yet completed.
-    pub(crate) recvs_posted: usize,
+/// A lane's send queue as the scheduler keeps it: what is on the device, in post order.
+#[derive(Debug, Default)]
+pub(crate) struct SendQueue {
     /// Work requests on the device, signalled or not, in post order: a completion retires
     /// every one before it (the device completes a QP's requests in order).
     pub(crate) posted: Fifo,
@@ -121,11 +115,40 @@ pub(crate) struct Lane<P: Provider> {
     pub(crate) unsignalled: u32,
 }
 
-impl<P: Provider> Lane<P> {
+impl SendQueue {
     /// Work requests on the device.
+    #[inline(always)]
     pub(crate) fn outstanding(&self) -> u32 {
         self.posted.len() as u32
     }
+}
+
+/// One QP of a connection.
+#[derive(Debug)]
+pub(crate) struct Lane<P: Provider> {
+    pub(crate) qp: P::Qp,
+    pub(crate) cm_key: u64,
+    /// Receive buffers, by receive index; `None` while handed to the handler or after a flush.
+    pub(crate) recvs: Vec<Option<Buf<P>>>,
+    /// Receives posted and not yet completed.
+    pub(crate) recvs_posted: usize,
+    /// Its send queue.
+    pub(crate) sq: SendQueue,
+}
+
+/// A connection's requests waiting to become work requests, by class (class 0 goes first),
+/// with what the scheduler keeps of them: aging, and the write epoch reads are merged by.
+#[derive(Debug, Default)]
+pub(crate) struct Waiting {
+    pub(crate) queues: [Fifo; CLASSES],
+    /// Requests in `queues`.
+    pub(crate) len: usize,
+    /// Flushes each waiting class was passed over in a row (aging).
+    pub(crate) passed: [u32; CLASSES],
+    /// The largest of `passed`.
+    pub(crate) most_passed: u32,
+    /// Bumped by every non-read posted (see [`MergeKey::epoch`]).
+    pub(crate) write_epoch: u32,
 }
 
 /// A connection.
@@ -136,16 +159,8 @@ pub(crate) struct Conn<P: Provider> {
     pub(crate) lanes: ArrayVec<Lane<P>, MAX_QPS_PER_CONN>,
     /// The lane the next batch goes to (requests stripe over the lanes).
     pub(crate) next_lane: usize,
-    /// Requests waiting to become work requests, by class (class 0 goes first).
-    pub(crate) queues: [Fifo; CLASSES],
-    /// Requests in `queues`.
-    pub(crate) waiting: usize,
-    /// Flushes each waiting class was passed over in a row (aging).
-    pub(crate) passed: [u32; CLASSES],
-    /// The largest of `passed`.
-    pub(crate) most_passed: u32,
-    /// Bumped by every non-read posted (see [`MergeKey::epoch`]).
-    pub(crate) write_epoch: u32,
+    /// Its requests waiting.
+    pub(crate) waiting: Waiting,
     pub(crate) phase: Phase,
     /// Why it is closing.
     pub(crate) reason: Option<crate::request::CloseReason>,
@@ -165,11 +180,7 @@ impl<P: Provider> Conn<P> {
             info,
             lanes,
             next_lane: 0,
-            queues: [Fifo::new(); CLASSES],
-            waiting: 0,
-            passed: [0; CLASSES],
-            most_passed: 0,
-            write_epoch: 0,
+            waiting: Waiting::default(),
             phase: Phase::Open,
             reason: None,
             disconnect_sent: false,
@@ -178,12 +189,13 @@ impl<P: Provider> Conn<P> {
 
     /// Whether everything posted has come back, so the connection can be released.
     pub(crate) fn drained(&self) -> bool {
-        self.waiting == 0 && self.lanes.iter().all(|l| l.posted.is_empty() && l.recvs_posted == 0)
+        self.waiting.len == 0
+            && self.lanes.iter().all(|l| l.sq.posted.is_empty() && l.recvs_posted == 0)
     }
 
     /// Whether it has anything to post.
     pub(crate) fn has_waiting(&self) -> bool {
-        self.waiting > 0
+        self.waiting.len > 0
     }
 
     /// The first error status of a failed request closes the connection with it.

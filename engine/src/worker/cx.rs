@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrayvec::ArrayVec;
-use corelink_verbs::{Provider, Qp, RemoteAddr, SendFlags, SendWr, WcStatus};
+use corelink_verbs::{Provider, RemoteAddr, WcStatus};
 
 use super::conn::{Conn, Phase, Req};
 use super::requests::{ReqId, Requests};
+use super::sched::{self, Batch};
 use super::{Conns, Outbox, Timers};
 use crate::error::{EngineError, Result};
 use crate::handoff::{ExtCompletion, Origin, ToControl};
@@ -274,7 +275,7 @@ impl<P: Provider> Cx<P> {
                 let n = c.lanes.len();
                 (0..n).map(|i| (c.next_lane + i) % n).find(|&l| {
                     let lane = &c.lanes[l];
-                    lane.outstanding() < max && (!rd || lane.rd_outstanding < max_rd)
+                    lane.sq.outstanding() < max && (!rd || lane.sq.rd_outstanding < max_rd)
                 })
             }
             Err(e) => return Err((op, e)),
@@ -287,33 +288,11 @@ impl<P: Provider> Cx<P> {
         };
         c.next_lane = (l + 1) % c.lanes.len();
         r.lane = l as u8;
-        let sge = [super::sched::sge_of(r)];
-        let op = super::sched::send_op(r);
-        let mut flags = SendFlags::SIGNALED;
-        if matches!(r.kind, OpKind::Send | OpKind::Write) && sge[0].length <= cfg.max_inline {
-            flags |= SendFlags::INLINE;
-        }
-        let is_rd = r.is_rd_atomic();
-        let lane = &mut c.lanes[l];
-        let wr = [SendWr { wr_id: super::WrId::Req(id).encode(), op, sgl: &sge, flags, ud: None }];
-        // SAFETY: the buffer the work request names is held by its request in the slab until
-        // the request's completion is dispatched.
-        match unsafe { lane.qp.post_send(&wr) } {
-            Ok(()) => {
-                lane.posted.push(reqs.slab_mut(), id);
-                lane.unsignalled = 0;
-                if is_rd {
-                    lane.rd_outstanding += 1;
-                }
-                metrics.posted += 1;
-                metrics.signalled += 1;
-                metrics.doorbells += 1;
-            }
-            Err(_) => {
-                reqs.fail_chain(id, WcStatus::GeneralErr, outbox);
-                c.note_error(WcStatus::GeneralErr);
-                conns.mark(conn.slot);
-            }
+        let mut batch = Batch::new();
+        batch.single(id, r, cfg);
+        if sched::post(&batch, &mut c.lanes[l], reqs, metrics, outbox) == 0 {
+            c.note_error(WcStatus::GeneralErr);
+            conns.mark(conn.slot);
         }
         Ok(())
     }
@@ -423,9 +402,9 @@ impl<P: Provider> Cx<P> {
         // (`accept` found the connection open just before)
         let k = if self.cfg.priorities { usize::from(class).min(CLASSES - 1) } else { 0 };
         let Ok(c) = self.conns.get_mut(conn) else { return self.invariant_missed() };
-        c.queues[k].push(self.reqs.slab_mut(), id);
-        c.waiting += 1;
-        if c.waiting == 1 {
+        c.waiting.queues[k].push(self.reqs.slab_mut(), id);
+        c.waiting.len += 1;
+        if c.waiting.len == 1 {
             self.conns.mark(conn.slot);
         }
     }

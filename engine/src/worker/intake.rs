@@ -146,7 +146,8 @@ impl<P: Provider> Cx<P> {
             .iter()
             .filter(|c| {
                 c.phase == Phase::Open
-                    && (late || (c.waiting == 0 && c.lanes.iter().all(|l| l.posted.is_empty())))
+                    && (late
+                        || (c.waiting.len == 0 && c.lanes.iter().all(|l| l.sq.posted.is_empty())))
             })
             .map(|c| c.id)
             .take(64)

@@ -420,9 +420,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                     cm_key,
                     recvs,
                     recvs_posted: posted,
-                    posted: crate::slab::Fifo::new(),
-                    rd_outstanding: 0,
-                    unsignalled: 0,
+                    sq: conn::SendQueue::default(),
                 });
             }
             Conn::new(id, info.clone(), lanes)

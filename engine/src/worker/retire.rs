@@ -20,7 +20,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         loop {
             let Some(c) = self.cx.conns.at_mut(slot) else { return self.cx.invariant_missed() };
             let Some(lane) = c.lanes.get_mut(l) else { return self.cx.invariant_missed() };
-            let Some(id) = lane.posted.pop(self.cx.reqs.slab()) else {
+            let Some(id) = lane.sq.posted.pop(self.cx.reqs.slab()) else {
                 return self.cx.invariant_missed();
             };
             let mine = id == done;
@@ -33,7 +33,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 continue;
             };
             if r.is_rd_atomic() {
-                lane.rd_outstanding = lane.rd_outstanding.saturating_sub(1);
+                lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
             }
             if status != WcStatus::Success && c.phase == Phase::Open {
                 c.note_error(status);

@@ -6,11 +6,16 @@
 //! flight share one RDMA read; adjacent writes may go as one gathered write; one work request
 //! in `signal_every` asks for a completion (a batch's last one does whenever nothing follows
 //! it at once, so every request learns its outcome).
+//!
+//! In two steps: [`plan`] picks a batch for one lane from the waiting requests and that lane's
+//! send queue (no device involved: unit-tested on its own), and [`post`] gives a batch to the
+//! lane's QP with one doorbell. The flat path (`Cx::post_now`) posts a batch of one through the
+//! same [`post`].
 
 use arrayvec::ArrayVec;
 use corelink_verbs::{Error as VerbsError, Provider, Qp, SendFlags, SendOp, SendWr, Sge, WcStatus};
 
-use super::conn::{Conn, Phase, Req};
+use super::conn::{Conn, Lane, Phase, Req, SendQueue, Waiting};
 use super::cx::{Cx, Notice, WorkerCfg};
 use super::outbox::Outbox;
 use super::requests::{ReqId, Requests};
@@ -53,14 +58,14 @@ impl<P: Provider> Cx<P> {
 
 /// Fails every waiting request of a closing connection with `WrFlushErr`.
 fn flush_waiting<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
-    for q in c.queues.iter_mut() {
+    for q in c.waiting.queues.iter_mut() {
         while let Some(id) = q.pop(x.reqs.slab()) {
             if let Some((r, data)) = x.reqs.remove(id) {
                 x.outbox.notify(Notice::failed(r, WcStatus::WrFlushErr, data));
             }
         }
     }
-    c.waiting = 0;
+    c.waiting.len = 0;
 }
 
 /// Posts batches on the connection's lanes in turn until nothing more can go.
@@ -69,48 +74,61 @@ fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
     let mut any = false;
     let mut idle = 0;
     let lanes = c.lanes.len();
-    while c.waiting > 0 && idle < lanes && c.phase == Phase::Open {
+    // One batch, filled in place for each lane in turn (it is kilobytes: never moved).
+    let mut batch = Batch::new();
+    while c.waiting.len > 0 && idle < lanes && c.phase == Phase::Open {
         // (next_lane < lanes always: it only ever steps through 0..lanes)
         let l = c.next_lane;
         c.next_lane = if l + 1 >= lanes { 0 } else { l + 1 };
-        if post_batch(c, l, x, &mut served) > 0 {
-            idle = 0;
-            any = true;
-        } else {
+        let lane = &mut c.lanes[l];
+        plan(&mut c.waiting, &lane.sq, lanes, l, x.reqs, x.cfg, x.metrics, &mut served, &mut batch);
+        if batch.is_empty() {
             idle += 1;
+            continue;
+        }
+        idle = 0;
+        any = true;
+        if post(&batch, lane, x.reqs, x.metrics, x.outbox) < batch.len() {
+            c.note_error(WcStatus::GeneralErr);
         }
     }
     // Aging: a class that waited while others were served moves up.
-    if any && c.waiting == 0 {
-        c.passed = [0; CLASSES];
-        c.most_passed = 0;
+    let w = &mut c.waiting;
+    if any && w.len == 0 {
+        w.passed = [0; CLASSES];
+        w.most_passed = 0;
     } else if any {
         let mut most = 0;
-        for ((passed, queue), served) in c.passed.iter_mut().zip(&c.queues).zip(served) {
+        for ((passed, queue), served) in w.passed.iter_mut().zip(&w.queues).zip(served) {
             *passed = if served || queue.is_empty() { 0 } else { passed.saturating_add(1) };
             most = most.max(*passed);
         }
-        c.most_passed = most;
+        w.most_passed = most;
     }
     any
 }
 
 /// The class whose head goes next on a lane with `rd_room` reads/atomics to spare, if any.
-fn pick_class<P: Provider>(c: &Conn<P>, rd_room: bool, x: &Ctx<'_, P>) -> Option<usize> {
+fn pick_class<P: Provider>(
+    w: &Waiting,
+    rd_room: bool,
+    reqs: &Requests<P>,
+    cfg: &WorkerCfg,
+) -> Option<usize> {
     let admissible = |k: usize| {
         if rd_room {
-            return !c.queues[k].is_empty(); // the common case: no need to look at the request
+            return !w.queues[k].is_empty(); // the common case: no need to look at the request
         }
-        let Some(id) = c.queues[k].front(x.reqs.slab()) else { return false };
-        let Some(r) = x.reqs.get(id) else { return true }; // gone: popped and skipped
+        let Some(id) = w.queues[k].front(reqs.slab()) else { return false };
+        let Some(r) = reqs.get(id) else { return true }; // gone: popped and skipped
         !r.is_rd_atomic()
             || (r.kind == OpKind::Read
-                && x.cfg.merge_reads
-                && x.reqs.reading(&r.merge_key(c.write_epoch)))
+                && cfg.merge_reads
+                && reqs.reading(&r.merge_key(w.write_epoch)))
     };
-    if c.most_passed >= x.cfg.aging_rounds {
+    if w.most_passed >= cfg.aging_rounds {
         // The class passed over longest, once it has waited `aging_rounds` flushes, goes first.
-        let aged = (0..CLASSES).max_by_key(|&k| c.passed[k]).filter(|&k| admissible(k));
+        let aged = (0..CLASSES).max_by_key(|&k| w.passed[k]).filter(|&k| admissible(k));
         if aged.is_some() {
             return aged;
         }
@@ -118,39 +136,133 @@ fn pick_class<P: Provider>(c: &Conn<P>, rd_room: bool, x: &Ctx<'_, P>) -> Option
     (0..CLASSES).find(|&k| admissible(k))
 }
 
-/// One batch on lane `l`: returns the work requests posted.
-fn post_batch<P: Provider>(
-    c: &mut Conn<P>,
+/// One work request of a batch: what posting it needs, so that posting looks nothing up.
+#[derive(Debug)]
+pub(crate) struct Staged<P: Provider> {
+    pub(crate) id: ReqId,
+    /// Its gather list ends here in the batch's entries.
+    end: usize,
+    pub(crate) op: SendOp<'static, P>,
+    pub(crate) rd_atomic: bool,
+    pub(crate) flags: SendFlags,
+}
+
+/// Work requests for one lane, to go with one doorbell: planned by [`plan`] (or
+/// [`Batch::single`]), given to the device by [`post`].
+#[derive(Debug)]
+pub(crate) struct Batch<P: Provider> {
+    pub(crate) staged: ArrayVec<Staged<P>, MAX_POST_LIST>,
+    sges: ArrayVec<Sge, { MAX_POST_LIST * MAX_SGE }>,
+    /// The lane's unsignalled count once the batch is on the device.
+    unsignalled_after: u32,
+}
+
+impl<P: Provider> Batch<P> {
+    /// An empty batch (fill it where it lies: it is kilobytes, and moving it costs a copy).
+    pub(crate) fn new() -> Self {
+        Batch { staged: ArrayVec::new(), sges: ArrayVec::new(), unsignalled_after: 0 }
+    }
+
+    fn clear(&mut self) {
+        self.staged.clear();
+        self.sges.clear();
+        self.unsignalled_after = 0;
+    }
+
+    /// Work requests in it.
+    pub(crate) fn len(&self) -> usize {
+        self.staged.len()
+    }
+
+    /// Whether it has none.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.staged.is_empty()
+    }
+
+    /// The gather list of work request `i`.
+    pub(crate) fn sgl(&self, i: usize) -> &[Sge] {
+        let start = if i == 0 { 0 } else { self.staged[i - 1].end };
+        &self.sges[start..self.staged[i].end]
+    }
+
+    /// Makes this the batch of request `id` alone, signalled (the flat path).
+    pub(crate) fn single(&mut self, id: ReqId, r: &Req<P>, cfg: &WorkerCfg) {
+        self.clear();
+        let b = self;
+        let sge = sge_of(r);
+        let mut flags = SendFlags::SIGNALED;
+        if matches!(r.kind, OpKind::Send | OpKind::Write) && sge.length <= cfg.max_inline {
+            flags |= SendFlags::INLINE;
+        }
+        b.sges.push(sge);
+        b.staged.push(Staged { id, end: 1, op: send_op(r), rd_atomic: r.is_rd_atomic(), flags });
+    }
+}
+
+/// Plans one batch (into `b`) on lane `l` (of `lanes`) whose send queue is `sq`: takes waiting requests
+/// by class within the lane's room (`max_outstanding`, `max_rd_atomic`, `post_list`), lets
+/// identical reads ride on one in flight and coalesces adjacent writes, and decides each work
+/// request's flags (signalled, inline). Touches no device.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn plan<P: Provider>(
+    w: &mut Waiting,
+    sq: &SendQueue,
+    lanes: usize,
     l: usize,
-    x: &mut Ctx<'_, P>,
+    reqs: &mut Requests<P>,
+    cfg: &WorkerCfg,
+    metrics: &mut Metrics,
     served: &mut [bool; CLASSES],
-) -> usize {
-    let cfg = x.cfg;
-    let lane = &c.lanes[l];
-    let room = cfg.max_outstanding.saturating_sub(lane.outstanding()) as usize;
+    b: &mut Batch<P>,
+) {
+    b.clear();
+    let room = cfg.max_outstanding.saturating_sub(sq.outstanding()) as usize;
     let limit = room.min(cfg.post_list);
-    let mut rd = lane.rd_outstanding;
-    let mut staged = ArrayVec::<Staged<P>, MAX_POST_LIST>::new();
-    let mut sges = ArrayVec::<Sge, { MAX_POST_LIST * MAX_SGE }>::new();
-    while staged.len() < limit && c.waiting > 0 {
+    let mut rd = sq.rd_outstanding;
+    while b.staged.len() < limit && w.len > 0 {
         let rd_room = rd < cfg.max_rd_atomic;
-        let Some(k) = pick_class(c, rd_room, x) else { break };
+        let Some(k) = pick_class(w, rd_room, reqs, cfg) else { break };
         served[k] = true;
         // Class `k` stays the one to serve while it has requests and reads and atomics have
         // room (queues only shrink during a flush, so no class above it fills up): take its
         // requests without choosing again. Without that room, each head is admitted alone.
-        while let Some(id) = c.queues[k].pop(x.reqs.slab()) {
-            c.waiting -= 1;
-            stage(c, k, l, id, x, &mut staged, &mut sges, &mut rd);
-            if staged.len() >= limit || !rd_room || rd >= cfg.max_rd_atomic {
+        while let Some(id) = w.queues[k].pop(reqs.slab()) {
+            w.len -= 1;
+            stage(w, k, l, id, reqs, cfg, metrics, b, &mut rd);
+            if b.staged.len() >= limit || !rd_room || rd >= cfg.max_rd_atomic {
                 break;
             }
         }
     }
-    if staged.is_empty() {
-        return 0;
+    // Signalling: one in `signal_every`, a read or atomic that fills `max_rd_atomic`, and the
+    // batch's last request unless another batch follows on this lane at once.
+    let n = b.staged.len();
+    let room_after = cfg.max_outstanding.saturating_sub(sq.outstanding() + n as u32);
+    let follows = lanes == 1 && n == cfg.post_list && room_after > 0 && w.len > 0;
+    let mut unsignalled = sq.unsignalled;
+    let mut rd = sq.rd_outstanding;
+    let mut start = 0;
+    for (i, st) in b.staged.iter_mut().enumerate() {
+        rd += u32::from(st.rd_atomic);
+        unsignalled += 1;
+        let last = i + 1 == n;
+        if unsignalled >= cfg.signal_every
+            || (last && !follows)
+            || (st.rd_atomic && rd >= cfg.max_rd_atomic)
+        {
+            st.flags |= SendFlags::SIGNALED;
+            unsignalled = 0;
+        }
+        if st.flags.contains(SendFlags::INLINE) {
+            let bytes: u32 = b.sges[start..st.end].iter().map(|s| s.length).sum();
+            if bytes > cfg.max_inline {
+                st.flags.remove(SendFlags::INLINE);
+            }
+        }
+        start = st.end;
     }
-    post(c, l, &staged, &sges, x)
+    b.unsignalled_after = unsignalled;
 }
 
 /// Stages request `id` (just taken from class `k`) for lane `l`: it rides on an identical read
@@ -158,26 +270,26 @@ fn post_batch<P: Provider>(
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn stage<P: Provider>(
-    c: &mut Conn<P>,
+    w: &mut Waiting,
     k: usize,
     l: usize,
     id: ReqId,
-    x: &mut Ctx<'_, P>,
-    staged: &mut ArrayVec<Staged<P>, MAX_POST_LIST>,
-    sges: &mut ArrayVec<Sge, { MAX_POST_LIST * MAX_SGE }>,
+    reqs: &mut Requests<P>,
+    cfg: &WorkerCfg,
+    metrics: &mut Metrics,
+    b: &mut Batch<P>,
     rd: &mut u32,
 ) {
-    let cfg = x.cfg;
-    let Some(r) = x.reqs.get_mut(id) else { return };
-    let key = (r.kind == OpKind::Read && cfg.merge_reads).then(|| r.merge_key(c.write_epoch));
+    let Some(r) = reqs.get_mut(id) else { return };
+    let key = (r.kind == OpKind::Read && cfg.merge_reads).then(|| r.merge_key(w.write_epoch));
     let r = match key {
         None => r,
         Some(key) => {
-            if x.reqs.ride_or_register(key, id) {
-                x.metrics.merged_reads += 1;
+            if reqs.ride_or_register(key, id) {
+                metrics.merged_reads += 1;
                 return;
             }
-            let Some(r) = x.reqs.get_mut(id) else { return };
+            let Some(r) = reqs.get_mut(id) else { return };
             r
         }
     };
@@ -188,17 +300,21 @@ fn stage<P: Provider>(
         *rd += 1;
     }
     let op = send_op(r);
-    let may_inline = matches!(r.kind, OpKind::Send | OpKind::Write);
+    // A send or a write may go inline (`plan` checks its bytes once the gather list is known).
+    let flags = match r.kind {
+        OpKind::Send | OpKind::Write => SendFlags::INLINE,
+        _ => SendFlags::empty(),
+    };
     if r.kind != OpKind::Read {
-        c.write_epoch = c.write_epoch.wrapping_add(1);
+        w.write_epoch = w.write_epoch.wrapping_add(1);
     }
     let first = sge_of(r);
     let coalesce = cfg.coalesce_writes && r.kind == OpKind::Write && r.imm.is_none();
-    sges.push(first);
+    b.sges.push(first);
     if coalesce {
-        coalesce_after(c, k, id, x, sges);
+        coalesce_after(w, k, id, reqs, cfg, metrics, &mut b.sges);
     }
-    staged.push(Staged { id, end: sges.len(), op, rd_atomic, may_inline });
+    b.staged.push(Staged { id, end: b.sges.len(), op, rd_atomic, flags });
 }
 
 /// The verbs operation of a request.
@@ -228,97 +344,60 @@ pub(crate) fn sge_of<P: Provider>(r: &Req<P>) -> Sge {
 /// Takes the writes queued right behind write `id` in class `k` that continue its remote range
 /// (same key, no immediate, within `coalesce_max_bytes` and the gather list), chaining them to it.
 fn coalesce_after<P: Provider>(
-    c: &mut Conn<P>,
+    w: &mut Waiting,
     k: usize,
     id: ReqId,
-    x: &mut Ctx<'_, P>,
+    reqs: &mut Requests<P>,
+    cfg: &WorkerCfg,
+    metrics: &mut Metrics,
     sges: &mut ArrayVec<Sge, { MAX_POST_LIST * MAX_SGE }>,
 ) {
-    let Some(head) = x.reqs.get(id) else { return };
+    let Some(head) = reqs.get(id) else { return };
     let (rkey, mut end, mut total) =
         (head.remote.rkey, head.remote.addr + head.len as u64, head.len);
     let mut tail = id;
     let mut n = 1;
     while n < MAX_SGE && !sges.is_full() {
-        let Some(next) = c.queues[k].front(x.reqs.slab()) else { break };
-        let Some(r) = x.reqs.get(next) else { break };
+        let Some(next) = w.queues[k].front(reqs.slab()) else { break };
+        let Some(r) = reqs.get(next) else { break };
         let fits = r.kind == OpKind::Write
             && r.imm.is_none()
             && r.remote.rkey == rkey
             && r.remote.addr == end
-            && total + r.len <= x.cfg.coalesce_max;
+            && total + r.len <= cfg.coalesce_max;
         if !fits {
             break;
         }
         sges.push(sge_of(r));
         end += r.len as u64;
         total += r.len;
-        c.queues[k].pop(x.reqs.slab());
-        c.waiting -= 1;
-        if let Some(t) = x.reqs.get_mut(tail) {
+        w.queues[k].pop(reqs.slab());
+        w.len -= 1;
+        if let Some(t) = reqs.get_mut(tail) {
             t.next = Some(next);
         }
         tail = next;
         n += 1;
-        x.metrics.coalesced_writes += 1;
+        metrics.coalesced_writes += 1;
     }
 }
 
-/// A request staged for a batch: what its work request needs, so that posting looks nothing up.
-struct Staged<P: Provider> {
-    id: ReqId,
-    /// Its gather list ends here in the batch's entries.
-    end: usize,
-    op: SendOp<'static, P>,
-    rd_atomic: bool,
-    /// A send or a write (may go inline).
-    may_inline: bool,
-}
-
-/// Posts the staged work requests on lane `l` with one doorbell; returns how many the device
-/// took (the rest fail, and the connection closes).
-fn post<P: Provider>(
-    c: &mut Conn<P>,
-    l: usize,
-    staged: &[Staged<P>],
-    sges: &[Sge],
-    x: &mut Ctx<'_, P>,
+/// Posts `batch` on `lane` with one doorbell; returns how many work requests the device took
+/// (the rest, and the requests riding on them, fail with `GeneralErr`: the caller closes the
+/// connection).
+#[inline(always)]
+pub(crate) fn post<P: Provider>(
+    batch: &Batch<P>,
+    lane: &mut Lane<P>,
+    reqs: &mut Requests<P>,
+    metrics: &mut Metrics,
+    outbox: &mut Outbox<P>,
 ) -> usize {
-    let cfg = x.cfg;
-    let lanes = c.lanes.len();
-    let waiting = c.waiting;
-    let lane = &mut c.lanes[l];
-    let n = staged.len();
-    let room_after = cfg.max_outstanding.saturating_sub(lane.outstanding() + n as u32);
-    // The batch's last request is signalled unless another batch follows on this lane at once.
-    let follows = lanes == 1 && n == cfg.post_list && room_after > 0 && waiting > 0;
-    let mut rd = lane.rd_outstanding;
-    let mut signalled = 0;
-    let mut start = 0;
     // Built in place (collecting would build it elsewhere and copy all 32 slots).
     let mut wrs = ArrayVec::<SendWr<'_, P>, MAX_POST_LIST>::new();
-    for (i, st) in staged.iter().enumerate() {
-        let sgl = &sges[start..st.end];
-        start = st.end;
-        if st.rd_atomic {
-            rd += 1;
-        }
-        lane.unsignalled += 1;
-        let last = i + 1 == n;
-        let signal = lane.unsignalled >= cfg.signal_every
-            || (last && !follows)
-            || (st.rd_atomic && rd >= cfg.max_rd_atomic);
-        let mut flags = SendFlags::empty();
-        if signal {
-            flags |= SendFlags::SIGNALED;
-            lane.unsignalled = 0;
-            signalled += 1;
-        }
-        let bytes: u32 = sgl.iter().map(|s| s.length).sum();
-        if st.may_inline && bytes <= cfg.max_inline {
-            flags |= SendFlags::INLINE;
-        }
-        wrs.push(SendWr { wr_id: WrId::Req(st.id).encode(), op: st.op, sgl, flags, ud: None });
+    for (i, st) in batch.staged.iter().enumerate() {
+        let wr_id = WrId::Req(st.id).encode();
+        wrs.push(SendWr { wr_id, op: st.op, sgl: batch.sgl(i), flags: st.flags, ud: None });
     }
     // SAFETY: every buffer a work request names is held by its request in the slab (not by the
     // application) until the request's completion is dispatched.
@@ -329,18 +408,206 @@ fn post<P: Provider>(
         Err(_) => 0,
     };
     drop(wrs);
-    for st in &staged[..k] {
-        lane.posted.push(x.reqs.slab_mut(), st.id);
-        lane.rd_outstanding += u32::from(st.rd_atomic);
+    let mut signalled = 0;
+    for st in &batch.staged[..k] {
+        lane.sq.posted.push(reqs.slab_mut(), st.id);
+        lane.sq.rd_outstanding += u32::from(st.rd_atomic);
+        signalled += u64::from(st.flags.contains(SendFlags::SIGNALED));
     }
-    x.metrics.posted += k as u64;
-    x.metrics.signalled += signalled;
-    x.metrics.doorbells += 1;
-    if k < n {
-        for st in &staged[k..] {
-            x.reqs.fail_chain(st.id, WcStatus::GeneralErr, x.outbox);
-        }
-        c.note_error(WcStatus::GeneralErr);
+    lane.sq.unsignalled = batch.unsignalled_after;
+    metrics.posted += k as u64;
+    metrics.signalled += signalled;
+    metrics.doorbells += 1;
+    for st in &batch.staged[k..] {
+        reqs.fail_chain(st.id, WcStatus::GeneralErr, outbox);
     }
     k
+}
+
+/// The scheduler's plan, on its own: no QP, no device (a soft PD registers the buffers).
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::handoff::Origin;
+    use crate::pool::Pool;
+    use crate::request::ConnId;
+    use corelink_verbs::soft::Soft;
+    use corelink_verbs::{Context, RemoteAddr};
+
+    struct Bed {
+        pool: Pool<Soft>,
+        reqs: Requests<Soft>,
+        w: Waiting,
+        sq: SendQueue,
+        cfg: WorkerCfg,
+        metrics: Metrics,
+    }
+
+    impl Bed {
+        fn new(map: &str) -> Bed {
+            let res = corelink_config::parse(map).unwrap().worker;
+            let ctx = Soft::open("soft0").unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            Bed {
+                pool: Pool::new(&pd, &[(64, 256)]).unwrap(),
+                reqs: Requests::new(1024, 64),
+                w: Waiting::default(),
+                sq: SendQueue::default(),
+                cfg: WorkerCfg::from_map(&res, 32),
+                metrics: Metrics::default(),
+            }
+        }
+
+        /// Queues a request of `kind` at remote `addr` in the kind's default class.
+        fn queue(&mut self, kind: OpKind, addr: u64, len: usize) -> ReqId {
+            let mut buf = self.pool.get(len).unwrap();
+            buf.set_len(len).unwrap();
+            let r = Req {
+                conn: ConnId { worker: 0, slot: 0, generation: 1 },
+                lane: 0,
+                kind,
+                buf,
+                remote: RemoteAddr { addr, rkey: 9 },
+                len: len as u32,
+                imm: None,
+                arg: 0,
+                swap: 0,
+                token: addr,
+                origin: Origin::Handler,
+                next: None,
+                merge_epoch: None,
+                link: 0,
+            };
+            let id = self.reqs.insert(r, Vec::new()).map_err(|_| ()).unwrap();
+            let k = usize::from(self.cfg.classes[kind.index()]);
+            self.w.queues[k].push(self.reqs.slab_mut(), id);
+            self.w.len += 1;
+            id
+        }
+
+        fn plan(&mut self) -> Batch<Soft> {
+            let mut served = [false; CLASSES];
+            let (w, sq, reqs, cfg, m) =
+                (&mut self.w, &self.sq, &mut self.reqs, &self.cfg, &mut self.metrics);
+            let mut b = Batch::new();
+            plan(w, sq, 1, 0, reqs, cfg, m, &mut served, &mut b);
+            b
+        }
+
+        /// The batch's requests as (kind, remote address, signalled).
+        fn seen(&self, b: &Batch<Soft>) -> Vec<(OpKind, u64, bool)> {
+            b.staged
+                .iter()
+                .map(|s| {
+                    let r = self.reqs.get(s.id).unwrap();
+                    (r.kind, r.remote.addr, s.flags.contains(SendFlags::SIGNALED))
+                })
+                .collect()
+        }
+    }
+
+    use OpKind::{Read, Write};
+
+    #[test]
+    fn reads_go_first_and_a_batch_holds_post_list_requests() {
+        let mut b = Bed::new("[worker.batching]\npost_list = 4");
+        for a in [1, 2, 3] {
+            b.queue(Write, a, 8);
+        }
+        for a in [11, 12, 13] {
+            b.queue(Read, a, 8);
+        }
+        let batch = b.plan();
+        // Another batch follows at once: the last one is not signalled (one in 16 is).
+        let want = [(Read, 11, false), (Read, 12, false), (Read, 13, false), (Write, 1, false)];
+        assert_eq!(b.seen(&batch), want);
+        assert_eq!(b.w.len, 2);
+        let batch = b.plan();
+        assert_eq!(b.seen(&batch), [(Write, 2, false), (Write, 3, true)], "the run's last asks");
+        assert_eq!(b.w.len, 0);
+        // Small sends and writes go inline; reads never do.
+        assert!(batch.staged.iter().all(|s| s.flags.contains(SendFlags::INLINE)));
+    }
+
+    #[test]
+    fn a_full_send_queue_holds_requests_back() {
+        let mut b = Bed::new("[worker]\nsend_queue_depth = 4\n[worker.batching]\nsignal_every = 4");
+        // Three requests already on the device: room for one.
+        for a in [100, 101, 102] {
+            let id = b.queue(Write, a, 8);
+            b.w.queues[2].pop(b.reqs.slab());
+            b.w.len -= 1;
+            b.sq.posted.push(b.reqs.slab_mut(), id);
+        }
+        for a in [1, 2] {
+            b.queue(Write, a, 8);
+        }
+        let batch = b.plan();
+        assert_eq!(b.seen(&batch), [(Write, 1, true)]);
+        assert_eq!(b.w.len, 1, "the other waits");
+    }
+
+    #[test]
+    fn reads_and_atomics_stop_at_max_rd_atomic_and_the_one_that_fills_it_asks() {
+        let mut b = Bed::new("[worker.scheduler]\nmax_rd_atomic = 2\nmerge_reads = false");
+        for a in [1, 2, 3, 4] {
+            b.queue(Read, a, 8);
+        }
+        b.queue(Write, 50, 8);
+        let batch = b.plan();
+        // Two reads fill max_rd_atomic; the write (another class) still goes.
+        assert_eq!(b.seen(&batch), [(Read, 1, false), (Read, 2, true), (Write, 50, true)]);
+        assert_eq!(b.w.len, 2);
+    }
+
+    #[test]
+    fn an_identical_read_rides_on_the_one_in_flight() {
+        let mut b = Bed::new("");
+        let first = b.queue(Read, 7, 8);
+        let second = b.queue(Read, 7, 8);
+        let other = b.queue(Read, 8, 8);
+        let batch = b.plan();
+        assert_eq!(b.seen(&batch), [(Read, 7, false), (Read, 8, true)]);
+        assert_eq!(b.metrics.merged_reads, 1);
+        assert_eq!(b.reqs.get(first).unwrap().next, Some(second));
+        assert_eq!(b.reqs.get(other).unwrap().next, None);
+    }
+
+    #[test]
+    fn adjacent_writes_go_as_one_gathered_write() {
+        let mut b = Bed::new("[worker.scheduler]\ncoalesce_writes = true");
+        let a = b.queue(Write, 0, 16);
+        let c = b.queue(Write, 16, 16);
+        b.queue(Write, 32, 16);
+        b.queue(Write, 100, 16); // not adjacent
+        let batch = b.plan();
+        assert_eq!(b.seen(&batch), [(Write, 0, false), (Write, 100, true)]);
+        assert_eq!(batch.sgl(0).len(), 3);
+        assert_eq!(batch.sgl(0).iter().map(|s| s.length).sum::<u32>(), 48);
+        assert_eq!(b.metrics.coalesced_writes, 2);
+        assert_eq!(b.reqs.get(a).unwrap().next, Some(c));
+    }
+
+    #[test]
+    fn one_in_signal_every_asks_for_a_completion() {
+        let mut b = Bed::new("[worker.batching]\nsignal_every = 2\npost_list = 8");
+        for a in 1..=5 {
+            b.queue(Write, a, 8);
+        }
+        let batch = b.plan();
+        let signalled: Vec<bool> = b.seen(&batch).iter().map(|s| s.2).collect();
+        assert_eq!(signalled, [false, true, false, true, true]);
+        assert_eq!(batch.unsignalled_after, 0);
+    }
+
+    #[test]
+    fn a_class_passed_over_long_enough_goes_first() {
+        let mut b = Bed::new("[worker.scheduler]\naging_rounds = 2");
+        b.queue(Write, 1, 8);
+        b.queue(Read, 2, 8);
+        b.w.passed[2] = 2; // writes were passed over twice
+        b.w.most_passed = 2;
+        let batch = b.plan();
+        assert_eq!(b.seen(&batch)[0], (Write, 1, false));
+    }
 }
