@@ -7,9 +7,10 @@
 //! one_sided client ADDR [--count N] [--window W] [--provider soft|ibverbs]
 //! ```
 //!
-//! The server's worker region (peers learn it from `ConnInfo::peer_region`) holds a 64-bit
+//! The server registers memory with its worker (`Cx::register_memory`) holding a 64-bit
 //! sequence word, a lock word and a table of records, each a payload and the FNV-1a 64 checksum
-//! of that payload. From a timer the server rewrites one record's payload, and 40 us later its
+//! of that payload, and grants it to each client that connects (`Cx::grant`: reads and atomics,
+//! no writes), telling it where in a message (immediate `GRANT_IMM`). From a timer the server rewrites one record's payload, and 40 us later its
 //! checksum: in between, the record is inconsistent, as it is for a moment under any in-place
 //! writer. The client takes `--count` sequence numbers with fetch-and-add (checking that they
 //! strictly increase), takes and releases the lock with compare-and-swap (0 -> 1, 1 -> 0; a
@@ -23,11 +24,16 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, Handler, OpKind};
-use corelink_verbs::{Mr, Provider, RemoteRegion};
+use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, Handler, Memory, Message, OpKind};
+use corelink_verbs::{AccessFlags, Provider, RemoteRegion};
 use engine_common::{latency, Common, Link};
 
-/// Offsets in the server's region: the sequence word, the lock word, the record table.
+/// The immediate of the message that tells a client where the server's memory is.
+const GRANT_IMM: u32 = 0x6772_6e74;
+/// The token of that message's send.
+const GRANT_TOKEN: u64 = u64::MAX;
+
+/// Offsets in the server's memory: the sequence word, the lock word, the record table.
 const SEQ_WORD: u64 = 0;
 const LOCK_WORD: u64 = 8;
 const TABLE: usize = 64;
@@ -70,10 +76,14 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(w)
 }
 
-/// Owns the records in its worker's region and updates them from a timer.
-#[derive(Default)]
+/// The server's memory: the words and the record table.
+const MEMORY: usize = TABLE + RECORDS * RECORD;
+
+/// Owns the records in memory it registered and updates them from a timer.
 struct Store {
     link: Link,
+    /// Its `Memory<P>` (held as `Any`: the example builds one handler type for every provider).
+    mem: Option<Box<dyn std::any::Any>>,
     started: bool,
     next: usize,
     versions: [u64; RECORDS],
@@ -81,12 +91,21 @@ struct Store {
 }
 
 impl Store {
-    fn put<P: Provider>(&mut self, cx: &Cx<P>, r: usize, what: u64) {
+    fn new(link: Link) -> Self {
+        Store { link, mem: None, started: false, next: 0, versions: [0; RECORDS], updates: 0 }
+    }
+
+    fn mem<P: Provider>(&self) -> Option<&Memory<P>> {
+        self.mem.as_ref()?.downcast_ref()
+    }
+
+    fn put<P: Provider>(&mut self, r: usize, what: u64) {
+        let Some(mem) = self.mem::<P>() else { return };
         let p = payload(r, self.versions[r]);
         let at = TABLE + r * RECORD;
         let res = match what {
-            T_PAYLOAD => cx.region().write_at(at, &p),
-            _ => cx.region().write_at(at + PAYLOAD, &fnv1a64(&p).to_le_bytes()),
+            T_PAYLOAD => mem.write_at(at, &p),
+            _ => mem.write_at(at + PAYLOAD, &fnv1a64(&p).to_le_bytes()),
         };
         if let Err(e) = res {
             self.link.report(Err(format!("writing record {r}: {e}")));
@@ -98,9 +117,13 @@ impl<P: Provider> Handler<P> for Store {
     fn poll(&mut self, cx: &mut Cx<P>) {
         if !self.started {
             self.started = true;
+            match cx.register_memory(MEMORY, false) {
+                Ok(m) => self.mem = Some(Box::new(m)),
+                Err(e) => return self.link.report(Err(format!("registering memory: {e}"))),
+            }
             for r in 0..RECORDS {
-                self.put(cx, r, T_PAYLOAD);
-                self.put(cx, r, T_CHECKSUM);
+                self.put::<P>(r, T_PAYLOAD);
+                self.put::<P>(r, T_CHECKSUM);
             }
             let _ = cx.set_timer(PERIOD, T_PAYLOAD);
         }
@@ -110,23 +133,37 @@ impl<P: Provider> Handler<P> for Store {
         let r = self.next;
         if token == T_PAYLOAD {
             self.versions[r] += 1;
-            self.put(cx, r, T_PAYLOAD);
+            self.put::<P>(r, T_PAYLOAD);
             let _ = cx.set_timer(GAP, T_CHECKSUM);
         } else {
-            self.put(cx, r, T_CHECKSUM);
+            self.put::<P>(r, T_CHECKSUM);
             self.updates += 1;
             self.next = (r + 7) % RECORDS;
             let _ = cx.set_timer(PERIOD - GAP, T_PAYLOAD);
         }
     }
 
-    fn on_connected(&mut self, _cx: &mut Cx<P>, conn: ConnId, _info: &ConnInfo) {
-        println!("one_sided server: accepted {conn}; records are being updated in place");
+    /// Grants the client the memory (reads and atomics: it never writes) and says where.
+    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, _info: &ConnInfo) {
+        let Some(mem) = self.mem::<P>() else { return };
+        let rights = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+        let told = cx.grant(conn, mem, 0, MEMORY, rights).and_then(|g| {
+            let mut b = cx.alloc(RemoteRegion::WIRE_BYTES)?;
+            b.fill(&g.region.to_bytes())?;
+            cx.send(conn, b, Some(GRANT_IMM), GRANT_TOKEN).map_err(|(_, e)| e)
+        });
+        match told {
+            Ok(()) => println!(
+                "one_sided server: accepted {conn}; granted {MEMORY} B (read, atomics); records \
+                 are being updated in place"
+            ),
+            Err(e) => self.link.report(Err(format!("granting {conn} memory: {e}"))),
+        }
     }
 
-    fn on_closed(&mut self, cx: &mut Cx<P>, conn: ConnId, reason: &CloseReason) {
-        let words =
-            (cx.region().read_u64(SEQ_WORD as usize), cx.region().read_u64(LOCK_WORD as usize));
+    fn on_closed(&mut self, _cx: &mut Cx<P>, conn: ConnId, reason: &CloseReason) {
+        let Some(mem) = self.mem::<P>() else { return };
+        let words = (mem.read_u64(SEQ_WORD as usize), mem.read_u64(LOCK_WORD as usize));
         self.link.report(match (reason, words) {
             (CloseReason::Error(s), _) => Err(format!("{conn} failed: {s}")),
             (_, (Ok(seq), Ok(lock))) => Ok(format!(
@@ -298,15 +335,22 @@ impl<P: Provider> Handler<P> for Reader {
         self.link.report(Err(format!("connect failed: {}", corelink_engine::verbs::chain(error))));
     }
 
-    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
-        self.conn = Some(conn);
-        match info.peer_region {
-            Some(r) if r.len as usize >= TABLE + RECORDS * RECORD => {
-                println!("one_sided client: connected ({conn}), server region of {} B", r.len);
+    fn on_connected(&mut self, _cx: &mut Cx<P>, conn: ConnId, _info: &ConnInfo) {
+        self.conn = Some(conn); // it starts once the server's grant arrives
+    }
+
+    fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
+        let grant = (msg.imm == Some(GRANT_IMM)).then(|| RemoteRegion::from_bytes(msg.data));
+        match grant.flatten() {
+            Some(r) if r.len as usize >= MEMORY => {
+                println!(
+                    "one_sided client: connected ({conn}), granted {} B of the server's",
+                    r.len
+                );
                 self.peer = r;
                 self.issue(cx, None);
             }
-            r => self.fail(cx, format!("the server exposes no usable region ({r:?})")),
+            r => self.fail(cx, format!("not a usable grant ({r:?})")),
         }
     }
 
@@ -360,10 +404,10 @@ impl<P: Provider> Handler<P> for Reader {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let (count, window) = (cli.common.count, cli.common.window as usize);
-    engine_common::main(
-        "one_sided",
-        &cli.common,
-        |link| Store { link, ..Store::default() },
-        move |link| Reader { link, count, window, ..Reader::default() },
-    )
+    engine_common::main("one_sided", &cli.common, Store::new, move |link| Reader {
+        link,
+        count,
+        window,
+        ..Reader::default()
+    })
 }

@@ -18,16 +18,17 @@
 #![allow(missing_docs)]
 
 use std::hint::black_box;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corelink_config::{parse, MachineTopology};
 use corelink_engine::bench_support::ring;
 use corelink_engine::bench_support::Pool;
-use corelink_engine::{Engine, ExtOp, ExtRequest, Handler, Placement};
+use corelink_engine::{ConnId, ConnInfo, Cx, Engine, ExtOp, ExtRequest, Handler, Placement};
 use corelink_verbs::soft::{Soft, DEVICE_NAME};
 use corelink_verbs::{
-    AccessFlags, Context, Cq, Mr, Pd, Provider, Qp, QpAttr, QpCap, QpInitAttr, QpType, SendOp,
-    SendWr, Wc, WcStatus,
+    AccessFlags, Context, Cq, Mr, Pd, Provider, Qp, QpAttr, QpCap, QpInitAttr, QpType,
+    RemoteRegion, SendOp, SendWr, Wc, WcStatus,
 };
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
@@ -166,18 +167,37 @@ fn verbs(c: &mut Criterion) {
     drop(b);
 }
 
-/// A handler with nothing to do: the external client drives the traffic.
-struct Idle;
-impl<P: Provider> Handler<P> for Idle {}
+/// The external client drives the traffic; the handler grants the connection it accepts 64 KiB
+/// of memory (every remote right) and publishes where for the client.
+struct Granting<P: Provider> {
+    mem: Option<corelink_engine::Memory<P>>,
+    granted: Arc<Mutex<Option<RemoteRegion>>>,
+}
+
+impl<P: Provider> Handler<P> for Granting<P> {
+    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
+        if info.initiated {
+            return;
+        }
+        let mem = self.mem.insert(cx.register_memory(64 << 10, false).expect("memory"));
+        let g = cx.grant(conn, mem, 0, 64 << 10, AccessFlags::REMOTE_ALL).expect("grant");
+        *self.granted.lock().expect("lock") = Some(g.region);
+    }
+}
 
 fn engine(c: &mut Criterion) {
     let map = "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\n\
                listen = \"10.201.0.1:0\"\n[worker]\nidle_after_us = 0";
     let map = parse(map).expect("core map");
     let v = map.validate(&MachineTopology::load().expect("topology")).expect("valid core map");
-    let mut e = Engine::<Soft>::start(&v, Placement::RoundRobin, |_| Idle).expect("engine");
+    let granted = Arc::new(Mutex::new(None));
+    let g = granted.clone();
+    let mut e = Engine::<Soft>::start(&v, Placement::RoundRobin, move |_| Granting {
+        mem: None,
+        granted: g.clone(),
+    })
+    .expect("engine");
     let addr = e.listen_addr().expect("listen address");
-    let region = e.regions()[0];
     let mut client = e.client(0).expect("client");
     let wait = Duration::from_secs(10);
     client
@@ -185,6 +205,12 @@ fn engine(c: &mut Criterion) {
         .expect("connect");
     let d = client.wait(wait).expect("connect completes");
     let conn = d.conn.unwrap_or_else(|| panic!("connect failed: {d:?}"));
+    let region = loop {
+        if let Some(r) = *granted.lock().expect("lock") {
+            break r;
+        }
+        std::thread::yield_now();
+    };
     // The payloads travel to the worker and back in the requests and completions: reused.
     let mut free: Vec<Vec<u8>> = (0..BATCH).map(|i| i.to_ne_bytes().to_vec()).collect();
     let mut g = c.benchmark_group("engine");

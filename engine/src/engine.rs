@@ -6,7 +6,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
 use corelink_config::{PinPolicy, Validated};
-use corelink_verbs::{AccessFlags, Context, Mr, Pd, Provider, QpAttr, QpCap, RemoteRegion};
+use corelink_verbs::{Context, Provider, QpAttr, QpCap};
 
 use crate::client::Client;
 use crate::control::{Budget, Command, Control, ControlCfg, Placement, QpPool, WorkerLink};
@@ -21,9 +21,6 @@ use crate::tunables::{
 };
 use crate::worker::{Conns, Cx, Handler, Outbox, Requests, Timers, Worker, WorkerCfg};
 
-/// Bytes of the region each worker exposes to its peers for one-sided operations.
-pub const REGION_BYTES: usize = 1 << 20;
-
 /// A running engine.
 pub struct Engine<P: Provider> {
     commands: mpsc::Sender<Command<P>>,
@@ -34,7 +31,6 @@ pub struct Engine<P: Provider> {
     control_metrics: Arc<Mutex<ControlMetrics>>,
     clients: Vec<usize>,
     listen_addr: Option<SocketAddr>,
-    regions: Vec<RemoteRegion>,
 }
 
 impl<P: Provider> std::fmt::Debug for Engine<P> {
@@ -124,14 +120,9 @@ impl<P: Provider> Engine<P> {
         let mut workers = Vec::new();
         let mut threads = Vec::new();
         let mut metrics = Vec::new();
-        let mut regions = Vec::new();
         for (i, &core) in cfg.workers.iter().enumerate() {
             let pd = Arc::new(ctx.alloc_pd()?);
             let cq = Arc::new(ctx.create_cq(w.cq_depth)?);
-            let region = Arc::new(
-                pd.register(REGION_BYTES, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ALL)?,
-            );
-            regions.push(region.region());
             // The worker's QPs, made ahead on its PD and CQ (in RESET until a connection).
             let qps = QpPool::new(
                 i,
@@ -145,8 +136,7 @@ impl<P: Provider> Engine<P> {
             let (to_c, from_w) = ring(CONTROL_RING);
             let published = Arc::new(Mutex::new(Metrics { worker: i, ..Metrics::default() }));
             metrics.push(published.clone());
-            let (h, pd2, cq2, wcfg, region2) =
-                (handler.clone(), pd.clone(), cq.clone(), wcfg.clone(), region.clone());
+            let (h, pd2, cq2, wcfg) = (handler.clone(), pd.clone(), cq.clone(), wcfg.clone());
             let classes = classes.clone();
             let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
             let max_conns = w.max_conns as usize;
@@ -175,7 +165,6 @@ impl<P: Provider> Engine<P> {
                         now: std::cell::Cell::new(None),
                         cfg: wcfg,
                         cq: cq2,
-                        region: region2,
                         pool,
                         recv_pool,
                         conns: Conns::new(i as u16, max_conns),
@@ -183,6 +172,7 @@ impl<P: Provider> Engine<P> {
                         outbox: Outbox::new(to_c, 4096, CONTROL_RING),
                         reposts: arrayvec::ArrayVec::new(),
                         timers: Timers::new(MAX_TIMERS),
+                        pd: pd2,
                         metrics: Metrics { worker: i, pinned, ..Metrics::default() },
                         stopping: false,
                         shutdown_deadline: None,
@@ -203,7 +193,6 @@ impl<P: Provider> Engine<P> {
                         stopped: false,
                     };
                     let _ = ready_tx.send(Ok(()));
-                    drop(pd2);
                     worker.run();
                 })
                 .map_err(spawn_err(format!("worker {i} on core {core}")))?;
@@ -212,7 +201,6 @@ impl<P: Provider> Engine<P> {
                 .map_err(|_| EngineError::Panicked { what: format!("worker {i}") })??;
             threads.push(jh.thread().clone());
             links.push(WorkerLink {
-                region: region.region(),
                 to: to_w,
                 from: from_w,
                 thread: jh.thread().clone(),
@@ -257,18 +245,12 @@ impl<P: Provider> Engine<P> {
             control_metrics,
             clients: vec![0; n],
             listen_addr,
-            regions,
         })
     }
 
     /// The address the control core listens on (with its port chosen, if the map said 0).
     pub fn listen_addr(&self) -> Option<SocketAddr> {
         self.listen_addr
-    }
-
-    /// The region each worker exposes, by worker.
-    pub fn regions(&self) -> &[RemoteRegion] {
-        &self.regions
     }
 
     /// Workers.

@@ -238,6 +238,34 @@ pub enum EngineError {
     /// The peer refused the connection and said why (its engine's reason).
     #[error("rejected by the peer: {0}")]
     PeerRefused(String),
+    /// Huge pages could not be mapped (none reserved: set `vm.nr_hugepages`).
+    #[error("cannot map {len} bytes of huge pages (reserve some with vm.nr_hugepages)")]
+    HugePages {
+        /// Bytes asked for (rounded up to huge pages).
+        len: usize,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A grant asked for rights a peer cannot be given.
+    #[error("bad grant: {why}")]
+    BadGrant {
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// A grant's range is not inside its memory.
+    #[error("a grant of {len} bytes at offset {offset} is not inside the memory's {memory} bytes")]
+    GrantOutOfRange {
+        /// Offset asked for.
+        offset: usize,
+        /// Bytes asked for.
+        len: usize,
+        /// The memory's length.
+        memory: usize,
+    },
+    /// No such grant (revoked already, or its connection closed).
+    #[error("no grant {} on connection {} (revoked, or its connection closed)", .0.n, .0.conn)]
+    NoSuchGrant(crate::memory::GrantId),
     /// A connection's lanes did not all come up.
     #[error("{0}")]
     Lanes(&'static str),

@@ -106,6 +106,35 @@ impl Metrics {
         }
     }
 
+    /// The counts since `earlier` (a copy taken before): every counter's difference, the
+    /// gauges (pinned, ring occupancy) as now. For measuring one phase of a run.
+    pub fn since(&self, earlier: &Metrics) -> Metrics {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        let mut m = self.clone();
+        for (x, e) in m.ops.iter_mut().zip(earlier.ops) {
+            *x = d(*x, e);
+        }
+        for (x, e) in m.bytes.iter_mut().zip(earlier.bytes) {
+            *x = d(*x, e);
+        }
+        for (x, e) in m.statuses.iter_mut().zip(earlier.statuses) {
+            *x = d(*x, e);
+        }
+        m.polls = d(m.polls, earlier.polls);
+        m.empty_polls = d(m.empty_polls, earlier.empty_polls);
+        m.posted = d(m.posted, earlier.posted);
+        m.doorbells = d(m.doorbells, earlier.doorbells);
+        m.signalled = d(m.signalled, earlier.signalled);
+        m.merged_reads = d(m.merged_reads, earlier.merged_reads);
+        m.coalesced_writes = d(m.coalesced_writes, earlier.coalesced_writes);
+        m.poll_errors = d(m.poll_errors, earlier.poll_errors);
+        m.recv_post_errors = d(m.recv_post_errors, earlier.recv_post_errors);
+        m.invariant_misses = d(m.invariant_misses, earlier.invariant_misses);
+        m.voluntary_switches = d(m.voluntary_switches, earlier.voluntary_switches);
+        m.involuntary_switches = d(m.involuntary_switches, earlier.involuntary_switches);
+        m
+    }
+
     /// Reads the context switches of the calling thread (the worker's own) into the counters,
     /// relative to `base` (the counts when the worker started).
     pub fn sample_switches(&mut self, base: (u64, u64)) {

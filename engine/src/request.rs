@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use corelink_verbs::{Provider, RemoteAddr, RemoteRegion, WcStatus};
+use corelink_verbs::{Provider, RemoteAddr, WcStatus};
 
 use crate::pool::Buf;
 
@@ -157,8 +157,6 @@ pub struct Message<'a> {
 pub struct ConnInfo {
     /// The peer's private data (after the engine's own header).
     pub private_data: Vec<u8>,
-    /// The region the peer exposes for one-sided operations, if it has one.
-    pub peer_region: Option<RemoteRegion>,
     /// The largest send the peer takes (its receive buffers, `worker.recv_size`; `None` for a
     /// peer that did not say): a larger send is refused at submit.
     pub peer_recv_size: Option<u32>,

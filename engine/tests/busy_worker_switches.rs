@@ -10,6 +10,8 @@
 //! binary on 9p) the worker shows a few voluntary switches (about 20 over its loop, 2-3 in the
 //! steady state, with no major page fault), so it is not among the guest's checks.
 
+#[path = "common/grant.rs"]
+mod grant;
 #[path = "common/traffic.rs"]
 mod traffic;
 

@@ -1,5 +1,6 @@
-//! The engine end to end on the `ibverbs` provider (the checks are in `common/e2e.rs` and
-//! `common/sched.rs`, shared with `engine_soft.rs` and `sched_soft.rs`), against the device named by `CORELINK_IBV_DEVICE` (e.g. Soft-RoCE's
+//! The engine end to end on the `ibverbs` provider (the checks are in `common/e2e.rs`,
+//! `common/sched.rs` and `common/memory.rs`, shared with `engine_soft.rs`, `sched_soft.rs` and
+//! `memory_soft.rs`), against the device named by `CORELINK_IBV_DEVICE` (e.g. Soft-RoCE's
 //! `rxe0`), on port `CORELINK_IBV_PORT` (default 1) with GID index `CORELINK_IBV_GID_INDEX`
 //! (default 0), listening on `CORELINK_IP` with a port the connection manager picks.
 //! `tests/rxe-guest/run` sets them all:
@@ -14,8 +15,12 @@
 
 #[path = "common/e2e.rs"]
 mod e2e;
+#[path = "common/grant.rs"]
+mod grant;
 #[path = "common/ibverbs_env.rs"]
 mod ibverbs_env;
+#[path = "common/memory.rs"]
+mod memory;
 #[path = "common/sched.rs"]
 mod sched;
 
@@ -84,4 +89,10 @@ fn sched_adjacent_writes_coalesce() {
 fn sched_error_inside_an_unsignalled_run() {
     let Some((p, a)) = sched_target() else { return };
     sched::error_inside_an_unsignalled_run::<Ibverbs>(&p, a);
+}
+
+#[test]
+fn grants_give_exactly_their_ranges_and_rights() {
+    let Some((p, a)) = sched_target() else { return };
+    memory::grants_give_exactly_their_ranges_and_rights::<Ibverbs>(&p, a);
 }

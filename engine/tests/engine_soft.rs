@@ -6,6 +6,8 @@
 
 #[path = "common/e2e.rs"]
 mod e2e;
+#[path = "common/grant.rs"]
+mod grant;
 
 use corelink_verbs::soft::Soft;
 

@@ -11,6 +11,8 @@
 //! print a backtrace.
 
 #[cfg(feature = "ibverbs")]
+#[path = "common/grant.rs"]
+mod grant;
 #[path = "common/ibverbs_env.rs"]
 mod ibverbs_env;
 #[path = "common/traffic.rs"]

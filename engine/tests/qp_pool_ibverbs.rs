@@ -12,6 +12,8 @@
 //! passes.
 #![cfg(feature = "ibverbs")]
 
+#[path = "common/grant.rs"]
+mod grant;
 #[path = "common/ibverbs_env.rs"]
 mod ibverbs_env;
 #[path = "common/lanes.rs"]

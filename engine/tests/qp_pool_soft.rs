@@ -2,6 +2,8 @@
 //! `common/lanes.rs`, shared with `qp_pool_ibverbs.rs`). Each test listens on its own addresses
 //! of the process-wide soft fabric.
 
+#[path = "common/grant.rs"]
+mod grant;
 #[path = "common/lanes.rs"]
 mod lanes;
 

@@ -2,6 +2,8 @@
 //! order, aging under a read flood, merged reads, coalesced writes, an error inside an
 //! unsignalled run.
 
+#[path = "common/grant.rs"]
+mod grant;
 #[path = "common/sched.rs"]
 mod sched;
 

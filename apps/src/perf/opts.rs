@@ -5,8 +5,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use corelink_engine::REGION_BYTES;
-
 /// perftest's default TCP port, used when `SERVER_ADDR` has none.
 pub const DEFAULT_PORT: u16 = 18515;
 
@@ -21,8 +19,9 @@ pub const MAX_BYTES_IN_FLIGHT: usize = 16 << 20;
 /// would only meet receiver-not-ready retries).
 pub const SEND_WINDOW: usize = corelink_engine::tunables::RECVS_PER_CONN;
 
-/// The largest one-sided message: the region each engine worker exposes.
-pub const MAX_ONE_SIDED: usize = REGION_BYTES;
+/// The largest one-sided message: the memory each side of an engine run registers and grants
+/// its peer (`corelink-perf` exposes 1 MiB; the engine itself grants any size).
+pub const MAX_ONE_SIDED: usize = 1 << 20;
 
 /// The eight tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -424,7 +423,7 @@ impl PerfOpts {
                 self.sizes.iter().copied().filter(|&s| s > MAX_ONE_SIDED).collect();
             if !too_big.is_empty() {
                 let why = format!(
-                    "one-sided messages over {} B: the engine exposes a {} B region per worker",
+                    "one-sided messages over {} B: corelink-perf grants its peer {} B of memory per side",
                     MAX_ONE_SIDED, MAX_ONE_SIDED
                 );
                 if !all_sizes {

@@ -5,7 +5,6 @@
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 20 | the sender's worker region (`RemoteRegion::to_bytes`; all zeros: none) |
 //! | 8 | group nonce: the same in every lane of one engine connection, random per connection |
 //! | 1 | lane index, `0..lanes` |
 //! | 1 | lane count (`worker.qps.per_conn` of the connecting side; 0 reads as 1) |
@@ -14,15 +13,14 @@
 //!
 //! and the application's part follows: at most [`MAX_APP_PRIVATE_DATA`] bytes
 //! (`Cx::connect` checks it). Every lane carries the whole header, the application's part
-//! included. An accept answers with the same layout (its own region, the lane's nonce, index
-//! and count echoed, no application part). rdma_cm may pad private data with zeros, hence the
+//! included. An accept answers with the same layout (the lane's nonce, index and count echoed,
+//! its own receive size, no application part). No memory is exposed here: an application
+//! grants its peer memory itself (`Cx::grant`) and says where in a message. rdma_cm may pad private data with zeros, hence the
 //! length byte.
-
-use corelink_verbs::RemoteRegion;
 
 use crate::tunables::{MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
 
-const NONCE_AT: usize = RemoteRegion::WIRE_BYTES;
+const NONCE_AT: usize = 0;
 const LANE_AT: usize = NONCE_AT + 8;
 const LANES_AT: usize = LANE_AT + 1;
 const RECV_SIZE_AT: usize = LANES_AT + 1;
@@ -35,14 +33,12 @@ pub const HEADER: usize = LEN_AT + 1;
 /// connect): what rdma_cm carries in a connect request less the engine's header.
 pub const MAX_APP_PRIVATE_DATA: usize = MAX_PRIVATE_DATA - HEADER;
 
-// `Cx::connect` documents the application's budget as 21 bytes.
-const _: () = assert!(MAX_APP_PRIVATE_DATA == 21 && MAX_QPS_PER_CONN <= u8::MAX as usize);
+// `Cx::connect` documents the application's budget as 41 bytes.
+const _: () = assert!(MAX_APP_PRIVATE_DATA == 41 && MAX_QPS_PER_CONN <= u8::MAX as usize);
 
 /// The engine's header of one lane, with the application's part.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Header {
-    /// The sender's worker region (`None`: it exposes none).
-    pub(crate) region: Option<RemoteRegion>,
     /// The engine connection the lane belongs to (chosen by the connecting side).
     pub(crate) nonce: u64,
     /// This lane's index, `0..lanes`.
@@ -61,7 +57,6 @@ impl Header {
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
         let app = &self.app[..self.app.len().min(u8::MAX as usize)];
         let mut v = Vec::with_capacity(HEADER + app.len());
-        v.extend_from_slice(&self.region.map(|r| r.to_bytes()).unwrap_or_default());
         v.extend_from_slice(&self.nonce.to_le_bytes());
         v.push(self.lane);
         v.push(self.lanes);
@@ -72,10 +67,9 @@ impl Header {
     }
 
     /// Parses private data made by [`Header::to_bytes`], tolerating zero padding and a short
-    /// or empty header (a peer that sent no engine header: one lane, no region, no data).
+    /// or empty header (a peer that sent no engine header: one lane, no data).
     /// Fails on a lane count above [`MAX_QPS_PER_CONN`] or a lane index not below the count.
     pub(crate) fn parse(pd: &[u8]) -> Result<Header, String> {
-        let region = RemoteRegion::from_bytes(pd).filter(|r| r.len > 0);
         let nonce = pd
             .get(NONCE_AT..LANE_AT)
             .and_then(|b| b.try_into().ok())
@@ -95,7 +89,7 @@ impl Header {
             .filter(|&n| n > 0);
         let len = pd.get(LEN_AT).copied().unwrap_or(0) as usize;
         let app = pd.get(HEADER..HEADER + len).unwrap_or_default().to_vec();
-        Ok(Header { region, nonce, lane, lanes, recv_size, app })
+        Ok(Header { nonce, lane, lanes, recv_size, app })
     }
 }
 
@@ -139,7 +133,6 @@ mod tests {
 
     fn sample() -> Header {
         Header {
-            region: Some(RemoteRegion { addr: 0x1000, len: 64, rkey: 7 }),
             nonce: 0x0123_4567_89ab_cdef,
             lane: 2,
             lanes: 4,
@@ -155,7 +148,7 @@ mod tests {
         assert_eq!(b.len(), HEADER + 3);
         b.resize(MAX_PRIVATE_DATA, 0);
         assert_eq!(Header::parse(&b), Ok(h));
-        let none = Header { region: None, app: vec![], lane: 0, lanes: 1, ..sample() };
+        let none = Header { app: vec![], lane: 0, lanes: 1, recv_size: None, ..sample() };
         assert_eq!(Header::parse(&none.to_bytes()), Ok(none));
     }
 
@@ -170,9 +163,10 @@ mod tests {
     #[test]
     fn missing_or_short_headers_read_as_one_lane() {
         let empty = Header::parse(&[]).unwrap();
-        assert_eq!((empty.region, empty.lane, empty.lanes, empty.app), (None, 0, 1, vec![]));
-        let short = Header::parse(&sample().to_bytes()[..RemoteRegion::WIRE_BYTES + 3]).unwrap();
-        assert_eq!((short.region, short.lanes, short.app), (sample().region, 1, vec![]));
+        assert_eq!((empty.recv_size, empty.lane, empty.lanes, empty.app), (None, 0, 1, vec![]));
+        // A part of a nonce and nothing else.
+        let short = Header::parse(&sample().to_bytes()[..NONCE_AT + 3]).unwrap();
+        assert_eq!((short.nonce, short.lanes, short.app), (0, 1, vec![]));
         // A length byte beyond the data: no application part, no panic.
         let mut b = sample().to_bytes();
         b[LEN_AT] = 200;

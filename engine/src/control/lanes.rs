@@ -177,7 +177,6 @@ impl<P: Provider> Control<P> {
         let nonce = nonce();
         for (lane, mut qp) in qps.into_iter().enumerate() {
             let hdr = Header {
-                region: Some(self.workers[w].region),
                 nonce,
                 lane: lane as u8,
                 lanes: k as u8,
@@ -258,11 +257,11 @@ impl<P: Provider> Control<P> {
             return self.send(w, ToWorker::ConnectFailed { token, origin, error });
         }
         let peer = up.first().map(|(_, cm)| Header::parse(cm.peer_private_data()));
-        let (peer_region, private_data, peer_recv_size) = match peer {
-            Some(Ok(h)) => (h.region, h.app, h.recv_size),
-            _ => (None, Vec::new(), None),
+        let (private_data, peer_recv_size) = match peer {
+            Some(Ok(h)) => (h.app, h.recv_size),
+            _ => (Vec::new(), None),
         };
-        let info = ConnInfo { private_data, peer_region, peer_recv_size, initiated: true, token };
+        let info = ConnInfo { private_data, peer_recv_size, initiated: true, token };
         self.hand_off(w, up, info, origin, g.reservation);
     }
 
@@ -309,7 +308,6 @@ impl<P: Provider> Control<P> {
                 };
                 let info = ConnInfo {
                     private_data: hdr.app,
-                    peer_region: hdr.region,
                     peer_recv_size: hdr.recv_size,
                     initiated: false,
                     token: 0,
@@ -337,7 +335,6 @@ impl<P: Provider> Control<P> {
             }
         };
         let answer = Header {
-            region: Some(self.workers[w].region),
             nonce,
             lane: lane as u8,
             lanes: k as u8,

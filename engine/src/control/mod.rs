@@ -2,8 +2,8 @@
 //! accepts, runs connects (each blocking rdma_cm connect on a short-lived connector thread of the
 //! control plane, so that one slow peer stalls nothing), gives each connection QPs from the
 //! chosen worker's pool ([`pool`]: pre-created on the worker's PD and CQ, reset and reused
-//! after release, at most `worker.qps.max` per worker), exchanges the workers' region
-//! descriptors in private data ([`header`]), hands finished connections to workers over SPSC
+//! after release, at most `worker.qps.max` per worker), exchanges the engine's header (lanes, receive
+//! size) in private data ([`header`]), hands finished connections to workers over SPSC
 //! rings, watches connection events, disconnects and recycles what workers release, and runs
 //! the shutdown.
 //!
@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrayvec::ArrayVec;
-use corelink_verbs::{CmEvent, Connection, Provider, QpAttr, RemoteRegion};
+use corelink_verbs::{CmEvent, Connection, Provider, QpAttr};
 
 use crate::handoff::{NewLane, Origin, ToControl, ToWorker};
 use crate::metrics::{ControlMetrics, WorkerCounts};
@@ -80,7 +80,6 @@ pub(crate) enum Command<P: Provider> {
 
 /// One worker, as the control core sees it.
 pub(crate) struct WorkerLink<P: Provider> {
-    pub(crate) region: RemoteRegion,
     pub(crate) to: Producer<ToWorker<P>>,
     pub(crate) from: Consumer<ToControl<P>>,
     pub(crate) thread: std::thread::Thread,

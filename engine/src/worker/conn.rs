@@ -5,6 +5,7 @@ use arrayvec::ArrayVec;
 use corelink_verbs::{Provider, RemoteAddr, WcStatus};
 
 use crate::handoff::Origin;
+use crate::memory::Exposed;
 use crate::pool::Buf;
 use crate::request::{ConnId, ConnInfo, OpKind};
 use crate::slab::{Fifo, Linked};
@@ -166,6 +167,10 @@ pub(crate) struct Conn<P: Provider> {
     pub(crate) reason: Option<crate::request::CloseReason>,
     /// Set once the control core has been asked to disconnect.
     pub(crate) disconnect_sent: bool,
+    /// Memory exposed to its peer, by grant number (revoked when it starts closing).
+    pub(crate) grants: Vec<(u32, Exposed<P>)>,
+    /// The next grant's number.
+    pub(crate) next_grant: u32,
 }
 
 impl<P: Provider> Conn<P> {
@@ -184,6 +189,8 @@ impl<P: Provider> Conn<P> {
             phase: Phase::Open,
             reason: None,
             disconnect_sent: false,
+            grants: Vec::new(),
+            next_grant: 0,
         }
     }
 

@@ -168,13 +168,7 @@ mod tests {
     use corelink_verbs::soft::Soft;
 
     fn info() -> ConnInfo {
-        ConnInfo {
-            private_data: vec![],
-            peer_region: None,
-            peer_recv_size: None,
-            initiated: false,
-            token: 0,
-        }
+        ConnInfo { private_data: vec![], peer_recv_size: None, initiated: false, token: 0 }
     }
 
     fn open(c: &mut Conns<Soft>) -> Option<ConnId> {

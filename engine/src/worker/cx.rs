@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrayvec::ArrayVec;
-use corelink_verbs::{Provider, RemoteAddr, WcStatus};
+use corelink_verbs::{AccessFlags, Provider, RemoteAddr, WcStatus};
 
 use super::conn::{Conn, Phase, Req};
 use super::requests::{ReqId, Requests};
@@ -15,6 +15,7 @@ use super::sched::{self, Batch};
 use super::{Conns, Outbox, Timers};
 use crate::error::{EngineError, Result};
 use crate::handoff::{ExtCompletion, Origin, ToControl};
+use crate::memory::{Grant, GrantId, Memory};
 use crate::metrics::Metrics;
 use crate::pool::{Buf, Pool};
 use crate::request::{CloseReason, ConnId, ConnInfo, Done, Op, OpKind};
@@ -134,7 +135,8 @@ pub struct Cx<P: Provider> {
     pub(crate) now: std::cell::Cell<Option<Instant>>,
     pub(crate) cfg: WorkerCfg,
     pub(crate) cq: Arc<P::Cq>,
-    pub(crate) region: Arc<P::Mr>,
+    /// The worker's protection domain (application memory and its grants are registered on it).
+    pub(crate) pd: Arc<P::Pd>,
     pub(crate) pool: Pool<P>,
     /// The connections' receive buffers (`worker.max_conns * worker.recvs_per_conn` of
     /// `worker.recv_size`; the control core admits no more connections than they serve).
@@ -193,10 +195,71 @@ impl<P: Provider> Cx<P> {
         self.pool.get(len)
     }
 
-    /// The region this worker exposes to its peers for one-sided operations (copy in and out
-    /// with `Mr::write_at` / `Mr::read_at`: peers may write it at any time).
-    pub fn region(&self) -> &P::Mr {
-        &self.region
+    /// Registers `len` bytes of zeroed memory with this worker (page-aligned; on huge pages
+    /// with `huge_pages`). No peer can reach it until [`Cx::grant`] exposes a range.
+    pub fn register_memory(&mut self, len: usize, huge_pages: bool) -> Result<Memory<P>> {
+        Memory::allocate(&self.pd, len, huge_pages)
+    }
+
+    /// Registers the caller's memory at `addr..addr + len` with this worker (any size: a
+    /// table, a file cache). No peer can reach it until [`Cx::grant`] exposes a range.
+    ///
+    /// # Safety
+    /// The range must be valid for reads and writes until the returned `Memory` and every
+    /// grant of it are gone (a grant lives until it is revoked or its connection starts
+    /// closing), and nothing may hold a Rust reference into it while the device or a peer may
+    /// write it.
+    pub unsafe fn register_memory_raw(&mut self, addr: *mut u8, len: usize) -> Result<Memory<P>> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Memory::from_raw(&self.pd, addr, len) }
+    }
+
+    /// Exposes `len` bytes of `mem` at `offset` to the peer of `conn` with `rights`
+    /// (`REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`, or several): hand the grant's
+    /// `region` to that peer (a message). Until then, and after [`Cx::revoke`] or once the
+    /// connection starts closing, the peer's accesses fail with a remote access error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use corelink_engine::verbs::{soft::Soft, AccessFlags};
+    /// # use corelink_engine::{ConnId, ConnInfo, Cx};
+    /// // In a handler: expose 4 KiB of a table, read-only, to the peer that just connected,
+    /// // and tell it where (the peer's handler decodes the 20 bytes).
+    /// fn on_connected(cx: &mut Cx<Soft>, conn: ConnId, table: &corelink_engine::Memory<Soft>) {
+    ///     let grant = cx.grant(conn, table, 0, 4096, AccessFlags::REMOTE_READ).unwrap();
+    ///     let mut msg = cx.alloc(20).unwrap();
+    ///     msg.fill(&grant.region.to_bytes()).unwrap();
+    ///     cx.send(conn, msg, None, 0).map_err(|(_, e)| e).unwrap();
+    /// }
+    /// ```
+    pub fn grant(
+        &mut self,
+        conn: ConnId,
+        mem: &Memory<P>,
+        offset: usize,
+        len: usize,
+        rights: AccessFlags,
+    ) -> Result<Grant> {
+        if let Phase::Closing = self.conns.get(conn)?.phase {
+            return Err(EngineError::ConnectionClosing(conn));
+        }
+        let exposed = mem.expose(offset, len, rights)?;
+        let c = self.conns.get_mut(conn)?;
+        let n = c.next_grant;
+        c.next_grant = c.next_grant.wrapping_add(1);
+        let region = exposed.region();
+        c.grants.push((n, exposed));
+        Ok(Grant { id: GrantId { conn, n }, region })
+    }
+
+    /// Takes grant `id` back: from now on its peer's accesses fail with a remote access error.
+    pub fn revoke(&mut self, id: GrantId) -> Result<()> {
+        let c = self.conns.get_mut(id.conn)?;
+        let i =
+            c.grants.iter().position(|(n, _)| *n == id.n).ok_or(EngineError::NoSuchGrant(id))?;
+        c.grants.swap_remove(i);
+        Ok(())
     }
 
     /// This worker's metrics so far.
@@ -481,15 +544,21 @@ impl<P: Provider> Cx<P> {
     ///
     /// # Examples
     ///
-    /// Writes 8 bytes into the memory the peer exposes, then reads them back with
-    /// [`Cx::read`]:
+    /// The accepting end of a connection grants 4 KiB of its memory and says where in a
+    /// message; the connecting end writes 8 bytes there and reads them back with [`Cx::read`]:
     ///
     /// ```
-    /// use corelink_engine::verbs::{soft::Soft, RemoteAddr};
-    /// use corelink_engine::{ConnId, ConnInfo, Cx, Done, Engine, Handler, OpKind, Placement};
+    /// use corelink_engine::verbs::{soft::Soft, AccessFlags, RemoteRegion};
+    /// use corelink_engine::{ConnId, ConnInfo, Cx, Done, Engine, Handler, Memory, Message, OpKind, Placement};
     /// use std::sync::mpsc::{channel, Sender};
     ///
-    /// struct WriteRead { addr: std::net::SocketAddr, asked: bool, at: Option<RemoteAddr>, told: Sender<Vec<u8>> }
+    /// struct WriteRead {
+    ///     addr: std::net::SocketAddr,
+    ///     asked: bool,
+    ///     mem: Option<Memory<Soft>>,
+    ///     at: Option<RemoteRegion>,
+    ///     told: Sender<Vec<u8>>,
+    /// }
     ///
     /// impl Handler<Soft> for WriteRead {
     ///     fn poll(&mut self, cx: &mut Cx<Soft>) {
@@ -498,23 +567,34 @@ impl<P: Provider> Cx<P> {
     ///         }
     ///     }
     ///     fn on_connected(&mut self, cx: &mut Cx<Soft>, conn: ConnId, info: &ConnInfo) {
-    ///         let Some(region) = info.peer_region.filter(|_| info.initiated) else { return };
-    ///         let at = RemoteAddr { addr: region.addr, rkey: region.rkey };
-    ///         self.at = Some(at);
+    ///         if info.initiated {
+    ///             return; // it waits for the grant
+    ///         }
+    ///         let mem = self.mem.insert(cx.register_memory(4096, false).unwrap());
+    ///         let rights = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    ///         let grant = cx.grant(conn, mem, 0, 4096, rights).unwrap();
+    ///         let mut msg = cx.alloc(RemoteRegion::WIRE_BYTES).unwrap();
+    ///         msg.fill(&grant.region.to_bytes()).unwrap();
+    ///         cx.send(conn, msg, None, 0).map_err(|(_, e)| e).unwrap();
+    ///     }
+    ///     fn on_message(&mut self, cx: &mut Cx<Soft>, conn: ConnId, msg: &Message<'_>) {
+    ///         let region = RemoteRegion::from_bytes(msg.data).unwrap();
+    ///         self.at = Some(region);
     ///         let mut buf = cx.alloc(8).unwrap();
     ///         buf.fill(&42u64.to_le_bytes()).unwrap();
-    ///         cx.write(conn, buf, at, None, 2).map_err(|(_, e)| e).unwrap();
+    ///         cx.write(conn, buf, region.at(0), None, 2).map_err(|(_, e)| e).unwrap();
     ///     }
     ///     fn on_completion(&mut self, cx: &mut Cx<Soft>, done: Done<Soft>) {
     ///         assert!(done.status.is_success(), "{done:?}");
-    ///         match done.kind {
+    ///         match (done.kind, self.at) {
     ///             // Requests of one class go in order; a read after a write goes in the
     ///             // write's class to see it (or, as here, after the write's completion).
-    ///             OpKind::Write => {
+    ///             (OpKind::Write, Some(at)) => {
     ///                 let buf = cx.alloc(8).unwrap();
-    ///                 cx.read(done.conn, buf, self.at.unwrap(), 3).map_err(|(_, e)| e).unwrap();
+    ///                 cx.read(done.conn, buf, at.at(0), 3).map_err(|(_, e)| e).unwrap();
     ///             }
-    ///             _ => self.told.send(done.buf.unwrap().as_slice().to_vec()).unwrap(),
+    ///             (OpKind::Read, _) => self.told.send(done.buf.unwrap().as_slice().to_vec()).unwrap(),
+    ///             _ => {} // the grant's message went
     ///         }
     ///     }
     /// }
@@ -528,6 +608,7 @@ impl<P: Provider> Cx<P> {
     /// let engine = Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| WriteRead {
     ///     addr,
     ///     asked: false,
+    ///     mem: None,
     ///     at: None,
     ///     told: tx.clone(),
     /// })?;
@@ -627,6 +708,8 @@ impl<P: Provider> Cx<P> {
             c.reason = Some(reason);
         }
         c.phase = Phase::Closing;
+        // No peer keeps access to memory once its connection closes.
+        c.grants.clear();
         let send = !c.disconnect_sent;
         c.disconnect_sent = true;
         let keys: ArrayVec<u64, MAX_QPS_PER_CONN> = c.lanes.iter().map(|l| l.cm_key).collect();

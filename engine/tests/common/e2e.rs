@@ -11,31 +11,45 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corelink_config::{parse, MachineTopology};
-use corelink_engine::verbs::{self, Provider, RemoteAddr, WcStatus};
+use corelink_engine::verbs::{self, Provider, RemoteAddr, RemoteRegion, WcStatus};
 use corelink_engine::*;
 
 /// How long a step may take before the test calls it a hang (not a performance bound: rxe in
 /// an emulated guest is slow).
 const HANG: Duration = Duration::from_secs(30);
 
+use crate::grant::{granted, Granter};
+
 type Log = Arc<Mutex<Vec<String>>>;
 
-struct Echo {
+/// The memory the accepting side granted (for the test's external client, on this worker).
+type Region = Arc<Mutex<Option<RemoteRegion>>>;
+
+struct Echo<P: Provider> {
     log: Log,
+    granter: Granter<P>,
+    granted: Region,
 }
 
-impl<P: Provider> Handler<P> for Echo {
-    fn on_connected(&mut self, _cx: &mut Cx<P>, _conn: ConnId, info: &ConnInfo) {
+impl<P: Provider> Handler<P> for Echo<P> {
+    /// The accepting side grants its memory to the peer; a side is connected "with a region"
+    /// once it knows the memory it may use (the initiating side: when the grant arrives).
+    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
         let app = String::from_utf8_lossy(&info.private_data).into_owned();
-        self.log.lock().unwrap().push(format!(
-            "connected initiated={} {app} region={}",
-            info.initiated,
-            info.peer_region.is_some()
-        ));
+        if !info.initiated {
+            *self.granted.lock().unwrap() = Some(self.granter.grant(cx, conn));
+            self.log.lock().unwrap().push(format!("connected initiated=false {app} region=true"));
+        }
     }
 
     fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
         let initiated = cx.conn_info(conn).map(|i| i.initiated).unwrap_or(false);
+        if let (true, Some(_)) = (initiated, granted(msg)) {
+            let app = cx.conn_info(conn).map(|i| i.private_data.clone()).unwrap_or_default();
+            let app = String::from_utf8_lossy(&app).into_owned();
+            self.log.lock().unwrap().push(format!("connected initiated=true {app} region=true"));
+            return;
+        }
         let text = String::from_utf8_lossy(msg.data).into_owned();
         if initiated {
             self.log.lock().unwrap().push(format!("echo {text} imm={:?}", msg.imm));
@@ -73,11 +87,31 @@ pub fn core_map(provider: &str, listen: SocketAddr) -> String {
     )
 }
 
-fn engine<P: Provider>(log: &Log, map: &str) -> Engine<P> {
+fn engine<P: Provider>(log: &Log, map: &str) -> (Engine<P>, Region) {
     let map = parse(map).unwrap();
     let v = map.validate(&MachineTopology::load().unwrap()).unwrap();
     let log = log.clone();
-    Engine::<P>::start(&v, Placement::RoundRobin, move |_| Echo { log: log.clone() }).unwrap()
+    let region = Region::default();
+    let r = region.clone();
+    let e = Engine::<P>::start(&v, Placement::RoundRobin, move |_| Echo {
+        log: log.clone(),
+        granter: Granter::default(),
+        granted: r.clone(),
+    })
+    .unwrap();
+    (e, region)
+}
+
+/// The region the accepting side granted, once it has.
+fn granted_region(r: &Region) -> RemoteRegion {
+    let deadline = Instant::now() + HANG;
+    loop {
+        if let Some(g) = *r.lock().unwrap() {
+            return g;
+        }
+        assert!(Instant::now() < deadline, "no grant");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 fn req(conn: Option<ConnId>, op: ExtOp, data: Vec<u8>, token: u64) -> ExtRequest {
@@ -91,12 +125,12 @@ fn done(c: &mut Client) -> ExtCompletion {
 /// Every request kind from an external client, through the engine connected to itself.
 pub fn every_request_kind_through_the_engine<P: Provider>(map: &str) {
     let log: Log = Arc::default();
-    let mut e = engine::<P>(&log, map);
+    let (mut e, granted) = engine::<P>(&log, map);
     let addr = e.listen_addr().unwrap();
-    let region = e.regions()[0];
     let mut c = e.client(0).unwrap();
     c.submit(req(None, ExtOp::Connect { addr }, b"hi there".to_vec(), 1)).unwrap();
     let d = done(&mut c);
+    let region = granted_region(&granted);
     let error = d.error.as_ref().map(|e| verbs::chain(e).to_string());
     assert_eq!((d.token, d.status, error.as_deref()), (1, WcStatus::Success, None));
     let conn = d.conn.unwrap();
@@ -172,12 +206,12 @@ pub fn every_request_kind_through_the_engine<P: Provider>(map: &str) {
 /// Shutdown with writes in flight: each request completes exactly once (done or flushed).
 pub fn shutdown_with_requests_in_flight_completes_each_once<P: Provider>(map: &str) {
     let log: Log = Arc::default();
-    let mut e = engine::<P>(&log, map);
+    let (mut e, granted) = engine::<P>(&log, map);
     let addr = e.listen_addr().unwrap();
-    let region = e.regions()[0];
     let mut c = e.client(0).unwrap();
     c.submit(req(None, ExtOp::Connect { addr }, vec![], 0)).unwrap();
     let conn = done(&mut c).conn.unwrap();
+    let region = granted_region(&granted);
     const N: u64 = 200;
     for t in 1..=N {
         let mut r =
@@ -213,7 +247,7 @@ pub fn shutdown_with_requests_in_flight_completes_each_once<P: Provider>(map: &s
 /// A connect to `nowhere` (nothing listens there) fails with an error containing `expect`.
 pub fn connect_to_nowhere_fails_cleanly<P: Provider>(map: &str, nowhere: SocketAddr, expect: &str) {
     let log: Log = Arc::default();
-    let mut e = engine::<P>(&log, map);
+    let (mut e, _) = engine::<P>(&log, map);
     let mut c = e.client(0).unwrap();
     c.submit(req(None, ExtOp::Connect { addr: nowhere }, vec![], 4)).unwrap();
     let d = done(&mut c);

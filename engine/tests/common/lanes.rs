@@ -15,8 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corelink_config::{parse, MachineTopology};
-use corelink_engine::verbs::{Provider, WcStatus};
+use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
 use corelink_engine::WorkerCounts;
+
+use crate::grant::{granted, Granter};
 use corelink_engine::*;
 
 /// How long a step may take before the test calls it a hang.
@@ -44,17 +46,21 @@ struct Shared {
     log: Mutex<Vec<Ev>>,
 }
 
-struct Driver {
+struct Driver<P: Provider> {
     s: Arc<Shared>,
+    /// Memory the accepting side grants its peers.
+    granter: Granter<P>,
+    /// The memory each connection's peer granted this side.
+    peers: Vec<(ConnId, RemoteRegion)>,
 }
 
-impl Driver {
+impl<P: Provider> Driver<P> {
     fn log(&self, e: Ev) {
         self.s.log.lock().unwrap().push(e);
     }
 }
 
-impl<P: Provider> Handler<P> for Driver {
+impl<P: Provider> Handler<P> for Driver<P> {
     fn poll(&mut self, cx: &mut Cx<P>) {
         let Some(cmd) = self.s.cmds.lock().unwrap().pop_front() else { return };
         match cmd {
@@ -70,7 +76,7 @@ impl<P: Provider> Handler<P> for Driver {
                 cx.send(conn, b, None, token).map_err(|(_, e)| e).unwrap();
             }
             Cmd::Write(conn, token) => {
-                let region = cx.conn_info(conn).and_then(|i| i.peer_region).unwrap();
+                let region = self.peers.iter().find(|p| p.0 == conn).map(|p| p.1).unwrap();
                 let mut b = cx.alloc(8).unwrap();
                 b.fill(&[7; 8]).unwrap();
                 cx.write(conn, b, region.at(64), None, token).map_err(|(_, e)| e).unwrap();
@@ -78,13 +84,18 @@ impl<P: Provider> Handler<P> for Driver {
         }
     }
 
-    fn on_connected(&mut self, _cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
+    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
+        // The accepting side exposes memory to its peer (and says where).
+        let granted = !info.initiated;
+        if granted {
+            self.granter.grant(cx, conn);
+        }
         self.log(Ev::Connected {
             conn,
             initiated: info.initiated,
             token: info.token,
             app: info.private_data.clone(),
-            region: info.peer_region.is_some(),
+            region: granted,
         });
     }
 
@@ -97,15 +108,21 @@ impl<P: Provider> Handler<P> for Driver {
         self.log(Ev::ConnectFailed(token, corelink_engine::verbs::chain(error).to_string()));
     }
 
-    fn on_message(&mut self, _cx: &mut Cx<P>, _conn: ConnId, msg: &Message<'_>) {
-        self.log(Ev::Message(msg.data.to_vec()));
+    fn on_message(&mut self, _cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
+        match granted(msg) {
+            Some(region) => self.peers.push((conn, region)),
+            None => self.log(Ev::Message(msg.data.to_vec())),
+        }
     }
 
     fn on_completion(&mut self, _cx: &mut Cx<P>, done: Done<P>) {
-        self.log(Ev::Done(done.token, done.status));
+        if done.token != crate::grant::TOKEN {
+            self.log(Ev::Done(done.token, done.status));
+        }
     }
 
     fn on_closed(&mut self, _cx: &mut Cx<P>, conn: ConnId, _reason: &CloseReason) {
+        self.peers.retain(|p| p.0 != conn);
         self.log(Ev::Closed(conn));
     }
 }
@@ -130,8 +147,12 @@ impl<P: Provider> Node<P> {
         let v = parse(map).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
         let s: Arc<Shared> = Arc::default();
         let s2 = s.clone();
-        let e = Engine::<P>::start(&v, Placement::RoundRobin, move |_| Driver { s: s2.clone() })
-            .unwrap();
+        let e = Engine::<P>::start(&v, Placement::RoundRobin, move |_| Driver {
+            s: s2.clone(),
+            granter: crate::grant::Granter::default(),
+            peers: Vec::new(),
+        })
+        .unwrap();
         Node { e, s }
     }
 

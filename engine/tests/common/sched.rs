@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corelink_config::{parse, MachineTopology};
-use corelink_engine::verbs::{Mr, Provider, RemoteAddr, RemoteRegion, WcStatus};
+use corelink_engine::verbs::{Provider, RemoteAddr, RemoteRegion, WcStatus};
 use corelink_engine::Metrics;
 use corelink_engine::*;
 
@@ -32,6 +32,8 @@ pub enum Script {
     ErrorInRun,
 }
 
+use crate::grant::{granted, Granter};
+
 /// What the handler saw.
 #[derive(Debug, Default)]
 pub struct Seen {
@@ -39,7 +41,7 @@ pub struct Seen {
     pub order: Vec<(u64, WcStatus)>,
     /// The bytes of each successful read, by token.
     pub reads: Vec<(u64, Vec<u8>)>,
-    /// The worker's metrics when the script ended.
+    /// The worker's metrics over the script (from its start to its end).
     pub metrics: Option<Metrics>,
     /// Set when the script ended.
     pub done: bool,
@@ -47,9 +49,13 @@ pub struct Seen {
 
 type Shared = Arc<Mutex<Seen>>;
 
-struct Sched {
+struct Sched<P: Provider> {
     script: Script,
     seen: Shared,
+    /// The accepting end's memory, granted to the initiating end.
+    granter: Granter<P>,
+    /// The worker's metrics when the script started.
+    base: Metrics,
     peer: Option<(ConnId, RemoteRegion)>,
     reads_done: u64,
     reads_issued: u64,
@@ -63,15 +69,15 @@ fn pattern(i: u64, len: usize) -> Vec<u8> {
     (0..len).map(|j| (i as usize * 31 + j * 7) as u8).collect()
 }
 
-impl Sched {
-    fn write<P: Provider>(&self, cx: &mut Cx<P>, at: RemoteAddr, data: &[u8], token: u64) {
+impl<P: Provider> Sched<P> {
+    fn write(&self, cx: &mut Cx<P>, at: RemoteAddr, data: &[u8], token: u64) {
         let (conn, _) = self.peer.unwrap();
         let mut b = cx.alloc(data.len()).unwrap();
         b.fill(data).unwrap();
         cx.write(conn, b, at, None, token).map_err(|(_, e)| e).unwrap();
     }
 
-    fn read<P: Provider>(&mut self, cx: &mut Cx<P>, at: RemoteAddr, len: usize, token: u64) {
+    fn read(&mut self, cx: &mut Cx<P>, at: RemoteAddr, len: usize, token: u64) {
         let (conn, _) = self.peer.unwrap();
         let mut b = cx.alloc(len).unwrap();
         b.set_len(len).unwrap();
@@ -80,13 +86,18 @@ impl Sched {
     }
 }
 
-impl<P: Provider> Handler<P> for Sched {
+impl<P: Provider> Handler<P> for Sched<P> {
     fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
         if !info.initiated {
-            return;
+            self.granter.grant(cx, conn);
         }
-        let region = info.peer_region.expect("the peer's region");
+    }
+
+    /// The initiating end runs the script once the accepting end's grant arrives.
+    fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
+        let Some(region) = granted(msg) else { return };
         self.peer = Some((conn, region));
+        self.base = cx.metrics().clone();
         match self.script {
             Script::WritesThenReads => {
                 for i in 0..10 {
@@ -108,8 +119,9 @@ impl<P: Provider> Handler<P> for Sched {
                 self.expect = usize::MAX;
             }
             Script::IdenticalReads => {
-                // Loopback: the peer's region is this worker's own.
-                cx.region().write_at(BASE as usize, &pattern(9, 64)).unwrap();
+                // Loopback: the granted memory is this handler's own.
+                let mem = self.granter.memory().expect("the memory granted");
+                mem.write_at(BASE as usize, &pattern(9, 64)).unwrap();
                 for i in 0..8 {
                     self.read(cx, region.at(BASE), 64, 200 + i);
                 }
@@ -135,6 +147,9 @@ impl<P: Provider> Handler<P> for Sched {
     }
 
     fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+        if done.token == crate::grant::TOKEN {
+            return; // the grant's message went
+        }
         let mut seen = self.seen.lock().unwrap();
         seen.order.push((done.token, done.status));
         if done.kind == OpKind::Read && done.status == WcStatus::Success {
@@ -161,7 +176,7 @@ impl<P: Provider> Handler<P> for Sched {
         let n = self.seen.lock().unwrap().order.len();
         if n >= self.expect || (self.script == Script::ReadFlood && self.expect == 0) {
             let mut seen = self.seen.lock().unwrap();
-            seen.metrics = Some(cx.metrics().clone());
+            seen.metrics = Some(cx.metrics().since(&self.base));
             seen.done = true;
         }
     }
@@ -180,6 +195,8 @@ pub fn run<P: Provider>(provider: &str, listen: SocketAddr, extra: &str, script:
     let mut e = Engine::<P>::start(&v, Placement::RoundRobin, move |_| Sched {
         script,
         seen: s.clone(),
+        granter: Granter::default(),
+        base: Metrics::default(),
         peer: None,
         reads_done: 0,
         reads_issued: 0,

@@ -21,6 +21,8 @@ use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
 use corelink_engine::Buf;
 use corelink_engine::{ConnId, ConnInfo, Cx, Done, Engine, Handler, Message, OpKind, Placement};
 
+use crate::grant::{granted, Granter};
+
 /// What to run.
 #[derive(Clone, Copy, Debug)]
 pub struct Plan {
@@ -109,6 +111,8 @@ pub struct Traffic<P: Provider> {
     connecting: bool,
     conn: Option<ConnId>,
     region: Option<RemoteRegion>,
+    /// The accepting side's memory, granted to the initiating side.
+    granter: Granter<P>,
     /// Send buffers whose send completed, waiting for a credit (an echo).
     send_bufs: Vec<Buf<P>>,
     /// Echoes received and not yet answered with a send.
@@ -126,6 +130,7 @@ impl<P: Provider> Traffic<P> {
             connecting: false,
             conn: None,
             region: None,
+            granter: Granter::default(),
             send_bufs: Vec::new(),
             credits: 0,
             completions: 0,
@@ -201,14 +206,92 @@ impl<P: Provider> Handler<P> for Traffic<P> {
     }
 
     fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
-        if !info.initiated {
-            return; // the accepting side only echoes
+        if info.initiated {
+            self.conn = Some(conn); // it starts once the peer's grant arrives
+        } else {
+            self.granter.grant(cx, conn); // the accepting side grants its memory and echoes
         }
-        let Some(region) = info.peer_region else {
-            return self.report.fail("the peer exposes no region".into());
+    }
+
+    fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
+        if let (Some(region), Some(c)) = (granted(msg), self.conn) {
+            if c == conn && self.region.is_none() {
+                self.region = Some(region);
+                self.start(cx);
+            }
+            return;
+        }
+        if Some(conn) == self.conn {
+            self.report.echoes_received.fetch_add(1, Ordering::Relaxed);
+            self.credits += 1;
+            return self.pump(cx);
+        }
+        let mut buf = match cx.alloc(msg.data.len()) {
+            Ok(b) => b,
+            Err(e) => return self.report.fail(format!("echo buffer: {e}")),
         };
-        self.conn = Some(conn);
-        self.region = Some(region);
+        buf.fill(msg.data).unwrap();
+        if let Err((_, e)) = cx.send(conn, buf, None, ECHO) {
+            if !self.stopped() {
+                self.report.fail(format!("echo: {e}"));
+            }
+        }
+    }
+
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+        if done.token == crate::grant::TOKEN {
+            return; // the grant's message went
+        }
+        self.on_done(cx, done);
+    }
+}
+
+/// Starts an engine (`provider`'s lines first; control core 0, one worker on core 1, never parking) whose worker
+/// runs `Traffic` to its own listen address `listen`.
+pub fn start<P: Provider>(
+    provider: &str,
+    listen: &str,
+    plan: Plan,
+    probe: fn(bool) -> (u64, u64),
+) -> (Engine<P>, Arc<Report>) {
+    let text = format!(
+        "{provider}\ncontrol_core = 0\nworkers = [1]\nlisten = \"{listen}\"\n\
+         [worker]\nidle_after_us = 0"
+    );
+    let map = parse(&text).unwrap();
+    let v = map.validate(&MachineTopology::load().unwrap()).unwrap();
+    let report = Arc::new(Report::default());
+    let r = report.clone();
+    let e = Engine::<P>::start(&v, Placement::RoundRobin, move |_| {
+        Traffic::<P>::new(plan, r.clone(), probe)
+    })
+    .unwrap();
+    report.addr.set(e.listen_addr().unwrap()).unwrap();
+    (e, report)
+}
+
+/// Waits until the handler says it is done (`hang` only guards against a hang).
+pub fn wait_done(report: &Report, hang: Duration) {
+    let deadline = Instant::now() + hang;
+    while !report.done.load(Ordering::Acquire) {
+        assert!(
+            Instant::now() < deadline,
+            "no progress: {} completions after {hang:?}",
+            report.completions.load(Ordering::Relaxed)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        report.failures.load(Ordering::Relaxed),
+        0,
+        "{:?}",
+        report.first_failure.lock().unwrap()
+    );
+}
+
+impl<P: Provider> Traffic<P> {
+    /// The initiating side's traffic, once the peer's memory is known.
+    fn start(&mut self, cx: &mut Cx<P>) {
         for i in 0..self.plan.writes as u64 {
             let mut buf = cx.alloc(8).expect("a write buffer");
             buf.fill(&i.to_ne_bytes()).unwrap();
@@ -231,25 +314,8 @@ impl<P: Provider> Handler<P> for Traffic<P> {
         self.pump(cx);
     }
 
-    fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
-        if Some(conn) == self.conn {
-            self.report.echoes_received.fetch_add(1, Ordering::Relaxed);
-            self.credits += 1;
-            return self.pump(cx);
-        }
-        let mut buf = match cx.alloc(msg.data.len()) {
-            Ok(b) => b,
-            Err(e) => return self.report.fail(format!("echo buffer: {e}")),
-        };
-        buf.fill(msg.data).unwrap();
-        if let Err((_, e)) = cx.send(conn, buf, None, ECHO) {
-            if !self.stopped() {
-                self.report.fail(format!("echo: {e}"));
-            }
-        }
-    }
-
-    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+    /// A completion of this handler's traffic.
+    fn on_done(&mut self, cx: &mut Cx<P>, done: Done<P>) {
         self.completions += 1;
         let n = self.completions;
         self.report.completions.store(n, Ordering::Relaxed);
@@ -301,47 +367,4 @@ impl<P: Provider> Handler<P> for Traffic<P> {
             _ => {} // an echo's buffer goes back to the pool
         }
     }
-}
-
-/// Starts an engine (`provider`'s lines first; control core 0, one worker on core 1, never parking) whose worker
-/// runs `Traffic` to its own listen address `listen`.
-pub fn start<P: Provider>(
-    provider: &str,
-    listen: &str,
-    plan: Plan,
-    probe: fn(bool) -> (u64, u64),
-) -> (Engine<P>, Arc<Report>) {
-    let text = format!(
-        "{provider}\ncontrol_core = 0\nworkers = [1]\nlisten = \"{listen}\"\n\
-         [worker]\nidle_after_us = 0"
-    );
-    let map = parse(&text).unwrap();
-    let v = map.validate(&MachineTopology::load().unwrap()).unwrap();
-    let report = Arc::new(Report::default());
-    let r = report.clone();
-    let e = Engine::<P>::start(&v, Placement::RoundRobin, move |_| {
-        Traffic::<P>::new(plan, r.clone(), probe)
-    })
-    .unwrap();
-    report.addr.set(e.listen_addr().unwrap()).unwrap();
-    (e, report)
-}
-
-/// Waits until the handler says it is done (`hang` only guards against a hang).
-pub fn wait_done(report: &Report, hang: Duration) {
-    let deadline = Instant::now() + hang;
-    while !report.done.load(Ordering::Acquire) {
-        assert!(
-            Instant::now() < deadline,
-            "no progress: {} completions after {hang:?}",
-            report.completions.load(Ordering::Relaxed)
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert_eq!(
-        report.failures.load(Ordering::Relaxed),
-        0,
-        "{:?}",
-        report.first_failure.lock().unwrap()
-    );
 }

@@ -4,16 +4,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
-use corelink_engine::Buf;
-use corelink_engine::REGION_BYTES;
+use corelink_engine::{Buf, Memory};
 use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, EngineError, Handler, Message, Op};
 
 use super::{
-    hello, marker, region_byte, write_lat_polls, Event, Shared, SizeResult, ECHO_IMM,
-    PEAK_INTERVAL, POLL_SLOT,
+    grant_memory, granted, hello, marker, region_byte, write_lat_polls, Event, Shared, SizeResult,
+    ECHO_IMM, GRANT_TOKEN, PEAK_INTERVAL, POLL_SLOT,
 };
 use crate::perf::clock::Clock;
-use crate::perf::opts::{PerfOpts, Test, Verb};
+use crate::perf::opts::{PerfOpts, Test, Verb, MAX_ONE_SIDED};
 use crate::perf::phase;
 
 pub(super) struct ClientPart<P: Provider> {
@@ -22,7 +21,10 @@ pub(super) struct ClientPart<P: Provider> {
     conns: u16,
     asked: bool,
     conn: Option<ConnId>,
+    /// The memory the server granted this side (the test starts once it is known).
     region: Option<RemoteRegion>,
+    /// The memory this side grants the server (its answers land there).
+    mem: Option<Memory<P>>,
     /// The size being measured (index into `opts.sizes`).
     index: usize,
     finished: bool,
@@ -81,6 +83,7 @@ impl<P: Provider> ClientPart<P> {
             asked: false,
             conn: None,
             region: None,
+            mem: None,
             index: 0,
             finished: false,
             error: None,
@@ -194,7 +197,7 @@ impl<P: Provider> ClientPart<P> {
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
-        let records = ((REGION_BYTES / 2) / self.size.max(1)).max(1) as u64;
+        let records = ((MAX_ONE_SIDED / 2) / self.size.max(1)).max(1) as u64;
         let r = self.rng;
         let rec = if r % 10 < 9 { (r >> 8) % hot.min(records) } else { (r >> 8) % records };
         rec * self.size as u64
@@ -218,7 +221,7 @@ impl<P: Provider> ClientPart<P> {
     /// One background write (into the region's second half).
     fn background(&mut self, cx: &mut Cx<P>, buf: Buf<P>) {
         let (Some(conn), Some(rg)) = (self.conn, self.region) else { return };
-        let at = rg.at((REGION_BYTES / 2) as u64);
+        let at = rg.at((MAX_ONE_SIDED / 2) as u64);
         if let Err((_, e)) = cx.write(conn, buf, at, None, BG_TOKEN) {
             self.fail(cx, format!("a background write: {e}"));
         }
@@ -317,7 +320,7 @@ impl<P: Provider> ClientPart<P> {
 impl<P: Provider> Handler<P> for ClientPart<P> {
     fn poll(&mut self, cx: &mut Cx<P>) {
         if let Some(m) = self.expect {
-            if region_byte(cx, 2 * POLL_SLOT - 1) == m && self.error.is_none() {
+            if region_byte(&self.mem, 2 * POLL_SLOT - 1) == m && self.error.is_none() {
                 self.expect = None;
                 self.lat_sample(cx, None);
             }
@@ -350,14 +353,22 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         ))));
     }
 
-    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
+    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, _info: &ConnInfo) {
         self.conn = Some(conn);
-        self.region = info.peer_region;
-        self.start_size(cx);
+        if let Err(e) = grant_memory(cx, &mut self.mem, conn) {
+            self.fail(cx, format!("granting memory: {e}"));
+        }
+        // The test starts once the server's grant arrives (`on_message`).
     }
 
     fn on_message(&mut self, cx: &mut Cx<P>, _conn: ConnId, msg: &Message<'_>) {
         if self.finished || self.error.is_some() {
+            return;
+        }
+        if let Some(region) = granted(msg) {
+            if self.region.replace(region).is_none() {
+                self.start_size(cx);
+            }
             return;
         }
         let t = self.opts.test;
@@ -371,6 +382,9 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
     fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
         if self.error.is_some() {
             return;
+        }
+        if done.token == GRANT_TOKEN && done.status.is_success() {
+            return; // this side's grant reached the server
         }
         if done.token == BG_TOKEN && done.status.is_success() {
             if let (false, Some(b)) = (self.finished, done.buf) {

@@ -12,7 +12,7 @@
 //! - `read_lat`, `atomic_lat`: one read (fetch-and-add) at a time; each sample is its full round
 //!   trip, reported as is (perftest's convention for reads and atomics).
 //! - `send_lat`: a send ping-pong, the server echoing each message; `write_lat`: a ping-pong of
-//!   RDMA writes, each side's handler polling the last byte of its region for the other's
+//!   RDMA writes, each side's handler polling the last byte of its memory for the other's
 //!   write, as perftest does (see `POLL_SLOT`; sizes over half the region fall back to writes
 //!   with immediate, answered through the receive queue). Both report half the round trip
 //!   (one-way), as perftest does.
@@ -28,11 +28,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use corelink_config::{ProviderKind, Validated};
-use corelink_engine::verbs::Provider;
-use corelink_engine::REGION_BYTES;
-use corelink_engine::{Cx, Engine, Placement};
+use corelink_engine::verbs::{AccessFlags, Provider, RemoteRegion};
+use corelink_engine::{ConnId, Cx, Engine, EngineError, Memory, Message, Placement};
 
-use super::opts::{PerfError, PerfOpts, Prov, Role, Test};
+use super::opts::{PerfError, PerfOpts, Prov, Role, Test, MAX_ONE_SIDED};
 use super::{Latency, Report};
 use crate::pair::Pair;
 use client::ClientPart;
@@ -109,13 +108,15 @@ fn parse_hello(d: &[u8]) -> Option<(Test, usize, u16)> {
     Some((test, max, conns))
 }
 
+/// Each side registers `MAX_ONE_SIDED` bytes and grants them whole to its peer once connected
+/// (telling it where in a message, `GRANT_IMM`); the client starts once it has the server's.
+///
 /// `write_lat` in memory-polling mode (perftest's way): the client writes into the server's
-/// region so that the message ends at byte `POLL_SLOT - 1`, which the server's handler polls;
+/// memory so that the message ends at byte `POLL_SLOT - 1`, which the server's handler polls;
 /// the server writes the same length back so that it ends at byte `2 * POLL_SLOT - 1` of the
-/// client's region, which the client polls. No receive, no immediate. (In loopback the two
-/// regions are one: the two slots keep the directions apart.) The last byte is a marker: the
+/// client's memory, which the client polls. No receive, no immediate. The last byte is a marker: the
 /// size's index in `-s`/`-a` (so the server answers with the same length) and a sequence.
-const POLL_SLOT: usize = REGION_BYTES / 2;
+const POLL_SLOT: usize = MAX_ONE_SIDED / 2;
 
 /// Whether `write_lat` runs in memory-polling mode for these sizes (else: writes with
 /// immediate, answered through the receive queue).
@@ -128,11 +129,41 @@ fn marker(idx: usize, seq: u64) -> u8 {
     ((idx as u8 & 0x1f) << 3) | ((seq % 7) as u8 + 1)
 }
 
-/// The byte at `offset` of this worker's region.
-fn region_byte<P: Provider>(cx: &Cx<P>, offset: usize) -> u8 {
+/// The byte at `offset` of this side's memory (0 before it is registered).
+fn region_byte<P: Provider>(mem: &Option<Memory<P>>, offset: usize) -> u8 {
     let mut b = [0u8; 1];
-    let _ = corelink_engine::verbs::Mr::read_at(cx.region(), offset, &mut b);
+    if let Some(m) = mem {
+        let _ = m.read_at(offset, &mut b);
+    }
     b[0]
+}
+
+/// The immediate of the message that tells a peer where the memory granted to it is.
+const GRANT_IMM: u32 = 0x6772_6e74;
+/// The token of that message's send.
+const GRANT_TOKEN: u64 = u64::MAX - 2;
+
+/// Registers this side's memory (once: `MAX_ONE_SIDED` bytes), grants it whole to `conn`'s
+/// peer (read, write, atomics), and tells the peer where in a message (immediate `GRANT_IMM`,
+/// the region's 20 bytes): no peer reaches a worker's memory unless it is granted.
+fn grant_memory<P: Provider>(
+    cx: &mut Cx<P>,
+    mem: &mut Option<Memory<P>>,
+    conn: ConnId,
+) -> Result<(), EngineError> {
+    let m = match mem {
+        Some(m) => m,
+        None => mem.insert(cx.register_memory(MAX_ONE_SIDED, false)?),
+    };
+    let g = cx.grant(conn, m, 0, MAX_ONE_SIDED, AccessFlags::REMOTE_ALL)?;
+    let mut b = cx.alloc(RemoteRegion::WIRE_BYTES)?;
+    b.fill(&g.region.to_bytes())?;
+    cx.send(conn, b, Some(GRANT_IMM), GRANT_TOKEN).map_err(|(_, e)| e)
+}
+
+/// The region a peer's grant message names (`None`: not a grant message).
+fn granted(msg: &Message<'_>) -> Option<RemoteRegion> {
+    (msg.imm == Some(GRANT_IMM)).then(|| RemoteRegion::from_bytes(msg.data)).flatten()
 }
 
 /// What the header block says about a run (before the table).

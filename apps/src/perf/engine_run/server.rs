@@ -1,50 +1,77 @@
-//! The server part of a worker's handler: echoes, answers, keeps its region and receives.
+//! The server part of a worker's handler: grants its memory, echoes, answers, keeps its
+//! receives.
 
 use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
-use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, EngineError, Handler, Message};
+use corelink_engine::{
+    CloseReason, ConnId, ConnInfo, Cx, Done, EngineError, Handler, Memory, Message,
+};
 
-use super::{parse_hello, region_byte, write_lat_polls, Event, Shared, ECHO_IMM, POLL_SLOT};
+use super::{
+    grant_memory, granted, parse_hello, region_byte, write_lat_polls, Event, Shared, ECHO_IMM,
+    GRANT_TOKEN, POLL_SLOT,
+};
 use crate::perf::opts::{PerfOpts, Test};
 
-pub(super) struct ServerPart {
+pub(super) struct ServerPart<P: Provider> {
     shared: Shared,
+    /// The memory this side grants its client (registered at the first connection).
+    mem: Option<Memory<P>>,
     test: Test,
     max_size: usize,
     /// The sizes, in order (`write_lat` in polling mode answers with the marker's size).
     sizes: Vec<usize>,
     /// The last marker seen (polling mode).
     last: u8,
+    /// The client's connection, the memory it granted this side, its connection count.
     conn: Option<(ConnId, Option<RemoteRegion>, u16)>,
+    /// Writes to echo that came before the client's grant (on another lane): their lengths.
+    early: Vec<u32>,
     error: Option<String>,
 }
 
-impl ServerPart {
+impl<P: Provider> ServerPart<P> {
     pub(super) fn new(shared: Shared, o: &PerfOpts) -> Self {
         ServerPart {
             shared,
+            mem: None,
             test: o.test,
             max_size: o.max_size(),
             sizes: o.sizes.clone(),
             last: 0,
             conn: None,
+            early: Vec::new(),
             error: None,
         }
     }
 
-    fn fail<P: Provider>(&mut self, cx: &mut Cx<P>, conn: ConnId, e: String) {
+    fn fail(&mut self, cx: &mut Cx<P>, conn: ConnId, e: String) {
         self.error.get_or_insert(e);
         let _ = cx.close(conn);
     }
 }
 
-impl<P: Provider> Handler<P> for ServerPart {
+impl<P: Provider> ServerPart<P> {
+    /// Answers a write of `n` bytes with a write of the same length into the client's memory.
+    fn echo_write(&mut self, cx: &mut Cx<P>, conn: ConnId, region: RemoteRegion, n: u32) {
+        let r = cx
+            .alloc(n as usize)
+            .and_then(|b| cx.write(conn, b, region.at(0), Some(ECHO_IMM), 0).map_err(|(_, e)| e));
+        if let Err(e) = r {
+            if !matches!(e, EngineError::ConnectionClosing(_) | EngineError::ShuttingDown) {
+                self.fail(cx, conn, format!("answering: {e}"));
+            }
+        }
+    }
+}
+
+impl<P: Provider> Handler<P> for ServerPart<P> {
     /// `write_lat` in polling mode: answers a new marker at the end of the server's slot.
     fn poll(&mut self, cx: &mut Cx<P>) {
         if self.test != Test::WriteLat || !write_lat_polls(&self.sizes) || self.error.is_some() {
             return;
         }
         let Some((conn, Some(region), _)) = self.conn else { return };
-        let b = region_byte(cx, POLL_SLOT - 1);
+        let b = region_byte(&self.mem, POLL_SLOT - 1);
         if b == 0 || b == self.last {
             return;
         }
@@ -70,7 +97,10 @@ impl<P: Provider> Handler<P> for ServerPart {
             self.conn = Some((conn, None, 1));
             return self.fail(cx, conn, "a client that is not corelink-perf".into());
         };
-        self.conn = Some((conn, info.peer_region, conns));
+        self.conn = Some((conn, None, conns));
+        if let Err(e) = grant_memory(cx, &mut self.mem, conn) {
+            return self.fail(cx, conn, format!("granting memory: {e}"));
+        }
         if test != self.test {
             let (c, s) = (test.name(), self.test.name());
             return self.fail(cx, conn, format!("the client runs {c}, this server {s}"));
@@ -86,6 +116,15 @@ impl<P: Provider> Handler<P> for ServerPart {
     }
 
     fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
+        if let Some(region) = granted(msg) {
+            if let Some(c) = self.conn.as_mut().filter(|c| c.0 == conn) {
+                c.1 = Some(region);
+            }
+            for n in std::mem::take(&mut self.early) {
+                self.echo_write(cx, conn, region, n);
+            }
+            return;
+        }
         if msg.imm != Some(ECHO_IMM) {
             return; // send_bw: receive and let the engine repost
         }
@@ -94,14 +133,13 @@ impl<P: Provider> Handler<P> for ServerPart {
                 b.fill(msg.data)?;
                 cx.send(conn, b, Some(ECHO_IMM), 0).map_err(|(_, e)| e)
             }),
-            Some(n) => {
-                let Some(region) = self.conn.and_then(|c| c.1) else {
-                    return self.fail(cx, conn, "the client exposes no region".into());
-                };
-                cx.alloc(n as usize).and_then(|b| {
-                    cx.write(conn, b, region.at(0), Some(ECHO_IMM), 0).map_err(|(_, e)| e)
-                })
-            }
+            Some(n) => match self.conn.and_then(|c| c.1) {
+                Some(region) => return self.echo_write(cx, conn, region, n),
+                None => {
+                    self.early.push(n); // answered once the client's grant arrives
+                    Ok(())
+                }
+            },
         };
         if let Err(e) = r {
             if !matches!(e, EngineError::ConnectionClosing(_) | EngineError::ShuttingDown) {
@@ -111,6 +149,7 @@ impl<P: Provider> Handler<P> for ServerPart {
     }
 
     fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+        let _ = GRANT_TOKEN; // the grant's send ends like any answer
         if !done.status.is_success() && done.status != WcStatus::WrFlushErr {
             self.fail(cx, done.conn, format!("answer: {}", done.status));
         }
