@@ -13,13 +13,9 @@ use crate::control::{Budget, Command, Control, ControlCfg, Placement, QpPool, Wo
 use crate::error::{EngineError, Result};
 use crate::handoff::ToWorker;
 use crate::metrics::{ControlMetrics, Metrics};
-use crate::pool::Pool;
 use crate::ring::ring;
-use crate::tunables::{
-    CLIENT_RING, CONTROL_RING, MAX_CLIENTS_PER_WORKER, MAX_POLL_BATCH, MAX_REQUESTS_PER_WORKER,
-    MAX_SGE, MAX_TIMERS, MERGE_TABLE,
-};
-use crate::worker::{Conns, Cx, Handler, Outbox, Requests, Timers, Worker, WorkerCfg};
+use crate::tunables::{CLIENT_RING, CONTROL_RING, MAX_CLIENTS_PER_WORKER, MAX_POLL_BATCH, MAX_SGE};
+use crate::worker::{Handler, Owned, Worker, WorkerCfg};
 
 /// A running engine.
 pub struct Engine<P: Provider> {
@@ -111,8 +107,6 @@ impl<P: Provider> Engine<P> {
         };
         let listen_addr = listener.as_ref().map(corelink_verbs::Listener::local_addr);
         let handler = Arc::new(handler);
-        let classes: Vec<(usize, usize)> = w.pools.iter().map(|p| (p.size, p.count)).collect();
-        let recv_class = [(w.recv_size as usize, Budget::recv_buffers(w) as usize)];
         let wcfg = WorkerCfg::from_map(w, (w.poll_budget as usize).clamp(1, MAX_POLL_BATCH));
         let pin_policy = map.pin;
 
@@ -137,9 +131,8 @@ impl<P: Provider> Engine<P> {
             let published = Arc::new(Mutex::new(Metrics { worker: i, ..Metrics::default() }));
             metrics.push(published.clone());
             let (h, pd2, cq2, wcfg) = (handler.clone(), pd.clone(), cq.clone(), wcfg.clone());
-            let classes = classes.clone();
+            let res = w.clone();
             let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
-            let max_conns = w.max_conns as usize;
             let jh = std::thread::Builder::new()
                 .name(format!("corelink-worker-{i}"))
                 .spawn(move || {
@@ -151,46 +144,21 @@ impl<P: Provider> Engine<P> {
                         }
                     };
                     // Everything the worker owns is made here, on its own core (first touch).
-                    let pools = Pool::<P>::new(&pd2, &classes)
-                        .and_then(|p| Ok((p, Pool::<P>::new(&pd2, &recv_class)?)));
-                    let (pool, recv_pool) = match pools {
-                        Ok(p) => p,
+                    let built = Worker::new(
+                        i,
+                        &res,
+                        wcfg,
+                        Owned { cq: cq2, pd: pd2, to_control: to_c, from_control: from_c },
+                        published,
+                        pinned,
+                        h(i),
+                    );
+                    let worker = match built {
+                        Ok(w) => w,
                         Err(e) => {
                             let _ = ready_tx.send(Err(e));
                             return;
                         }
-                    };
-                    let cx = Cx {
-                        index: i,
-                        now: std::cell::Cell::new(None),
-                        cfg: wcfg,
-                        cq: cq2,
-                        pool,
-                        recv_pool,
-                        conns: Conns::new(i as u16, max_conns),
-                        reqs: Requests::new(MAX_REQUESTS_PER_WORKER, MERGE_TABLE),
-                        outbox: Outbox::new(to_c, 4096, CONTROL_RING),
-                        reposts: arrayvec::ArrayVec::new(),
-                        timers: Timers::new(MAX_TIMERS),
-                        pd: pd2,
-                        metrics: Metrics { worker: i, pinned, ..Metrics::default() },
-                        stopping: false,
-                        shutdown_deadline: None,
-                        ext_connects: Vec::with_capacity(CLIENT_RING),
-                    };
-                    let worker = Worker {
-                        cx,
-                        handler: h(i),
-                        from_control: from_c,
-                        clients: Vec::with_capacity(MAX_CLIENTS_PER_WORKER),
-                        published,
-                        switches_base: (0, 0),
-                        idle_since: None,
-                        empty_run: 0,
-                        wcs: [corelink_verbs::Wc::default(); MAX_POLL_BATCH],
-                        stopped_sent: false,
-                        queue_misses: 0,
-                        stopped: false,
                     };
                     let _ = ready_tx.send(Ok(()));
                     worker.run();

@@ -9,116 +9,18 @@ use std::time::{Duration, Instant};
 use arrayvec::ArrayVec;
 use corelink_verbs::{AccessFlags, Provider, RemoteAddr, WcStatus};
 
+use super::cfg::WorkerCfg;
 use super::conn::{Conn, Phase, Req};
 use super::requests::{ReqId, Requests};
 use super::sched::{self, Batch};
 use super::{Conns, Outbox, Timers};
 use crate::error::{EngineError, Result};
-use crate::handoff::{ExtCompletion, Origin, ToControl};
+use crate::handoff::{Origin, ToControl};
 use crate::memory::{Grant, GrantId, Memory};
 use crate::metrics::Metrics;
 use crate::pool::{Buf, Pool};
-use crate::request::{CloseReason, ConnId, ConnInfo, Done, Op, OpKind};
+use crate::request::{CloseReason, ConnId, ConnInfo, Op, OpKind};
 use crate::tunables::{CLASSES, MAX_POLL_BATCH, MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
-
-/// A worker's settings, from the core map.
-#[derive(Clone, Debug)]
-pub(crate) struct WorkerCfg {
-    pub(crate) poll_budget: usize,
-    pub(crate) max_inline: u32,
-    /// Bytes of each receive buffer (`worker.recv_size`).
-    pub(crate) recv_size: usize,
-    /// Receives each lane keeps posted, by the connection's lane count (index 0 unused).
-    pub(crate) recvs_per_lane: [u32; MAX_QPS_PER_CONN + 1],
-    pub(crate) idle_after: Option<Duration>,
-    /// Empty polls in a row before a worker with connections yields its core (0: never).
-    pub(crate) yield_after: u32,
-    /// Work requests per doorbell at most (1..=MAX_POST_LIST).
-    pub(crate) post_list: usize,
-    /// One work request in this many is signalled.
-    pub(crate) signal_every: u32,
-    /// Serve waiting requests by class (else: everything in class 0, arrival order).
-    pub(crate) priorities: bool,
-    pub(crate) aging_rounds: u32,
-    /// Default class by `OpKind::index`.
-    pub(crate) classes: [u8; 5],
-    /// Work requests per QP on the device at most (at most its send-queue depth).
-    pub(crate) max_outstanding: u32,
-    pub(crate) max_rd_atomic: u32,
-    pub(crate) merge_reads: bool,
-    pub(crate) coalesce_writes: bool,
-    pub(crate) coalesce_max: u32,
-}
-
-impl WorkerCfg {
-    /// The scheduling part of a worker's settings, from the core map.
-    pub(crate) fn from_map(w: &corelink_config::WorkerResources, poll_budget: usize) -> WorkerCfg {
-        let s = &w.scheduler;
-        let max_outstanding = w.max_outstanding();
-        let c = &s.classes;
-        let mut recvs_per_lane = [0; MAX_QPS_PER_CONN + 1];
-        for (lanes, n) in recvs_per_lane.iter_mut().enumerate() {
-            *n = w.recvs_per_lane(lanes as u32);
-        }
-        WorkerCfg {
-            poll_budget,
-            max_inline: w.max_inline,
-            recv_size: w.recv_size as usize,
-            recvs_per_lane,
-            idle_after: (w.idle_after_us > 0).then(|| Duration::from_micros(w.idle_after_us)),
-            yield_after: w.yield_after_empty_polls,
-            post_list: (w.batching.post_list as usize).clamp(1, crate::tunables::MAX_POST_LIST),
-            signal_every: w.batching.signal_every.max(1),
-            priorities: s.priorities,
-            aging_rounds: s.aging_rounds.max(1),
-            // OpKind::index order: send, write, read, fetch-and-add, compare-and-swap.
-            classes: [c.send, c.write, c.read, c.atomic, c.atomic]
-                .map(|k| k.min(crate::tunables::CLASSES as u8 - 1)),
-            max_outstanding: max_outstanding.max(1),
-            max_rd_atomic: s.max_rd_atomic.max(1),
-            merge_reads: s.merge_reads,
-            coalesce_writes: s.coalesce_writes,
-            coalesce_max: s.coalesce_max_bytes,
-        }
-    }
-}
-
-/// Something the handler (or a client) is to be told, produced outside a completion's dispatch.
-#[derive(Debug)]
-pub(crate) enum Notice<P: Provider> {
-    Done(Done<P>),
-    Client(u16, ExtCompletion),
-    ConnectFailed(u64, EngineError),
-    Closed(ConnId, CloseReason),
-}
-
-impl<P: Provider> Notice<P> {
-    /// The notice telling a request's issuer that it ended with `status` off the device.
-    /// `data` is an external client's vector (see `Requests`).
-    pub(crate) fn failed(r: Req<P>, status: WcStatus, data: Vec<u8>) -> Notice<P> {
-        match r.origin {
-            Origin::Handler => Notice::Done(Done {
-                conn: r.conn,
-                token: r.token,
-                kind: r.kind,
-                status,
-                buf: Some(r.buf),
-                old_value: None,
-            }),
-            Origin::Client(n) => Notice::Client(
-                n,
-                ExtCompletion {
-                    token: r.token,
-                    conn: Some(r.conn),
-                    status,
-                    data,
-                    old_value: None,
-                    error: None,
-                },
-            ),
-        }
-    }
-}
 
 /// A worker's state, as its handler uses it: buffers, connections, requests, timers and
 /// metrics of the worker the handler runs on.
@@ -732,6 +634,15 @@ impl<P: Provider> Cx<P> {
             in_use: in_use as u64,
             need: 1,
         })
+    }
+
+    /// Posts what the connections have waiting (the scheduler); returns whether anything was.
+    pub(crate) fn flush(&mut self) -> bool {
+        if self.stopping {
+            self.close_for_shutdown();
+        }
+        let Cx { conns, reqs, outbox, metrics, cfg, .. } = self;
+        sched::flush(conns, reqs, outbox, metrics, cfg)
     }
 
     /// A lookup that cannot fail did: counted (and a debug assertion).

@@ -6,7 +6,7 @@ use corelink_verbs::{Provider, Qp, RecvWr, WcStatus};
 
 use super::conn::Phase;
 use super::cx::Cx;
-use super::{RecvId, WrId};
+use super::ids::{RecvId, WrId};
 use crate::handoff::{ExtCompletion, ExtOp, ExtRequest, Origin};
 use crate::request::{CloseReason, ConnId, Op, OpKind};
 

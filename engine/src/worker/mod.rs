@@ -5,10 +5,13 @@
 //! receives whose messages were handled; drain the control core's ring; finish closing
 //! connections; fire due timers.
 
+mod cfg;
 mod conn;
 mod conns;
 mod cx;
+mod ids;
 mod intake;
+mod notice;
 mod outbox;
 mod requests;
 mod retire;
@@ -19,20 +22,20 @@ use std::sync::{Arc, Mutex};
 
 use corelink_verbs::{Cq, Provider, Qp, QpAttr, QpState, RecvWr, Wc, WcOpcode, WcStatus};
 
+pub(crate) use cfg::WorkerCfg;
 pub use cx::Cx;
-pub(crate) use cx::{Notice, WorkerCfg};
+pub(crate) use ids::{RecvId, WrId};
+pub(crate) use notice::Notice;
 
 use arrayvec::ArrayVec;
 
 use crate::error::EngineError;
 use crate::handoff::{ExtCompletion, ExtRequest, NewLane, Origin, ToControl, ToWorker};
 use crate::metrics::{thread_context_switches, Metrics};
-use crate::pool::Buf;
+use crate::pool::{Buf, Pool};
 use crate::request::{CloseReason, ConnId, ConnInfo, Done, Message};
 use crate::ring::{Consumer, Producer};
-use crate::tunables::{
-    CLIENT_BATCH, CLIENT_RING, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY, RECV_INDEX_BITS,
-};
+use crate::tunables::{CLIENT_BATCH, CLIENT_RING, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY};
 use conn::{Conn, Lane, Phase};
 pub(crate) use conns::Conns;
 pub(crate) use outbox::Outbox;
@@ -90,7 +93,69 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
     pub(crate) queue_misses: u64,
 }
 
+/// What a worker is given to own: its CQ and PD (made by the engine, shared with the control
+/// core's QP pool) and its ends of the rings to and from the control core.
+pub(crate) struct Owned<P: Provider> {
+    pub(crate) cq: Arc<P::Cq>,
+    pub(crate) pd: Arc<P::Pd>,
+    pub(crate) to_control: Producer<ToControl<P>>,
+    pub(crate) from_control: Consumer<ToWorker<P>>,
+}
+
 impl<P: Provider, H: Handler<P>> Worker<P, H> {
+    /// Worker `index` with the core map's resources `res`: registers its buffer pools and
+    /// receive buffers and sizes every table (call it on the worker's own thread: first touch).
+    pub(crate) fn new(
+        index: usize,
+        res: &corelink_config::WorkerResources,
+        cfg: WorkerCfg,
+        owned: Owned<P>,
+        published: Arc<Mutex<Metrics>>,
+        pinned: bool,
+        handler: H,
+    ) -> crate::Result<Self> {
+        use crate::tunables::{
+            CONTROL_RING, MAX_CLIENTS_PER_WORKER, MAX_REQUESTS_PER_WORKER, MAX_TIMERS, MERGE_TABLE,
+        };
+        let classes: Vec<(usize, usize)> = res.pools.iter().map(|p| (p.size, p.count)).collect();
+        let recvs = crate::control::Budget::recv_buffers(res) as usize;
+        let recv_class = [(res.recv_size as usize, recvs)];
+        let Owned { cq, pd, to_control, from_control } = owned;
+        let (pool, recv_pool) = (Pool::new(&*pd, &classes)?, Pool::new(&*pd, &recv_class)?);
+        let cx = Cx {
+            index,
+            now: std::cell::Cell::new(None),
+            cfg,
+            cq,
+            pool,
+            recv_pool,
+            conns: Conns::new(index as u16, res.max_conns as usize),
+            reqs: Requests::new(MAX_REQUESTS_PER_WORKER, MERGE_TABLE),
+            outbox: Outbox::new(to_control, 4096, CONTROL_RING),
+            reposts: ArrayVec::new(),
+            timers: Timers::new(MAX_TIMERS),
+            pd,
+            metrics: Metrics { worker: index, pinned, ..Metrics::default() },
+            stopping: false,
+            shutdown_deadline: None,
+            ext_connects: Vec::with_capacity(CLIENT_RING),
+        };
+        Ok(Worker {
+            cx,
+            handler,
+            from_control,
+            clients: Vec::with_capacity(MAX_CLIENTS_PER_WORKER),
+            published,
+            switches_base: (0, 0),
+            idle_since: None,
+            empty_run: 0,
+            wcs: [Wc::default(); MAX_POLL_BATCH],
+            stopped_sent: false,
+            queue_misses: 0,
+            stopped: false,
+        })
+    }
+
     /// Runs the loop until the engine shuts down.
     pub(crate) fn run(mut self) {
         self.switches_base = thread_context_switches();
@@ -467,73 +532,5 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         while let Some(token) = self.cx.timers.next_due(self.cx.now()) {
             self.handler.on_timer(&mut self.cx, token);
         }
-    }
-}
-
-/// A receive's identity: connection slot, lane, and its index among the lane's receives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct RecvId {
-    pub(crate) slot: u16,
-    pub(crate) lane: u8,
-    pub(crate) index: u16,
-}
-
-/// What a work request's 64-bit id names: a request in the slab (its slab id), or a receive.
-/// Encoded and decoded here only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WrId {
-    Req(ReqId),
-    Recv(RecvId),
-}
-
-/// The top bit of a work-request id marks a receive (slab ids stay below it).
-const RECV_FLAG: u64 = 1 << 63;
-
-impl WrId {
-    /// The id as the device carries it.
-    #[inline(always)]
-    pub(crate) fn encode(self) -> u64 {
-        match self {
-            WrId::Req(id) => id.raw(),
-            WrId::Recv(r) => {
-                RECV_FLAG
-                    | u64::from(r.slot) << 16
-                    | u64::from(r.lane) << RECV_INDEX_BITS
-                    | u64::from(r.index)
-            }
-        }
-    }
-
-    /// The id a completion carries, read back.
-    #[inline(always)]
-    pub(crate) fn decode(wr_id: u64) -> WrId {
-        if wr_id & RECV_FLAG == 0 {
-            return WrId::Req(ReqId::from_raw(wr_id));
-        }
-        WrId::Recv(RecvId {
-            slot: (wr_id >> 16) as u16,
-            lane: ((wr_id & 0xffff) >> RECV_INDEX_BITS) as u8,
-            index: (wr_id & ((1 << RECV_INDEX_BITS) - 1)) as u16,
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn work_request_ids_round_trip() {
-        let recv = |slot, lane, index| WrId::Recv(RecvId { slot, lane, index });
-        for id in [
-            WrId::Req(ReqId::from_raw(0)),
-            WrId::Req(ReqId::from_raw((1 << 40) | 7)),
-            recv(0, 0, 0),
-            recv(u16::MAX, 7, (1 << RECV_INDEX_BITS) - 1),
-            recv(513, 3, 4000),
-        ] {
-            assert_eq!(WrId::decode(id.encode()), id);
-        }
-        assert_ne!(recv(1, 0, 0).encode(), recv(0, 1, 0).encode());
     }
 }

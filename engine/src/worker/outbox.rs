@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 
 use corelink_verbs::Provider;
 
-use super::cx::Notice;
+use super::notice::Notice;
 use crate::handoff::ToControl;
 use crate::ring::Producer;
 

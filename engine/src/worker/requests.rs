@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use corelink_verbs::{Provider, WcStatus};
 
 use super::conn::{MergeKey, Req};
-use super::cx::Notice;
+use super::notice::Notice;
 use super::outbox::Outbox;
 use crate::slab::{Id, Slab};
 

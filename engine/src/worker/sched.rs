@@ -15,11 +15,13 @@
 use arrayvec::ArrayVec;
 use corelink_verbs::{Error as VerbsError, Provider, Qp, SendFlags, SendOp, SendWr, Sge, WcStatus};
 
+use super::cfg::WorkerCfg;
 use super::conn::{Conn, Lane, Phase, Req, SendQueue, Waiting};
-use super::cx::{Cx, Notice, WorkerCfg};
+use super::conns::Conns;
+use super::ids::WrId;
+use super::notice::Notice;
 use super::outbox::Outbox;
 use super::requests::{ReqId, Requests};
-use super::WrId;
 use crate::metrics::Metrics;
 use crate::request::OpKind;
 use crate::tunables::{CLASSES, MAX_POST_LIST, MAX_SGE};
@@ -32,28 +34,29 @@ struct Ctx<'a, P: Provider> {
     cfg: &'a WorkerCfg,
 }
 
-impl<P: Provider> Cx<P> {
-    /// Posts what the connections have waiting; returns whether anything was posted.
-    pub(crate) fn flush(&mut self) -> bool {
-        if self.stopping {
-            self.close_for_shutdown();
+/// Posts what the dirty connections have waiting (fails what closing ones have); returns
+/// whether anything was posted.
+pub(crate) fn flush<P: Provider>(
+    conns: &mut Conns<P>,
+    reqs: &mut Requests<P>,
+    outbox: &mut Outbox<P>,
+    metrics: &mut Metrics,
+    cfg: &WorkerCfg,
+) -> bool {
+    let mut x = Ctx { reqs, outbox, metrics, cfg };
+    let mut posted_any = false;
+    // Visits each connection with work; keeps only those that still have some (waiting behind
+    // backpressure, or closing), so that the rest of the loop finds the set empty.
+    conns.retain_dirty(|c| {
+        if c.phase == Phase::Closing {
+            flush_waiting(c, &mut x);
+        } else {
+            posted_any |= flush_conn(c, &mut x);
         }
-        let Cx { conns, reqs, outbox, metrics, cfg, .. } = self;
-        let mut x = Ctx { reqs, outbox, metrics, cfg };
-        let mut posted_any = false;
-        // Visits each connection with work; keeps only those that still have some (waiting
-        // behind backpressure, or closing), so that the rest of the loop finds the set empty.
-        conns.retain_dirty(|c| {
-            if c.phase == Phase::Closing {
-                flush_waiting(c, &mut x);
-            } else {
-                posted_any |= flush_conn(c, &mut x);
-            }
-            // (a failed post closes it)
-            c.phase == Phase::Closing || c.has_waiting()
-        });
-        posted_any
-    }
+        // (a failed post closes it)
+        c.phase == Phase::Closing || c.has_waiting()
+    });
+    posted_any
 }
 
 /// Fails every waiting request of a closing connection with `WrFlushErr`.
