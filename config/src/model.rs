@@ -95,7 +95,9 @@ pub struct WorkerResources {
     /// peer that stopped posting receives then hangs).
     pub rnr_retry: u8,
     /// The RNR timer this side asks a sender to wait before retrying (the IB code: 1 is
-    /// 10 us, 12 is 0.64 ms, 31 is 491 ms; 0 is 655 ms).
+    /// 10 us, 12 is 0.64 ms, 20 is 10.24 ms, 31 is 491 ms; 0 is 655 ms). The default, 20, with
+    /// `rnr_retry` 6, lets a peer send for about 61 ms before its receives are posted: the time
+    /// a new connection takes to reach its worker after the connection manager is done.
     pub min_rnr_timer: u8,
     /// How queued requests become work requests: doorbells and completions.
     pub batching: Batching,
@@ -244,7 +246,7 @@ impl Default for WorkerResources {
             recvs_per_conn: 32,
             recv_size: 4096,
             rnr_retry: 6,
-            min_rnr_timer: 12,
+            min_rnr_timer: 20,
             batching: Batching::default(),
             scheduler: Scheduler::default(),
             qps: Qps::default(),

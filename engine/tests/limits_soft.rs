@@ -18,19 +18,33 @@ const HANG: Duration = Duration::from_secs(60);
 #[derive(Default)]
 struct Count {
     messages: Arc<Mutex<u64>>,
+    closed: Arc<Mutex<Vec<(ConnId, CloseReason)>>>,
 }
 
 impl Handler<Soft> for Count {
     fn on_message(&mut self, _cx: &mut Cx<Soft>, _conn: ConnId, _msg: &Message<'_>) {
         *self.messages.lock().unwrap() += 1;
     }
+
+    fn on_closed(&mut self, _cx: &mut Cx<Soft>, conn: ConnId, reason: &CloseReason) {
+        self.closed.lock().unwrap().push((conn, reason.clone()));
+    }
+}
+
+type Closed = Arc<Mutex<Vec<(ConnId, CloseReason)>>>;
+
+fn engine_closing(map: &str, messages: &Arc<Mutex<u64>>, closed: &Closed) -> Engine<Soft> {
+    let v = parse(map).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
+    let (m, c) = (messages.clone(), closed.clone());
+    Engine::<Soft>::start(&v, Placement::RoundRobin, move |_| Count {
+        messages: m.clone(),
+        closed: c.clone(),
+    })
+    .unwrap()
 }
 
 fn engine(map: &str, messages: &Arc<Mutex<u64>>) -> Engine<Soft> {
-    let v = parse(map).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
-    let m = messages.clone();
-    Engine::<Soft>::start(&v, Placement::RoundRobin, move |_| Count { messages: m.clone() })
-        .unwrap()
+    engine_closing(map, messages, &Closed::default())
 }
 
 fn map(listen: &str, worker: &str) -> String {
@@ -202,4 +216,43 @@ fn a_refused_queue_pair_says_what_was_asked_and_why() {
     let e = Engine::<Soft>::start(&v, Placement::RoundRobin, |_| Count::default()).unwrap_err();
     let why = chain(&e).to_string();
     assert!(why.contains("send queue 32768") && why.contains("queue depths must be"), "{why}");
+}
+
+/// A request that fails on one lane of a connection of four closes the whole connection: its
+/// issuer hears the error, every lane flushes, the connection ends (`on_closed` with the
+/// error) and shutdown returns (before, the other lanes stayed up with their receives posted,
+/// so the connection never finished closing and shutdown waited for ever).
+#[test]
+fn a_failed_request_closes_every_lane_of_its_connection() {
+    let (messages, closed) = (Arc::default(), Closed::default());
+    let mut e =
+        engine_closing(&map("10.99.7.7:0", "[worker.qps]\nper_conn = 4"), &messages, &closed);
+    let addr = e.listen_addr().unwrap();
+    let mut c = e.client(0).unwrap();
+    let d = connect(&mut c, addr, 1);
+    let conn = d.conn.unwrap_or_else(|| panic!("{}", text(&d.error)));
+    // No memory is granted: any key is a bad one.
+    let op = ExtOp::Write {
+        remote: corelink_engine::verbs::RemoteAddr { addr: 4096, rkey: 77 },
+        imm: None,
+    };
+    c.submit(ExtRequest { conn: Some(conn), op, data: vec![1; 8], token: 2 }).unwrap();
+    let d = wait(&mut c);
+    assert_eq!((d.token, d.status), (2, WcStatus::RemAccessErr), "{}", text(&d.error));
+    let deadline = Instant::now() + HANG;
+    loop {
+        let got = closed.lock().unwrap().iter().find(|(c, _)| *c == conn).map(|(_, r)| r.clone());
+        if let Some(reason) = got {
+            assert_eq!(reason, CloseReason::Error(WcStatus::RemAccessErr));
+            break;
+        }
+        assert!(Instant::now() < deadline, "the connection never finished closing");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(c);
+        let _ = tx.send(e.shutdown().map(|_| ()).map_err(|e| chain(&e).to_string()));
+    });
+    rx.recv_timeout(HANG).expect("shutdown returns").unwrap();
 }

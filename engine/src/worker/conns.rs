@@ -109,6 +109,19 @@ impl<P: Provider> Conns<P> {
         self.dirty.truncate(kept);
     }
 
+    /// Visits every dirty connection that is closing and has not yet been disconnected (one a
+    /// failed request closed: its other lanes are still up), once: `f` disconnects it.
+    pub(crate) fn undisconnected(&mut self, mut f: impl FnMut(&mut Conn<P>)) {
+        for &slot in &self.dirty {
+            if let Some(c) = self.slots[usize::from(slot)].as_mut() {
+                if c.phase == Phase::Closing && !c.disconnect_sent {
+                    c.disconnect_sent = true;
+                    f(c);
+                }
+            }
+        }
+    }
+
     /// Takes out every dirty connection that is closing and has nothing left on the device
     /// (its slot is free again), passing each to `released`; the rest stay dirty while they
     /// are closing or have requests waiting.

@@ -519,6 +519,14 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
 
     fn finish_closing(&mut self) {
         let Cx { conns, outbox, .. } = &mut self.cx;
+        // A connection a failed request closed: every lane's QP to ERR (the failed one is
+        // there already), so that everything posted on it flushes, and the peer disconnected.
+        conns.undisconnected(|c| {
+            for lane in c.lanes.iter_mut() {
+                let _ = lane.qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() });
+                outbox.tell_control(ToControl::Disconnect { cm_key: lane.cm_key });
+            }
+        });
         conns.release_drained(|c| {
             let reason = c.reason.clone().unwrap_or(CloseReason::Local);
             for lane in c.lanes {

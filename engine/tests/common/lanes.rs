@@ -33,11 +33,19 @@ enum Cmd {
 
 #[derive(Clone, Debug)]
 enum Ev {
-    Connected { conn: ConnId, initiated: bool, token: u64, app: Vec<u8>, region: bool },
+    Connected {
+        conn: ConnId,
+        initiated: bool,
+        token: u64,
+        app: Vec<u8>,
+        region: bool,
+    },
     ConnectFailed(u64, String),
     Closed(ConnId),
     Done(u64, WcStatus),
     Message(Vec<u8>),
+    /// The peer of this connection granted this side memory (and said where).
+    Granted(ConnId),
 }
 
 #[derive(Default)]
@@ -110,7 +118,10 @@ impl<P: Provider> Handler<P> for Driver<P> {
 
     fn on_message(&mut self, _cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
         match granted(msg) {
-            Some(region) => self.peers.push((conn, region)),
+            Some(region) => {
+                self.peers.push((conn, region));
+                self.log(Ev::Granted(conn));
+            }
             None => self.log(Ev::Message(msg.data.to_vec())),
         }
     }
@@ -327,6 +338,12 @@ pub fn a_connection_of_four_lanes<P: Provider>(
     });
     server.wait("the message", |log| {
         log.iter().any(|e| matches!(e, Ev::Message(m) if m == b"hello")).then_some(())
+    });
+    // A write needs the memory the server granted (its message may come after the send's
+    // completion: it left when the server's end came up, possibly before the client's
+    // receives were posted, and was retried after the RNR wait).
+    client.wait("the server's grant", |log| {
+        log.iter().any(|e| matches!(e, Ev::Granted(c) if *c == conn)).then_some(())
     });
     client.cmd(Cmd::Write(conn, 11));
     client.wait("the write's completion", |log| {
