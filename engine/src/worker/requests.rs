@@ -45,7 +45,7 @@ impl<P: Provider> Requests<P> {
     pub(crate) fn insert(&mut self, r: Req<P>, ext: Vec<u8>) -> Result<ReqId, (Req<P>, Vec<u8>)> {
         match self.slab.insert(r) {
             Ok(id) => {
-                if !ext.is_empty() || ext.capacity() > 0 {
+                if ext.capacity() > 0 {
                     self.ext[id.slot()] = ext;
                 }
                 Ok(id)
@@ -85,7 +85,11 @@ impl<P: Provider> Requests<P> {
         if let Some(epoch) = r.merge_epoch {
             self.unmerge(&r, epoch, id);
         }
-        let ext = std::mem::take(&mut self.ext[id.slot()]);
+        // Only an external client's request has a vector (the handler's never touch the table).
+        let ext = match r.origin {
+            crate::handoff::Origin::Client(_) => std::mem::take(&mut self.ext[id.slot()]),
+            crate::handoff::Origin::Handler => Vec::new(),
+        };
         Some((r, ext))
     }
 

@@ -220,6 +220,7 @@ pub(crate) fn plan<P: Provider>(
     b: &mut Batch<P>,
 ) {
     b.clear();
+    b.unsignalled_after = sq.unsignalled; // counted on as requests are staged
     let room = cfg.max_outstanding.saturating_sub(sq.outstanding()) as usize;
     let limit = room.min(cfg.post_list);
     let mut rd = sq.rd_outstanding;
@@ -238,32 +239,18 @@ pub(crate) fn plan<P: Provider>(
             }
         }
     }
-    // Signalling: one in `signal_every`, a read or atomic that fills `max_rd_atomic`, and the
-    // batch's last request unless another batch follows on this lane at once.
+    // The batch's last request is signalled too unless another batch follows on this lane at
+    // once (one in `signal_every`, and a read or atomic that fills `max_rd_atomic`, were
+    // signalled as they were staged).
     let n = b.staged.len();
     let room_after = cfg.max_outstanding.saturating_sub(sq.outstanding() + n as u32);
     let follows = lanes == 1 && n == cfg.post_list && room_after > 0 && w.len > 0;
-    let mut unsignalled = sq.unsignalled;
-    let mut rd = sq.rd_outstanding;
-    let mut start = 0;
-    for (i, st) in b.staged.iter_mut().enumerate() {
-        rd += u32::from(st.rd_atomic);
-        unsignalled += 1;
-        let last = i + 1 == n;
-        if unsignalled >= cfg.signal_every
-            || (last && !follows)
-            || (st.rd_atomic && rd >= cfg.max_rd_atomic)
-        {
-            st.flags |= SendFlags::SIGNALED;
+    let mut unsignalled = b.unsignalled_after;
+    if let (Some(last), false) = (b.staged.last_mut(), follows) {
+        if !last.flags.contains(SendFlags::SIGNALED) {
+            last.flags |= SendFlags::SIGNALED;
             unsignalled = 0;
         }
-        if st.flags.contains(SendFlags::INLINE) {
-            let bytes: u32 = b.sges[start..st.end].iter().map(|s| s.length).sum();
-            if bytes > cfg.max_inline {
-                st.flags.remove(SendFlags::INLINE);
-            }
-        }
-        start = st.end;
     }
     b.unsignalled_after = unsignalled;
 }
@@ -303,19 +290,29 @@ fn stage<P: Provider>(
         *rd += 1;
     }
     let op = send_op(r);
-    // A send or a write may go inline (`plan` checks its bytes once the gather list is known).
-    let flags = match r.kind {
-        OpKind::Send | OpKind::Write => SendFlags::INLINE,
-        _ => SendFlags::empty(),
-    };
+    let may_inline = matches!(r.kind, OpKind::Send | OpKind::Write);
     if r.kind != OpKind::Read {
         w.write_epoch = w.write_epoch.wrapping_add(1);
     }
     let first = sge_of(r);
     let coalesce = cfg.coalesce_writes && r.kind == OpKind::Write && r.imm.is_none();
+    let start = b.sges.len();
     b.sges.push(first);
+    let mut bytes = first.length;
     if coalesce {
         coalesce_after(w, k, id, reqs, cfg, metrics, &mut b.sges);
+        bytes = b.sges[start..].iter().map(|s| s.length).sum();
+    }
+    // Flags: inline when it fits; signalled one in `signal_every`, and when this read or
+    // atomic fills `max_rd_atomic` (its completion makes room).
+    let mut flags = SendFlags::empty();
+    if may_inline && bytes <= cfg.max_inline {
+        flags |= SendFlags::INLINE;
+    }
+    b.unsignalled_after += 1;
+    if b.unsignalled_after >= cfg.signal_every || (rd_atomic && *rd >= cfg.max_rd_atomic) {
+        flags |= SendFlags::SIGNALED;
+        b.unsignalled_after = 0;
     }
     b.staged.push(Staged { id, end: b.sges.len(), op, rd_atomic, flags });
 }
