@@ -75,6 +75,15 @@ fn invalid(
     ConfigError::Invalid { key: key.into(), value: value.to_string(), reason: reason.into() }
 }
 
+/// `key = v` must be `lo..=hi`.
+fn range(key: &str, v: u32, lo: u32, hi: u32) -> Result<(), ConfigError> {
+    if v < lo || v > hi {
+        Err(invalid(key, v, format!("must be {lo}..={hi}")))
+    } else {
+        Ok(())
+    }
+}
+
 /// Cores as ranges (`0-3,6`).
 fn ranges(cores: &[usize]) -> String {
     let mut out: Vec<String> = Vec::new();
@@ -305,13 +314,6 @@ impl CoreMap {
     fn check_conns(&self) -> Result<(), ConfigError> {
         use limits::*;
         let w = &self.worker;
-        let range = |key: &str, v: u32, lo: u32, hi: u32| {
-            if v < lo || v > hi {
-                Err(invalid(key, v, format!("must be {lo}..={hi}")))
-            } else {
-                Ok(())
-            }
-        };
         range("worker.max_conns", w.max_conns, 1, MAX_CONNS_PER_WORKER)?;
         range("worker.recvs_per_conn", w.recvs_per_conn, 1, MAX_RECVS_PER_CONN)?;
         range("worker.recv_size", w.recv_size, 1, 1 << 30)?;
@@ -353,13 +355,6 @@ impl CoreMap {
         use limits::*;
         let w = &self.worker;
         let (b, s, q) = (&w.batching, &w.scheduler, &w.qps);
-        let range = |key: &str, v: u32, lo: u32, hi: u32| {
-            if v < lo || v > hi {
-                Err(invalid(key, v, format!("must be {lo}..={hi}")))
-            } else {
-                Ok(())
-            }
-        };
         range("worker.batching.post_list", b.post_list, 1, MAX_POST_LIST)?;
         range("worker.batching.signal_every", b.signal_every, 1, w.send_queue_depth)?;
         range("worker.scheduler.aging_rounds", s.aging_rounds, 1, 1 << 20)?;
