@@ -152,7 +152,7 @@ impl<P: Provider> Handler<P> for EchoClient {
         _token: u64,
         error: &corelink_engine::EngineError,
     ) {
-        self.link.report(Err(format!("connect failed: {}", corelink_engine::verbs::chain(error))));
+        self.link.connect_failed(error);
     }
 
     fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, _info: &ConnInfo) {

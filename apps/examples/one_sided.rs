@@ -332,7 +332,7 @@ impl<P: Provider> Handler<P> for Reader {
         _token: u64,
         error: &corelink_engine::EngineError,
     ) {
-        self.link.report(Err(format!("connect failed: {}", corelink_engine::verbs::chain(error))));
+        self.link.connect_failed(error);
     }
 
     fn on_connected(&mut self, _cx: &mut Cx<P>, conn: ConnId, _info: &ConnInfo) {

@@ -110,16 +110,13 @@ impl Metrics {
     /// gauges (pinned, ring occupancy) as now. For measuring one phase of a run.
     pub fn since(&self, earlier: &Metrics) -> Metrics {
         let d = |a: u64, b: u64| a.saturating_sub(b);
+        let sub = |now: &mut [u64], then: &[u64]| {
+            now.iter_mut().zip(then).for_each(|(x, e)| *x = x.saturating_sub(*e))
+        };
         let mut m = self.clone();
-        for (x, e) in m.ops.iter_mut().zip(earlier.ops) {
-            *x = d(*x, e);
-        }
-        for (x, e) in m.bytes.iter_mut().zip(earlier.bytes) {
-            *x = d(*x, e);
-        }
-        for (x, e) in m.statuses.iter_mut().zip(earlier.statuses) {
-            *x = d(*x, e);
-        }
+        sub(&mut m.ops, &earlier.ops);
+        sub(&mut m.bytes, &earlier.bytes);
+        sub(&mut m.statuses, &earlier.statuses);
         m.polls = d(m.polls, earlier.polls);
         m.empty_polls = d(m.empty_polls, earlier.empty_polls);
         m.posted = d(m.posted, earlier.posted);

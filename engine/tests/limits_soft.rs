@@ -68,6 +68,17 @@ fn send(c: &mut Client, conn: ConnId, data: Vec<u8>, token: u64) {
     c.submit(ExtRequest { conn: Some(conn), op, data, token }).unwrap();
 }
 
+/// Drops the client and shuts the engine down on another thread; fails (rather than hangs)
+/// unless shutdown returns within [`HANG`].
+fn shutdown_within_hang(e: Engine<Soft>, c: Client) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(c);
+        let _ = tx.send(e.shutdown().map(|_| ()).map_err(|e| chain(&e).to_string()));
+    });
+    rx.recv_timeout(HANG).expect("shutdown returns").unwrap();
+}
+
 fn text(e: &Option<EngineError>) -> String {
     e.as_ref().map(|e| chain(e).to_string()).unwrap_or_default()
 }
@@ -92,13 +103,7 @@ fn shutdown_ends_with_three_hundred_connection_ends_on_a_worker() {
         assert_eq!((d.token, d.status), (t, WcStatus::Success), "{}", text(&d.error));
     }
     assert_eq!(e.control_metrics().workers[0].connections, 300);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        drop(c);
-        let _ = tx.send(e.shutdown().map(|_| ()).map_err(|e| chain(&e).to_string()));
-    });
-    let r = rx.recv_timeout(HANG).expect("shutdown returns");
-    r.unwrap();
+    shutdown_within_hang(e, c);
 }
 
 /// A worker's connection limit is `worker.max_conns`: a connect beyond is refused with the key,
@@ -249,10 +254,5 @@ fn a_failed_request_closes_every_lane_of_its_connection() {
         assert!(Instant::now() < deadline, "the connection never finished closing");
         std::thread::sleep(Duration::from_millis(1));
     }
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        drop(c);
-        let _ = tx.send(e.shutdown().map(|_| ()).map_err(|e| chain(&e).to_string()));
-    });
-    rx.recv_timeout(HANG).expect("shutdown returns").unwrap();
+    shutdown_within_hang(e, c);
 }

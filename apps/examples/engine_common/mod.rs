@@ -90,6 +90,11 @@ impl Link {
         let _ = self.tx.send(outcome);
     }
 
+    /// A client part's connect failed: reports it with its causes.
+    pub fn connect_failed(&self, error: &corelink_engine::EngineError) {
+        self.report(Err(format!("connect failed: {}", corelink_engine::verbs::chain(error))));
+    }
+
     /// A client part's connect, from its `poll`: once, as soon as the main thread said where.
     pub fn connect_once<P: Provider>(&self, asked: &mut bool, cx: &mut Cx<P>, hello: &[u8]) {
         if let (false, Some(&addr)) = (*asked, self.target.get()) {

@@ -2,7 +2,7 @@
 //! work requests it has on the device, in post order), and its requests waiting by class.
 
 use arrayvec::ArrayVec;
-use corelink_verbs::{Provider, RemoteAddr, WcStatus};
+use corelink_verbs::{Provider, Qp, QpAttr, QpState, RemoteAddr, WcStatus};
 
 use crate::handoff::Origin;
 use crate::memory::Exposed;
@@ -203,6 +203,14 @@ impl<P: Provider> Conn<P> {
     /// Whether it has anything to post.
     pub(crate) fn has_waiting(&self) -> bool {
         self.waiting.len > 0
+    }
+
+    /// Moves every lane's QP to ERR, so that everything posted on it flushes (a peer gone, or a
+    /// failed request's connection: the device errs only the lane that failed).
+    pub(crate) fn error_lanes(&mut self) {
+        for lane in self.lanes.iter_mut() {
+            let _ = lane.qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() });
+        }
     }
 
     /// The first error status of a failed request closes the connection with it.

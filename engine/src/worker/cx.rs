@@ -344,7 +344,7 @@ impl<P: Provider> Cx<P> {
 
     /// Checks that `conn` takes requests; returns the largest send its peer takes.
     #[inline(always)]
-    fn check_open(&self, conn: ConnId) -> Result<Option<u32>> {
+    pub(crate) fn check_open(&self, conn: ConnId) -> Result<Option<u32>> {
         if self.stopping {
             return Err(EngineError::ShuttingDown);
         }

@@ -44,40 +44,38 @@ impl<P: Provider> Cx<P> {
         n: u16,
         req: ExtRequest,
     ) -> Result<(), Box<ExtCompletion>> {
-        let fail = |req: ExtRequest, error: crate::EngineError| {
+        let ExtRequest { conn, op, data, token } = req;
+        let fail = |data: Vec<u8>, error: crate::EngineError| {
             Box::new(ExtCompletion {
-                token: req.token,
-                conn: req.conn,
+                token,
+                conn,
                 status: WcStatus::GeneralErr,
-                data: req.data,
+                data,
                 old_value: None,
                 error: Some(error),
             })
         };
-        if let ExtOp::Connect { addr } = req.op {
-            if let Err(e) = self.connect_from(addr, &req.data, req.token, Origin::Client(n)) {
-                return Err(fail(req, e));
+        if let ExtOp::Connect { addr } = op {
+            if let Err(e) = self.connect_from(addr, &data, token, Origin::Client(n)) {
+                return Err(fail(data, e));
             }
-            self.ext_connects.push((n, req.token, req.data));
+            self.ext_connects.push((n, token, data));
             return Ok(());
         }
-        let Some(conn) = req.conn else {
-            return Err(fail(req, crate::EngineError::BadRequest("no connection given")));
+        let Some(conn) = conn else {
+            return Err(fail(data, crate::EngineError::BadRequest("no connection given")));
         };
-        if let Err(e) = self.conn(conn).and_then(|c| match c.phase {
-            _ if self.stopping => Err(crate::EngineError::ShuttingDown),
-            Phase::Open => Ok(()),
-            Phase::Closing => Err(crate::EngineError::ConnectionClosing(conn)),
-        }) {
-            return Err(fail(req, e));
+        // Checked before a buffer is taken for it.
+        if let Err(e) = self.check_open(conn) {
+            return Err(fail(data, e));
         }
-        let (kind, len, remote, imm, arg, swap) = match req.op {
-            ExtOp::Send { imm } => (OpKind::Send, req.data.len(), Default::default(), imm, 0, 0),
-            ExtOp::Write { remote, imm } => (OpKind::Write, req.data.len(), remote, imm, 0, 0),
+        let (kind, len, remote, imm, arg, swap) = match op {
+            ExtOp::Send { imm } => (OpKind::Send, data.len(), Default::default(), imm, 0, 0),
+            ExtOp::Write { remote, imm } => (OpKind::Write, data.len(), remote, imm, 0, 0),
             ExtOp::Read { remote, len } => {
-                if req.data.capacity() < len {
-                    let capacity = req.data.capacity();
-                    return Err(fail(req, crate::EngineError::ReadCapacity { len, capacity }));
+                if data.capacity() < len {
+                    let capacity = data.capacity();
+                    return Err(fail(data, crate::EngineError::ReadCapacity { len, capacity }));
                 }
                 (OpKind::Read, len, remote, None, 0, 0)
             }
@@ -91,17 +89,17 @@ impl<P: Provider> Cx<P> {
             OpKind::FetchAdd => Op::FetchAdd { remote, add: arg },
             OpKind::CompareSwap => Op::CompareSwap { remote, compare: arg, swap },
             _ => {
-                let mut buf = match self.pool.get(len) {
-                    Ok(b) => b,
-                    Err(e) => return Err(fail(req, e)),
-                };
-                if kind == OpKind::Read {
-                    if let Err(e) = buf.set_len(len) {
-                        return Err(fail(req, e));
+                let filled = self.pool.get(len).and_then(|mut buf| {
+                    match kind {
+                        OpKind::Read => buf.set_len(len)?,
+                        _ => buf.fill(&data)?,
                     }
-                } else if let Err(e) = buf.fill(&req.data) {
-                    return Err(fail(req, e));
-                }
+                    Ok(buf)
+                });
+                let buf = match filled {
+                    Ok(b) => b,
+                    Err(e) => return Err(fail(data, e)),
+                };
                 match kind {
                     OpKind::Send => Op::Send { buf, imm },
                     OpKind::Write => Op::Write { buf, remote, imm },
@@ -110,13 +108,9 @@ impl<P: Provider> Cx<P> {
             }
         };
         let class = self.cfg.classes[kind.index()];
-        let ExtRequest { token, data, .. } = req;
         let id = match self.accept_with(conn, op, token, Origin::Client(n), data) {
             Ok(id) => id,
-            Err((_, data, e)) => {
-                let r = ExtRequest { conn: Some(conn), op: ExtOp::Send { imm: None }, data, token };
-                return Err(fail(r, e));
-            }
+            Err((_, data, e)) => return Err(fail(data, e)),
         };
         self.enqueue(conn, id, class);
         Ok(())

@@ -20,7 +20,7 @@ mod timers;
 
 use std::sync::{Arc, Mutex};
 
-use corelink_verbs::{Cq, Provider, Qp, QpAttr, QpState, RecvWr, Wc, WcOpcode, WcStatus};
+use corelink_verbs::{Cq, Provider, Qp, RecvWr, Wc, WcOpcode, WcStatus};
 
 pub(crate) use cfg::WorkerCfg;
 pub use cx::Cx;
@@ -386,12 +386,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                         .find(|c| c.lanes.iter().any(|l| l.cm_key == cm_key));
                     if let Some(c) = found {
                         let id = c.id;
-                        // The peer is gone: move the QPs to ERR so that everything posted
-                        // flushes, and disconnect the other lanes.
-                        for lane in c.lanes.iter_mut() {
-                            let err = QpAttr { state: QpState::Err, ..QpAttr::default() };
-                            let _ = lane.qp.modify(&err);
-                        }
+                        // The peer is gone: everything posted flushes, and the other lanes
+                        // are disconnected.
+                        c.error_lanes();
                         let _ = self.cx.begin_close(id, CloseReason::Peer);
                     }
                 }
@@ -522,8 +519,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         // A connection a failed request closed: every lane's QP to ERR (the failed one is
         // there already), so that everything posted on it flushes, and the peer disconnected.
         conns.undisconnected(|c| {
-            for lane in c.lanes.iter_mut() {
-                let _ = lane.qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() });
+            c.error_lanes();
+            for lane in &c.lanes {
                 outbox.tell_control(ToControl::Disconnect { cm_key: lane.cm_key });
             }
         });
