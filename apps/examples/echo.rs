@@ -19,7 +19,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, Handler, Message};
+use corelink_engine::{Buf, CloseReason, ConnId, ConnInfo, Cx, Done, Handler, Message};
 use corelink_verbs::{Provider, WcStatus};
 use engine_common::{latency, Common, Link};
 
@@ -67,7 +67,7 @@ impl<P: Provider> Handler<P> for EchoServer {
         }
     }
 
-    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         // An echo still unacknowledged when the client disconnects is flushed: not an error.
         if done.status.is_success() || done.status == WcStatus::WrFlushErr {
             return;
@@ -183,7 +183,7 @@ impl<P: Provider> Handler<P> for EchoClient {
         self.maybe_close(cx);
     }
 
-    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         if !done.status.is_success() {
             return self.fail(cx, format!("send {}: {}", done.token, done.status));
         }

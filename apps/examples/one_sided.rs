@@ -24,7 +24,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, Handler, Memory, Message, OpKind};
+use corelink_engine::{
+    Buf, CloseReason, ConnId, ConnInfo, Cx, Done, Handler, Memory, Message, OpKind,
+};
 use corelink_verbs::{AccessFlags, Provider, RemoteRegion};
 use engine_common::{latency, Common, Link};
 
@@ -258,7 +260,7 @@ impl Reader {
     /// Checks a completion; returns a record to read again, if one was caught mid-update.
     fn check(
         &mut self,
-        done: &Done<impl Provider>,
+        done: &Done<Buf<impl Provider>>,
         record: usize,
     ) -> Result<Option<usize>, String> {
         let old = done.old_value;
@@ -354,7 +356,7 @@ impl<P: Provider> Handler<P> for Reader {
         }
     }
 
-    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         let Some((at, record)) = self.pending.remove(&done.token) else { return };
         if !done.status.is_success() {
             return self.fail(cx, format!("{:?}: {}", done.kind, done.status));

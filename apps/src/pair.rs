@@ -4,7 +4,7 @@
 //! on one engine this way (loopback), or either alone.
 
 use corelink_engine::verbs::Provider;
-use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, Handler, Message};
+use corelink_engine::{Buf, CloseReason, ConnId, ConnInfo, Cx, Done, Handler, Message};
 
 /// The two parts, routed by connection.
 #[derive(Debug)]
@@ -63,7 +63,7 @@ impl<P: Provider, S: Handler<P>, C: Handler<P>> Handler<P> for Pair<S, C> {
         }
     }
 
-    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         if self.is_client(done.conn) {
             if let Some(c) = &mut self.client {
                 c.on_completion(cx, done);

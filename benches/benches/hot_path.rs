@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use corelink_config::{parse, MachineTopology};
 use corelink_engine::bench_support::ring;
 use corelink_engine::bench_support::Pool;
-use corelink_engine::{ConnId, ConnInfo, Cx, Engine, ExtOp, ExtRequest, Handler, Placement};
+use corelink_engine::{ConnId, ConnInfo, Cx, Engine, Event, Handler, Op, Placement};
 use corelink_verbs::soft::{Soft, DEVICE_NAME};
 use corelink_verbs::{
     AccessFlags, Context, Cq, Mr, Pd, Provider, Qp, QpAttr, QpCap, QpInitAttr, QpType,
@@ -200,11 +200,11 @@ fn engine(c: &mut Criterion) {
     let addr = e.listen_addr().expect("listen address");
     let mut client = e.client(0).expect("client");
     let wait = Duration::from_secs(10);
-    client
-        .submit(ExtRequest { conn: None, op: ExtOp::Connect { addr }, data: vec![], token: 0 })
-        .expect("connect");
-    let d = client.wait(wait).expect("connect completes");
-    let conn = d.conn.unwrap_or_else(|| panic!("connect failed: {d:?}"));
+    client.connect(addr, b"", 0).expect("connect");
+    let conn = match client.wait(wait) {
+        Some(Event::Connected { conn, .. }) => conn,
+        e => panic!("connect failed: {e:?}"),
+    };
     let region = loop {
         if let Some(r) = *granted.lock().expect("lock") {
             break r;
@@ -218,19 +218,21 @@ fn engine(c: &mut Criterion) {
     g.bench_function("client_write_8B_batch", |b| {
         b.iter(|| {
             for i in 0..BATCH {
-                let data = free.pop().expect("a payload");
-                let op = ExtOp::Write { remote: region.at(i * 8), imm: None };
-                let mut req = ExtRequest { conn: Some(conn), op, data, token: i };
+                let buf = free.pop().expect("a payload");
+                let mut op = Op::Write { buf, remote: region.at(i * 8), imm: None };
                 let mut n = 0;
-                while let Err(back) = client.submit(req) {
-                    req = back;
+                while let Err((back, _)) = client.submit(conn, op, i) {
+                    op = back;
                     spin(&mut n);
                 }
             }
             for _ in 0..BATCH {
-                let d = client.wait(wait).expect("a completion");
-                assert_eq!(d.status, WcStatus::Success, "{d:?}");
-                free.push(d.data);
+                match client.wait(wait) {
+                    Some(Event::Done(d)) if d.status == WcStatus::Success => {
+                        free.extend(d.buf);
+                    }
+                    e => panic!("{e:?}"),
+                }
             }
         })
     });

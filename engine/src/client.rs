@@ -1,94 +1,262 @@
-//! A handle for threads outside the engine: requests go to one worker over an SPSC ring and
-//! completions come back over another. A full ring hands the request back; nothing is dropped.
+//! A handle for threads outside the engine. A client does what a handler does, from its own
+//! thread: it connects, submits the same [`Op`]s (with vectors for buffers), receives the
+//! messages of the connections it opened, and closes them. Requests go to one worker over an
+//! SPSC ring and [`Event`]s come back over another; a full submission ring hands the request
+//! back, and no event is ever dropped (one the ring cannot take waits on the worker, in order).
 
-use crate::handoff::{ExtCompletion, ExtRequest};
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arrayvec::ArrayVec;
+
+use crate::error::{EngineError, Result};
+use crate::request::{CloseReason, ConnId, ConnInfo, Done, Op};
 use crate::ring::{Consumer, Producer};
+use crate::tunables::{CLASSES, MAX_PRIVATE_DATA};
 
-/// An external thread's line to one worker. `Send` (hand it to the thread that will use it),
-/// not `Clone` (one producer per ring):
+/// What a client hears from its worker.
+#[derive(Debug)]
+pub enum Event {
+    /// A connect of this client finished: the connection is this client's (its messages and
+    /// its close come here, not to the worker's handler).
+    Connected {
+        /// The connection.
+        conn: ConnId,
+        /// What the worker knows of it (`info.token` is the connect's token).
+        info: ConnInfo,
+    },
+    /// A connect of this client failed.
+    ConnectFailed {
+        /// The connect's token.
+        token: u64,
+        /// Why.
+        error: EngineError,
+    },
+    /// A message arrived on one of this client's connections (a send, or a write with
+    /// immediate's notice), copied out of the receive buffer.
+    Message {
+        /// The connection.
+        conn: ConnId,
+        /// The payload of a send (empty for a write with immediate).
+        data: Vec<u8>,
+        /// The immediate, if one came.
+        imm: Option<u32>,
+        /// Bytes the peer wrote, for a write with immediate.
+        written: Option<u32>,
+    },
+    /// A request of this client ended (on the device, or flushed by a close).
+    Done(Done<Vec<u8>>),
+    /// A request of this client was refused before it reached the device: it comes back whole.
+    Refused {
+        /// The connection it named.
+        conn: ConnId,
+        /// Its token.
+        token: u64,
+        /// The request.
+        op: Op<Vec<u8>>,
+        /// Why.
+        error: EngineError,
+    },
+    /// A close this client asked for could not start (the connection is gone or closing).
+    CloseFailed {
+        /// The connection.
+        conn: ConnId,
+        /// Why.
+        error: EngineError,
+    },
+    /// One of this client's connections closed; nothing more comes for it.
+    Closed {
+        /// The connection.
+        conn: ConnId,
+        /// Why.
+        reason: CloseReason,
+    },
+}
+
+/// What travels on a client's submission ring.
+#[derive(Debug)]
+pub(crate) enum ClientRequest {
+    Connect { addr: SocketAddr, private_data: ArrayVec<u8, MAX_PRIVATE_DATA>, token: u64 },
+    Submit { conn: ConnId, op: Op<Vec<u8>>, token: u64, class: Option<u8> },
+    Close { conn: ConnId },
+}
+
+/// Events that did not fit the ring when the worker stopped, handed over at its exit (read
+/// only once the ring is empty and abandoned: they came after everything in it).
+pub(crate) type Overflow = Arc<Mutex<VecDeque<Event>>>;
+
+/// An external client of one worker (from [`crate::Engine::client`]). It is `Send` (move it
+/// to the thread that uses it) but not `Clone`: its rings have one producer and one consumer.
 ///
-/// ```
-/// fn is_send<T: Send>() {}
-/// is_send::<corelink_engine::Client>();
-/// ```
-///
-/// ```compile_fail,E0277
-/// fn is_clone<T: Clone>() {}
-/// is_clone::<corelink_engine::Client>();
+/// ```compile_fail,E0599
+/// fn two(c: corelink_engine::Client) {
+///     let _ = c.clone();
+/// }
 /// ```
 ///
 /// # Examples
 ///
-/// A thread of the application connects an engine to itself and sends a message; the
-/// worker's handler (here: none, [`Handler`](crate::Handler)'s defaults) receives it:
+/// A client connects an engine to itself, sends a message the handler echoes, hears the echo
+/// (the connection is the client's), and closes:
 ///
 /// ```
-/// use corelink_engine::verbs::{soft::Soft, WcStatus};
-/// use corelink_engine::{Engine, ExtOp, ExtRequest, Placement};
+/// use corelink_engine::verbs::soft::Soft;
+/// use corelink_engine::{ConnId, Cx, Engine, Event, Handler, Message, Placement};
+/// use std::time::Duration;
 ///
-/// struct Quiet;
-/// impl corelink_engine::Handler<Soft> for Quiet {}
+/// struct Echo;
+/// impl Handler<Soft> for Echo {
+///     fn on_message(&mut self, cx: &mut Cx<Soft>, conn: ConnId, msg: &Message<'_>) {
+///         let mut b = cx.alloc(msg.data.len()).unwrap();
+///         b.fill(msg.data).unwrap();
+///         cx.send(conn, b, None, 0).map_err(|(_, e)| e).unwrap();
+///     }
+/// }
 ///
 /// let map = corelink_config::parse(
 ///     "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"10.98.0.2:0\"",
-/// )?
-/// .validate(&corelink_config::MachineTopology::load()?)?;
-/// let mut engine = Engine::<Soft>::start(&map, Placement::RoundRobin, |_| Quiet)?;
-/// let addr = engine.listen_addr().unwrap();
+/// )?;
+/// let map = map.validate(&corelink_config::MachineTopology::load()?)?;
+/// let mut engine = Engine::<Soft>::start(&map, Placement::RoundRobin, |_| Echo)?;
 /// let mut client = engine.client(0)?;
-/// let app = std::thread::spawn(move || {
-///     let wait = std::time::Duration::from_secs(30);
-///     let connect = ExtRequest { conn: None, op: ExtOp::Connect { addr }, data: vec![], token: 1 };
-///     client.submit(connect).unwrap();
-///     let conn = client.wait(wait).and_then(|d| d.conn).expect("connected");
-///     let send = ExtOp::Send { imm: Some(7) };
-///     client.submit(ExtRequest { conn: Some(conn), op: send, data: b"hi".to_vec(), token: 2 })
-///         .unwrap();
-///     let done = client.wait(wait).expect("the send's completion");
-///     assert_eq!((done.token, done.status, done.data), (2, WcStatus::Success, b"hi".to_vec()));
-/// });
-/// app.join().unwrap();
+/// client.connect(engine.listen_addr().unwrap(), b"", 1)?;
+/// let wait = Duration::from_secs(30);
+/// let Some(Event::Connected { conn, .. }) = client.wait(wait) else { panic!("no connection") };
+/// client.submit(conn, corelink_engine::Op::Send { buf: b"ping".to_vec(), imm: None }, 2)
+///     .map_err(|(_, e)| e)?;
+/// let mut echoed = false;
+/// while !echoed {
+///     match client.wait(wait).expect("an event") {
+///         Event::Message { data, .. } => echoed = data == b"ping",
+///         Event::Done(d) => assert!(d.status.is_success()),
+///         e => panic!("{e:?}"),
+///     }
+/// }
+/// client.close(conn)?;
+/// loop {
+///     if let Some(Event::Closed { conn: c, .. }) = client.wait(wait) {
+///         assert_eq!(c, conn);
+///         break;
+///     }
+/// }
 /// engine.shutdown()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
 pub struct Client {
     pub(crate) worker: usize,
-    pub(crate) submit: Producer<ExtRequest>,
-    pub(crate) done: Consumer<ExtCompletion>,
+    pub(crate) submit: Producer<ClientRequest>,
+    pub(crate) events: Consumer<Event>,
+    pub(crate) overflow: Overflow,
     pub(crate) thread: std::thread::Thread,
 }
 
 impl Client {
-    /// The worker this client talks to.
+    /// The worker it talks to.
     pub fn worker(&self) -> usize {
         self.worker
     }
 
-    /// Submits a request; when the ring is full, or the worker has stopped, the request comes
-    /// back (backpressure: nothing is dropped).
-    pub fn submit(&mut self, req: ExtRequest) -> Result<(), ExtRequest> {
-        if self.submit.is_abandoned() {
-            return Err(req);
+    /// Connects to `addr` with `private_data` (the peer's `ConnInfo::private_data`); the
+    /// outcome comes as [`Event::Connected`] or [`Event::ConnectFailed`] with `token`.
+    pub fn connect(&mut self, addr: SocketAddr, private_data: &[u8], token: u64) -> Result<()> {
+        let max = crate::control::MAX_APP_PRIVATE_DATA;
+        let data = ArrayVec::try_from(private_data)
+            .ok()
+            .filter(|d: &ArrayVec<u8, MAX_PRIVATE_DATA>| d.len() <= max)
+            .ok_or(EngineError::PrivateDataTooLong { len: private_data.len(), max })?;
+        self.send(ClientRequest::Connect { addr, private_data: data, token })
+            .map_err(|_| EngineError::RingFull("client submission"))
+    }
+
+    /// Queues `op` on `conn` in its kind's default class, as [`crate::Cx::submit`] does; its
+    /// outcome comes as [`Event::Done`] (or [`Event::Refused`]) with `token`. A read reads
+    /// `buf.len()` bytes. When the submission ring is full the request comes back at once.
+    #[allow(clippy::result_large_err)]
+    pub fn submit(
+        &mut self,
+        conn: ConnId,
+        op: Op<Vec<u8>>,
+        token: u64,
+    ) -> std::result::Result<(), (Op<Vec<u8>>, EngineError)> {
+        self.submit_request(conn, op, token, None)
+    }
+
+    /// Queues `op` in request class `class`, as [`crate::Cx::submit_as`] does.
+    #[allow(clippy::result_large_err)]
+    pub fn submit_as(
+        &mut self,
+        conn: ConnId,
+        op: Op<Vec<u8>>,
+        token: u64,
+        class: u8,
+    ) -> std::result::Result<(), (Op<Vec<u8>>, EngineError)> {
+        if usize::from(class) >= CLASSES {
+            return Err((op, EngineError::NoSuchClass { class, classes: CLASSES }));
         }
-        self.submit.push(req)?;
+        self.submit_request(conn, op, token, Some(class))
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn submit_request(
+        &mut self,
+        conn: ConnId,
+        op: Op<Vec<u8>>,
+        token: u64,
+        class: Option<u8>,
+    ) -> std::result::Result<(), (Op<Vec<u8>>, EngineError)> {
+        match self.send(ClientRequest::Submit { conn, op, token, class }) {
+            Ok(()) => Ok(()),
+            Err(ClientRequest::Submit { op, .. }) => {
+                Err((op, EngineError::RingFull("client submission")))
+            }
+            Err(_) => unreachable!("the ring gives back what it was given"),
+        }
+    }
+
+    /// Closes `conn` (one of this client's connections, or any of the worker's): what is in
+    /// flight completes or flushes, then [`Event::Closed`] comes (to the connection's owner).
+    pub fn close(&mut self, conn: ConnId) -> Result<()> {
+        self.send(ClientRequest::Close { conn })
+            .map_err(|_| EngineError::RingFull("client submission"))
+    }
+
+    fn send(&mut self, r: ClientRequest) -> std::result::Result<(), ClientRequest> {
+        if self.submit.is_abandoned() {
+            return Err(r);
+        }
+        self.submit.push(r)?;
         self.thread.unpark(); // in case the worker parked (it does only without connections)
         Ok(())
     }
 
-    /// The next completion, if one is there.
-    pub fn poll(&mut self) -> Option<ExtCompletion> {
-        self.done.pop()
+    /// The next event, if one is there.
+    pub fn poll(&mut self) -> Option<Event> {
+        if let Some(e) = self.events.pop() {
+            return Some(e);
+        }
+        if !self.events.is_abandoned() {
+            return None;
+        }
+        // The worker stopped (its ring end's drop is seen before what it wrote last): first
+        // what it pushed last, then what its ring could not take, handed over at its exit.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        if let Some(e) = self.events.pop() {
+            return Some(e);
+        }
+        self.overflow.lock().ok()?.pop_front()
     }
 
-    /// Waits (spinning, then yielding) up to `timeout` for the next completion.
-    pub fn wait(&mut self, timeout: std::time::Duration) -> Option<ExtCompletion> {
-        let deadline = std::time::Instant::now() + timeout;
+    /// The next event, waiting up to `timeout` for one.
+    pub fn wait(&mut self, timeout: Duration) -> Option<Event> {
+        let deadline = Instant::now() + timeout;
         loop {
-            if let Some(c) = self.done.pop() {
-                return Some(c);
+            if let Some(e) = self.poll() {
+                return Some(e);
             }
-            if std::time::Instant::now() > deadline {
+            if Instant::now() > deadline {
                 return None;
             }
             std::thread::yield_now();
@@ -99,24 +267,69 @@ impl Client {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::handoff::ExtOp;
     use crate::ring::ring;
+
+    fn client(n: usize) -> (Client, Consumer<ClientRequest>, Producer<Event>) {
+        let (submit, worker_end) = ring(n);
+        let (worker_events, events) = ring(n);
+        let c = Client {
+            worker: 0,
+            submit,
+            events,
+            overflow: Overflow::default(),
+            thread: std::thread::current(),
+        };
+        (c, worker_end, worker_events)
+    }
+
+    fn conn() -> ConnId {
+        ConnId { worker: 0, slot: 1, generation: 1 }
+    }
 
     #[test]
     fn a_full_submission_ring_hands_the_request_back() {
-        let (submit, _worker_end) = ring(2);
-        let (_worker_done, done) = ring(2);
-        let mut c = Client { worker: 0, submit, done, thread: std::thread::current() };
-        let r = |t| ExtRequest {
-            conn: None,
-            op: ExtOp::Send { imm: None },
-            data: vec![t as u8],
-            token: t,
+        let (mut c, _w, _e) = client(2);
+        let send = |t: u8| Op::Send { buf: vec![t], imm: None };
+        c.submit(conn(), send(1), 1).unwrap();
+        c.submit(conn(), send(2), 2).unwrap();
+        let (back, e) = c.submit(conn(), send(3), 3).unwrap_err();
+        assert!(matches!(back, Op::Send { buf, .. } if buf == [3]));
+        assert!(matches!(e, EngineError::RingFull(_)));
+        assert!(c.connect("10.0.0.1:1".parse().unwrap(), b"", 4).is_err());
+        assert!(c.poll().is_none());
+    }
+
+    #[test]
+    fn too_much_private_data_is_refused_before_the_ring() {
+        let (mut c, mut w, _e) = client(4);
+        let long = vec![0; crate::control::MAX_APP_PRIVATE_DATA + 1];
+        let e = c.connect("10.0.0.1:1".parse().unwrap(), &long, 1).unwrap_err();
+        assert!(matches!(e, EngineError::PrivateDataTooLong { .. }), "{e}");
+        assert!(w.pop().is_none());
+        assert!(matches!(
+            c.submit_as(
+                conn(),
+                Op::FetchAdd { remote: Default::default(), add: 1 },
+                2,
+                CLASSES as u8
+            ),
+            Err((_, EngineError::NoSuchClass { .. }))
+        ));
+    }
+
+    #[test]
+    fn events_the_ring_could_not_take_come_after_it_once_the_worker_is_gone() {
+        let (mut c, _w, mut e) = client(2);
+        let closed = |slot| Event::Closed {
+            conn: ConnId { worker: 0, slot, generation: 1 },
+            reason: CloseReason::Local,
         };
-        c.submit(r(1)).unwrap();
-        c.submit(r(2)).unwrap();
-        let back = c.submit(r(3)).unwrap_err();
-        assert_eq!((back.token, back.data), (3, vec![3]));
+        e.push(closed(1)).unwrap();
+        c.overflow.lock().unwrap().push_back(closed(2));
+        assert!(matches!(c.poll(), Some(Event::Closed { conn, .. }) if conn.slot == 1));
+        assert!(c.poll().is_none(), "the worker still runs: its backlog is not handed over");
+        drop(e);
+        assert!(matches!(c.poll(), Some(Event::Closed { conn, .. }) if conn.slot == 2));
         assert!(c.poll().is_none());
     }
 }

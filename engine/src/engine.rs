@@ -244,12 +244,14 @@ impl<P: Provider> Engine<P> {
             });
         }
         self.clients[worker] += 1;
-        let (submit, w_submit) = ring(CLIENT_RING);
-        let (w_done, done) = ring(CLIENT_RING);
+        let (submit, requests) = ring(CLIENT_RING);
+        let (w_events, events) = ring(CLIENT_RING);
+        let overflow = crate::client::Overflow::default();
+        let add = ToWorker::AddClient { requests, events: w_events, overflow: overflow.clone() };
         self.commands
-            .send(Command::ToWorker(worker, ToWorker::AddClient { submit: w_submit, done: w_done }))
+            .send(Command::ToWorker(worker, add))
             .map_err(|_| EngineError::ShuttingDown)?;
-        Ok(Client { worker, submit, done, thread })
+        Ok(Client { worker, submit, events, overflow, thread })
     }
 
     /// Every worker's metrics, as last published (every few thousand iterations and at exit).

@@ -167,17 +167,6 @@ pub enum EngineError {
         /// The peer's receive size.
         max: u32,
     },
-    /// A request for an external client was malformed.
-    #[error("bad request: {0}")]
-    BadRequest(&'static str),
-    /// An external client's read asked for more bytes than its vector holds.
-    #[error("a read of {len} bytes needs a vector of that capacity (it has {capacity})")]
-    ReadCapacity {
-        /// Bytes to read.
-        len: usize,
-        /// The vector's capacity.
-        capacity: usize,
-    },
     /// Private data longer than a connect carries.
     #[error("{len} bytes of private data; a connect carries at most {max} of the application's")]
     PrivateDataTooLong {

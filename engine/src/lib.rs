@@ -13,25 +13,19 @@
 //!
 //! # Examples
 //!
-//! An engine on the in-process `soft` provider that connects to itself; its handler sends a
-//! message on the connection it opened and counts what arrives:
+//! An engine on the in-process `soft` provider that connects to itself: a [`Client`] on the
+//! application's thread connects and sends a message; the worker's handler, which accepted
+//! the connection, counts what arrives:
 //!
 //! ```
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //! use std::sync::Arc;
 //! use corelink_engine::verbs::soft::Soft;
-//! use corelink_engine::{ConnId, ConnInfo, Cx, Engine, Handler, Message, Placement};
+//! use corelink_engine::{ConnId, Cx, Engine, Event, Handler, Message, Op, Placement};
 //!
 //! struct Hello(Arc<AtomicU64>);
 //!
 //! impl Handler<Soft> for Hello {
-//!     fn on_connected(&mut self, cx: &mut Cx<Soft>, conn: ConnId, info: &ConnInfo) {
-//!         if info.initiated {
-//!             let mut buf = cx.alloc(5).unwrap();
-//!             buf.fill(b"hello").unwrap();
-//!             cx.send(conn, buf, None, 1).map_err(|(_, e)| e).unwrap();
-//!         }
-//!     }
 //!     fn on_message(&mut self, _cx: &mut Cx<Soft>, _conn: ConnId, msg: &Message<'_>) {
 //!         assert_eq!(msg.data, b"hello");
 //!         self.0.fetch_add(1, Ordering::Relaxed);
@@ -45,14 +39,14 @@
 //! let got = Arc::new(AtomicU64::new(0));
 //! let seen = got.clone();
 //! let mut engine = Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| Hello(seen.clone()))?;
-//! // Connect from another thread through a client; the handler hears `on_connected`.
 //! let addr = engine.listen_addr().unwrap();
 //! let mut client = engine.client(0)?;
-//! let connect = corelink_engine::ExtOp::Connect { addr };
-//! client.submit(corelink_engine::ExtRequest { conn: None, op: connect, data: vec![], token: 7 })
-//!     .unwrap();
-//! let done = client.wait(std::time::Duration::from_secs(30)).expect("connected");
-//! assert!(done.conn.is_some());
+//! client.connect(addr, b"", 7)?;
+//! let event = client.wait(std::time::Duration::from_secs(30)).expect("connected");
+//! let Event::Connected { conn, .. } = event else { panic!("{event:?}") };
+//! // The connection is the client's (its messages and close come to it).
+//! let hello = Op::Send { buf: b"hello".to_vec(), imm: None };
+//! client.submit(conn, hello, 8).map_err(|(_, e)| e)?;
 //! while got.load(Ordering::Relaxed) == 0 {
 //!     std::thread::yield_now();
 //! }
@@ -77,11 +71,10 @@ mod sync;
 pub mod tunables;
 mod worker;
 
-pub use client::Client;
+pub use client::{Client, Event};
 pub use control::{PlaceFn, Placement, HEADER, MAX_APP_PRIVATE_DATA};
 pub use engine::Engine;
 pub use error::{EngineError, Limit, Result};
-pub use handoff::{ExtCompletion, ExtOp, ExtRequest};
 pub use memory::{Grant, GrantId, Memory};
 pub use metrics::{thread_context_switches, ControlMetrics, Metrics, WorkerCounts, OPCODES};
 pub use pool::Buf;

@@ -2,9 +2,7 @@
 
 use std::fmt;
 
-use corelink_verbs::{Provider, RemoteAddr, WcStatus};
-
-use crate::pool::Buf;
+use corelink_verbs::{RemoteAddr, WcStatus};
 
 /// A connection, as the worker owning it numbers it (slot and generation).
 #[derive(Clone, Copy, Debug, Eq, PartialOrd, Ord)]
@@ -60,20 +58,23 @@ pub enum OpKind {
     CompareSwap,
 }
 
-/// A request on a connection: the operation, with the local buffer it uses.
+/// A request on a connection: the operation, with the local buffer `B` it uses. One vocabulary
+/// for every issuer: a handler's buffers are registered [`Buf`](crate::Buf)s (`Op<Buf<P>>`, zero-copy), an
+/// external [`crate::Client`]'s are plain vectors (`Op<Vec<u8>>`, copied into registered
+/// buffers by the worker as it takes the request off the client's ring).
 #[derive(Debug)]
-pub enum Op<P: Provider> {
+pub enum Op<B> {
     /// Send `buf`'s bytes, with an optional immediate.
     Send {
         /// Payload (its length is what is sent).
-        buf: Buf<P>,
+        buf: B,
         /// Immediate.
         imm: Option<u32>,
     },
     /// Write `buf`'s bytes to `remote`, with an optional immediate.
     Write {
         /// Payload.
-        buf: Buf<P>,
+        buf: B,
         /// Where, in the peer's memory.
         remote: RemoteAddr,
         /// Immediate (consumes a receive at the peer).
@@ -82,7 +83,7 @@ pub enum Op<P: Provider> {
     /// Read `buf.len()` bytes at `remote` into `buf`.
     Read {
         /// Destination (its length is what is read).
-        buf: Buf<P>,
+        buf: B,
         /// Where, in the peer's memory.
         remote: RemoteAddr,
     },
@@ -111,7 +112,7 @@ impl OpKind {
     }
 }
 
-impl<P: Provider> Op<P> {
+impl<B> Op<B> {
     /// The kind.
     pub fn kind(&self) -> OpKind {
         match self {
@@ -122,11 +123,48 @@ impl<P: Provider> Op<P> {
             Op::CompareSwap { .. } => OpKind::CompareSwap,
         }
     }
+
+    /// The same operation with its buffer made a `C` by `f` (atomics have none).
+    pub fn map_buf<C>(self, f: impl FnOnce(B) -> C) -> Op<C> {
+        match self {
+            Op::Send { buf, imm } => Op::Send { buf: f(buf), imm },
+            Op::Write { buf, remote, imm } => Op::Write { buf: f(buf), remote, imm },
+            Op::Read { buf, remote } => Op::Read { buf: f(buf), remote },
+            Op::FetchAdd { remote, add } => Op::FetchAdd { remote, add },
+            Op::CompareSwap { remote, compare, swap } => Op::CompareSwap { remote, compare, swap },
+        }
+    }
+
+    /// The same operation with its buffer made a `C` by `f` (atomics have none); when `f`
+    /// fails, the operation comes back whole with `f`'s error.
+    #[allow(clippy::result_large_err)]
+    pub fn try_map_buf<C, E>(
+        self,
+        f: impl FnOnce(B) -> Result<C, (B, E)>,
+    ) -> Result<Op<C>, (Op<B>, E)> {
+        Ok(match self {
+            Op::Send { buf, imm } => match f(buf) {
+                Ok(buf) => Op::Send { buf, imm },
+                Err((buf, e)) => return Err((Op::Send { buf, imm }, e)),
+            },
+            Op::Write { buf, remote, imm } => match f(buf) {
+                Ok(buf) => Op::Write { buf, remote, imm },
+                Err((buf, e)) => return Err((Op::Write { buf, remote, imm }, e)),
+            },
+            Op::Read { buf, remote } => match f(buf) {
+                Ok(buf) => Op::Read { buf, remote },
+                Err((buf, e)) => return Err((Op::Read { buf, remote }, e)),
+            },
+            Op::FetchAdd { remote, add } => Op::FetchAdd { remote, add },
+            Op::CompareSwap { remote, compare, swap } => Op::CompareSwap { remote, compare, swap },
+        })
+    }
 }
 
-/// The outcome of a request, told to whoever issued it.
+/// The outcome of a request, told to whoever issued it (with the issuer's kind of buffer `B`,
+/// as in [`Op`]).
 #[derive(Debug)]
-pub struct Done<P: Provider> {
+pub struct Done<B> {
     /// The connection.
     pub conn: ConnId,
     /// The issuer's token.
@@ -136,7 +174,7 @@ pub struct Done<P: Provider> {
     /// How it ended (`WrFlushErr` when the connection closed first).
     pub status: WcStatus,
     /// The request's buffer, back (a read's holds the bytes read).
-    pub buf: Option<Buf<P>>,
+    pub buf: Option<B>,
     /// An atomic's old value.
     pub old_value: Option<u64>,
 }

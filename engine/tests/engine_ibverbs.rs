@@ -42,6 +42,12 @@ fn every_request_kind_through_the_engine() {
 }
 
 #[test]
+fn a_client_closes_its_connection() {
+    let Some((map, _)) = target() else { return };
+    e2e::a_client_closes_its_connection::<Ibverbs>(&map);
+}
+
+#[test]
 fn shutdown_with_requests_in_flight_completes_each_once() {
     let Some((map, _)) = target() else { return };
     e2e::shutdown_with_requests_in_flight_completes_each_once::<Ibverbs>(&map);

@@ -33,3 +33,8 @@ fn connect_to_nowhere_fails_cleanly() {
         "rejected",
     );
 }
+
+#[test]
+fn a_client_closes_its_connection() {
+    e2e::a_client_closes_its_connection::<Soft>(&map("10.99.0.4:0"));
+}

@@ -18,33 +18,19 @@ const HANG: Duration = Duration::from_secs(60);
 #[derive(Default)]
 struct Count {
     messages: Arc<Mutex<u64>>,
-    closed: Arc<Mutex<Vec<(ConnId, CloseReason)>>>,
 }
 
 impl Handler<Soft> for Count {
     fn on_message(&mut self, _cx: &mut Cx<Soft>, _conn: ConnId, _msg: &Message<'_>) {
         *self.messages.lock().unwrap() += 1;
     }
-
-    fn on_closed(&mut self, _cx: &mut Cx<Soft>, conn: ConnId, reason: &CloseReason) {
-        self.closed.lock().unwrap().push((conn, reason.clone()));
-    }
-}
-
-type Closed = Arc<Mutex<Vec<(ConnId, CloseReason)>>>;
-
-fn engine_closing(map: &str, messages: &Arc<Mutex<u64>>, closed: &Closed) -> Engine<Soft> {
-    let v = parse(map).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
-    let (m, c) = (messages.clone(), closed.clone());
-    Engine::<Soft>::start(&v, Placement::RoundRobin, move |_| Count {
-        messages: m.clone(),
-        closed: c.clone(),
-    })
-    .unwrap()
 }
 
 fn engine(map: &str, messages: &Arc<Mutex<u64>>) -> Engine<Soft> {
-    engine_closing(map, messages, &Closed::default())
+    let v = parse(map).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
+    let m = messages.clone();
+    Engine::<Soft>::start(&v, Placement::RoundRobin, move |_| Count { messages: m.clone() })
+        .unwrap()
 }
 
 fn map(listen: &str, worker: &str) -> String {
@@ -54,18 +40,39 @@ fn map(listen: &str, worker: &str) -> String {
     )
 }
 
-fn wait(c: &mut Client) -> ExtCompletion {
-    c.wait(HANG).expect("a completion, not a hang")
+/// What a client heard of a connect or a request, in one shape: its token, the connection,
+/// the status (`GeneralErr` when refused before the device) and the error.
+#[derive(Debug)]
+struct Heard {
+    token: u64,
+    conn: Option<ConnId>,
+    status: WcStatus,
+    error: Option<EngineError>,
 }
 
-fn connect(c: &mut Client, addr: SocketAddr, token: u64) -> ExtCompletion {
-    c.submit(ExtRequest { conn: None, op: ExtOp::Connect { addr }, data: vec![], token }).unwrap();
+fn wait(c: &mut Client) -> Heard {
+    let e = c.wait(HANG).expect("an event, not a hang");
+    let refused = |token, conn, error| Heard { token, conn, status: WcStatus::GeneralErr, error };
+    match e {
+        Event::Connected { conn, info } => {
+            Heard { token: info.token, conn: Some(conn), status: WcStatus::Success, error: None }
+        }
+        Event::ConnectFailed { token, error } => refused(token, None, Some(error)),
+        Event::Done(d) => {
+            Heard { token: d.token, conn: Some(d.conn), status: d.status, error: None }
+        }
+        Event::Refused { conn, token, error, .. } => refused(token, Some(conn), Some(error)),
+        e => panic!("not a connect's or a request's outcome: {e:?}"),
+    }
+}
+
+fn connect(c: &mut Client, addr: SocketAddr, token: u64) -> Heard {
+    c.connect(addr, b"", token).unwrap();
     wait(c)
 }
 
 fn send(c: &mut Client, conn: ConnId, data: Vec<u8>, token: u64) {
-    let op = ExtOp::Send { imm: None };
-    c.submit(ExtRequest { conn: Some(conn), op, data, token }).unwrap();
+    c.submit(conn, Op::Send { buf: data, imm: None }, token).map_err(|(_, e)| e).unwrap();
 }
 
 /// Drops the client and shuts the engine down on another thread; fails (rather than hangs)
@@ -225,34 +232,32 @@ fn a_refused_queue_pair_says_what_was_asked_and_why() {
 
 /// A request that fails on one lane of a connection of four closes the whole connection: its
 /// issuer hears the error, every lane flushes, the connection ends (`on_closed` with the
-/// error) and shutdown returns (before, the other lanes stayed up with their receives posted,
+/// error, to the client whose connection it is) and shutdown returns (before, the other lanes stayed up with their receives posted,
 /// so the connection never finished closing and shutdown waited for ever).
 #[test]
 fn a_failed_request_closes_every_lane_of_its_connection() {
-    let (messages, closed) = (Arc::default(), Closed::default());
-    let mut e =
-        engine_closing(&map("10.99.7.7:0", "[worker.qps]\nper_conn = 4"), &messages, &closed);
+    let messages = Arc::default();
+    let mut e = engine(&map("10.99.7.7:0", "[worker.qps]\nper_conn = 4"), &messages);
     let addr = e.listen_addr().unwrap();
     let mut c = e.client(0).unwrap();
     let d = connect(&mut c, addr, 1);
     let conn = d.conn.unwrap_or_else(|| panic!("{}", text(&d.error)));
     // No memory is granted: any key is a bad one.
-    let op = ExtOp::Write {
-        remote: corelink_engine::verbs::RemoteAddr { addr: 4096, rkey: 77 },
-        imm: None,
-    };
-    c.submit(ExtRequest { conn: Some(conn), op, data: vec![1; 8], token: 2 }).unwrap();
+    let remote = corelink_engine::verbs::RemoteAddr { addr: 4096, rkey: 77 };
+    c.submit(conn, Op::Write { buf: vec![1; 8], remote, imm: None }, 2)
+        .map_err(|(_, e)| e)
+        .unwrap();
     let d = wait(&mut c);
     assert_eq!((d.token, d.status), (2, WcStatus::RemAccessErr), "{}", text(&d.error));
+    // The connection is the client's: its close comes to the client.
     let deadline = Instant::now() + HANG;
     loop {
-        let got = closed.lock().unwrap().iter().find(|(c, _)| *c == conn).map(|(_, r)| r.clone());
-        if let Some(reason) = got {
+        if let Some(Event::Closed { conn: closed, reason }) = c.wait(Duration::from_millis(10)) {
+            assert_eq!(closed, conn);
             assert_eq!(reason, CloseReason::Error(WcStatus::RemAccessErr));
             break;
         }
         assert!(Instant::now() < deadline, "the connection never finished closing");
-        std::thread::sleep(Duration::from_millis(1));
     }
     shutdown_within_hang(e, c);
 }

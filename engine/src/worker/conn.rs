@@ -75,8 +75,35 @@ impl<P: Provider> Req<P> {
         }
     }
 
+    /// The outcome an external client hears (`data` is its vector: a read's gets the bytes
+    /// read, within the capacity the client gave).
+    pub(crate) fn client_done(
+        &self,
+        status: WcStatus,
+        mut data: Vec<u8>,
+        old_value: Option<u64>,
+    ) -> crate::request::Done<Vec<u8>> {
+        let buf = match self.kind {
+            OpKind::FetchAdd | OpKind::CompareSwap => None,
+            OpKind::Read if status.is_success() => {
+                data.clear();
+                data.extend_from_slice(self.buf.as_slice());
+                Some(data)
+            }
+            _ => Some(data),
+        };
+        crate::request::Done {
+            conn: self.conn,
+            token: self.token,
+            kind: self.kind,
+            status,
+            buf,
+            old_value,
+        }
+    }
+
     /// The operation back, for a request refused before it was queued.
-    pub(crate) fn into_op(self) -> crate::request::Op<P> {
+    pub(crate) fn into_op(self) -> crate::request::Op<Buf<P>> {
         use crate::request::Op;
         let buf = self.buf;
         match self.kind {
@@ -157,6 +184,9 @@ pub(crate) struct Waiting {
 pub(crate) struct Conn<P: Provider> {
     pub(crate) id: ConnId,
     pub(crate) info: ConnInfo,
+    /// Who hears its messages and its close (whoever connected it; the handler for one
+    /// accepted).
+    pub(crate) owner: Origin,
     pub(crate) lanes: ArrayVec<Lane<P>, MAX_QPS_PER_CONN>,
     /// The lane the next batch goes to (requests stripe over the lanes).
     pub(crate) next_lane: usize,
@@ -178,11 +208,13 @@ impl<P: Provider> Conn<P> {
     pub(crate) fn new(
         id: ConnId,
         info: ConnInfo,
+        owner: Origin,
         lanes: ArrayVec<Lane<P>, MAX_QPS_PER_CONN>,
     ) -> Self {
         Conn {
             id,
             info,
+            owner,
             lanes,
             next_lane: 0,
             waiting: Waiting::default(),

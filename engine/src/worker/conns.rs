@@ -185,7 +185,7 @@ mod tests {
     }
 
     fn open(c: &mut Conns<Soft>) -> Option<ConnId> {
-        c.open(|id| Conn::new(id, info(), ArrayVec::new()))
+        c.open(|id| Conn::new(id, info(), crate::handoff::Origin::Handler, ArrayVec::new()))
     }
 
     #[test]

@@ -57,9 +57,10 @@ pub struct Cx<P: Provider> {
     pub(crate) metrics: Metrics,
     pub(crate) stopping: bool,
     pub(crate) shutdown_deadline: Option<Instant>,
-    /// External clients' connects in progress: (client, token, the vector to give back).
-    pub(crate) ext_connects: Vec<(u16, u64, Vec<u8>)>,
 }
+
+/// A request refused before it was queued: the operation and the client's vector back, and why.
+pub(crate) type Refusal<P> = (Op<Buf<P>>, Vec<u8>, EngineError);
 
 impl<P: Provider> std::fmt::Debug for Cx<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -197,9 +198,9 @@ impl<P: Provider> Cx<P> {
     pub fn submit(
         &mut self,
         conn: ConnId,
-        op: Op<P>,
+        op: Op<Buf<P>>,
         token: u64,
-    ) -> Result<(), (Op<P>, EngineError)> {
+    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
         let class = self.cfg.classes[op.kind().index()];
         self.submit_as(conn, op, token, class)
     }
@@ -211,10 +212,10 @@ impl<P: Provider> Cx<P> {
     pub fn submit_as(
         &mut self,
         conn: ConnId,
-        op: Op<P>,
+        op: Op<Buf<P>>,
         token: u64,
         class: u8,
-    ) -> Result<(), (Op<P>, EngineError)> {
+    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
         if usize::from(class) >= CLASSES {
             return Err((op, EngineError::NoSuchClass { class, classes: CLASSES }));
         }
@@ -229,9 +230,9 @@ impl<P: Provider> Cx<P> {
     pub fn post_now(
         &mut self,
         conn: ConnId,
-        op: Op<P>,
+        op: Op<Buf<P>>,
         token: u64,
-    ) -> Result<(), (Op<P>, EngineError)> {
+    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
         let max = self.cfg.max_outstanding;
         let rd = matches!(op.kind(), OpKind::Read | OpKind::FetchAdd | OpKind::CompareSwap);
         let max_rd = self.cfg.max_rd_atomic;
@@ -267,10 +268,10 @@ impl<P: Provider> Cx<P> {
     pub(crate) fn accept(
         &mut self,
         conn: ConnId,
-        op: Op<P>,
+        op: Op<Buf<P>>,
         token: u64,
         origin: Origin,
-    ) -> Result<ReqId, (Op<P>, EngineError)> {
+    ) -> Result<ReqId, (Op<Buf<P>>, EngineError)> {
         self.accept_with(conn, op, token, origin, Vec::new()).map_err(|(op, _, e)| (op, e))
     }
 
@@ -282,11 +283,11 @@ impl<P: Provider> Cx<P> {
     pub(crate) fn accept_with(
         &mut self,
         conn: ConnId,
-        op: Op<P>,
+        op: Op<Buf<P>>,
         token: u64,
         origin: Origin,
         ext: Vec<u8>,
-    ) -> Result<ReqId, (Op<P>, Vec<u8>, EngineError)> {
+    ) -> Result<ReqId, Refusal<P>> {
         let peer_recv_size = match self.check_open(conn) {
             Ok(n) => n,
             Err(e) => return Err((op, ext, e)),
@@ -384,7 +385,7 @@ impl<P: Provider> Cx<P> {
     ///
     /// ```
     /// use corelink_engine::verbs::soft::Soft;
-    /// use corelink_engine::{ConnId, ConnInfo, Cx, Done, Engine, Handler, Message, Placement};
+    /// use corelink_engine::{Buf, ConnId, ConnInfo, Cx, Done, Engine, Handler, Message, Placement};
     /// use std::sync::mpsc::{channel, Sender};
     ///
     /// struct Ping { addr: std::net::SocketAddr, asked: bool, told: Sender<Vec<u8>> }
@@ -411,7 +412,7 @@ impl<P: Provider> Cx<P> {
     ///             cx.send(conn, buf, None, 3).map_err(|(_, e)| e).unwrap();
     ///         }
     ///     }
-    ///     fn on_completion(&mut self, _cx: &mut Cx<Soft>, done: Done<Soft>) {
+    ///     fn on_completion(&mut self, _cx: &mut Cx<Soft>, done: Done<Buf<Soft>>) {
     ///         assert!(done.status.is_success(), "{done:?}");
     ///     }
     /// }
@@ -438,7 +439,7 @@ impl<P: Provider> Cx<P> {
         buf: Buf<P>,
         imm: Option<u32>,
         token: u64,
-    ) -> Result<(), (Op<P>, EngineError)> {
+    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
         self.submit(conn, Op::Send { buf, imm }, token)
     }
 
@@ -451,7 +452,7 @@ impl<P: Provider> Cx<P> {
     ///
     /// ```
     /// use corelink_engine::verbs::{soft::Soft, AccessFlags, RemoteRegion};
-    /// use corelink_engine::{ConnId, ConnInfo, Cx, Done, Engine, Handler, Memory, Message, OpKind, Placement};
+    /// use corelink_engine::{Buf, ConnId, ConnInfo, Cx, Done, Engine, Handler, Memory, Message, OpKind, Placement};
     /// use std::sync::mpsc::{channel, Sender};
     ///
     /// struct WriteRead {
@@ -486,7 +487,7 @@ impl<P: Provider> Cx<P> {
     ///         buf.fill(&42u64.to_le_bytes()).unwrap();
     ///         cx.write(conn, buf, region.at(0), None, 2).map_err(|(_, e)| e).unwrap();
     ///     }
-    ///     fn on_completion(&mut self, cx: &mut Cx<Soft>, done: Done<Soft>) {
+    ///     fn on_completion(&mut self, cx: &mut Cx<Soft>, done: Done<Buf<Soft>>) {
     ///         assert!(done.status.is_success(), "{done:?}");
     ///         match (done.kind, self.at) {
     ///             // Requests of one class go in order; a read after a write goes in the
@@ -527,7 +528,7 @@ impl<P: Provider> Cx<P> {
         remote: RemoteAddr,
         imm: Option<u32>,
         token: u64,
-    ) -> Result<(), (Op<P>, EngineError)> {
+    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
         self.submit(conn, Op::Write { buf, remote, imm }, token)
     }
 
@@ -540,7 +541,7 @@ impl<P: Provider> Cx<P> {
         buf: Buf<P>,
         remote: RemoteAddr,
         token: u64,
-    ) -> Result<(), (Op<P>, EngineError)> {
+    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
         self.submit(conn, Op::Read { buf, remote }, token)
     }
 
@@ -552,7 +553,7 @@ impl<P: Provider> Cx<P> {
         remote: RemoteAddr,
         add: u64,
         token: u64,
-    ) -> Result<(), (Op<P>, EngineError)> {
+    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
         self.submit(conn, Op::FetchAdd { remote, add }, token)
     }
 
@@ -566,7 +567,7 @@ impl<P: Provider> Cx<P> {
         compare: u64,
         swap: u64,
         token: u64,
-    ) -> Result<(), (Op<P>, EngineError)> {
+    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
         self.submit(conn, Op::CompareSwap { remote, compare, swap }, token)
     }
 

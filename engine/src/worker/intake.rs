@@ -1,14 +1,15 @@
-//! Intake and upkeep: receives are reposted, external submissions become requests, and
+//! Intake and upkeep: receives are reposted, external clients' requests become the worker's, and
 //! shutdown closes connections once their requests are done. (Posting is `sched.rs`.)
 
 use arrayvec::ArrayVec;
-use corelink_verbs::{Provider, Qp, RecvWr, WcStatus};
+use corelink_verbs::{Provider, Qp, RecvWr};
 
 use super::conn::Phase;
 use super::cx::Cx;
 use super::ids::{RecvId, WrId};
-use crate::handoff::{ExtCompletion, ExtOp, ExtRequest, Origin};
-use crate::request::{CloseReason, ConnId, Op, OpKind};
+use crate::client::{ClientRequest, Event};
+use crate::handoff::Origin;
+use crate::request::{CloseReason, ConnId, OpKind};
 
 /// How long a shutting-down worker lets requests in flight finish before it closes anyway.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -38,89 +39,60 @@ impl<P: Provider> Cx<P> {
         }
     }
 
-    /// Turns an external client's request into a queued one (or its immediate failure).
-    pub(crate) fn submit_external(
-        &mut self,
-        n: u16,
-        req: ExtRequest,
-    ) -> Result<(), Box<ExtCompletion>> {
-        let ExtRequest { conn, op, data, token } = req;
-        let fail = |data: Vec<u8>, error: crate::EngineError| {
-            Box::new(ExtCompletion {
-                token,
-                conn,
-                status: WcStatus::GeneralErr,
-                data,
-                old_value: None,
-                error: Some(error),
-            })
-        };
-        if let ExtOp::Connect { addr } = op {
-            if let Err(e) = self.connect_from(addr, &data, token, Origin::Client(n)) {
-                return Err(fail(data, e));
+    /// Takes an external client's request (converted here, at the ring, into the worker's
+    /// vocabulary: its vector's bytes go into a registered buffer); returns what the client is
+    /// told at once when it is refused.
+    pub(crate) fn client_request(&mut self, n: u16, req: ClientRequest) -> Option<Event> {
+        let origin = Origin::Client(n);
+        let (conn, op, token, class) = match req {
+            ClientRequest::Connect { addr, private_data, token } => {
+                let error = self.connect_from(addr, &private_data, token, origin).err()?;
+                return Some(Event::ConnectFailed { token, error });
             }
-            self.ext_connects.push((n, token, data));
-            return Ok(());
-        }
-        let Some(conn) = conn else {
-            return Err(fail(data, crate::EngineError::BadRequest("no connection given")));
+            ClientRequest::Close { conn } => {
+                let error = self.begin_close(conn, CloseReason::Local).err()?;
+                return Some(Event::CloseFailed { conn, error });
+            }
+            ClientRequest::Submit { conn, op, token, class } => (conn, op, token, class),
         };
         // Checked before a buffer is taken for it.
-        if let Err(e) = self.check_open(conn) {
-            return Err(fail(data, e));
+        if let Err(error) = self.check_open(conn) {
+            return Some(Event::Refused { conn, token, op, error });
         }
-        let (kind, len, remote, imm, arg, swap) = match op {
-            ExtOp::Send { imm } => (OpKind::Send, data.len(), Default::default(), imm, 0, 0),
-            ExtOp::Write { remote, imm } => (OpKind::Write, data.len(), remote, imm, 0, 0),
-            ExtOp::Read { remote, len } => {
-                if data.capacity() < len {
-                    let capacity = data.capacity();
-                    return Err(fail(data, crate::EngineError::ReadCapacity { len, capacity }));
-                }
-                (OpKind::Read, len, remote, None, 0, 0)
-            }
-            ExtOp::FetchAdd { remote, add } => (OpKind::FetchAdd, 8, remote, None, add, 0),
-            ExtOp::CompareSwap { remote, compare, swap } => {
-                (OpKind::CompareSwap, 8, remote, None, compare, swap)
-            }
-            ExtOp::Connect { .. } => return Ok(()),
-        };
-        let op = match kind {
-            OpKind::FetchAdd => Op::FetchAdd { remote, add: arg },
-            OpKind::CompareSwap => Op::CompareSwap { remote, compare: arg, swap },
-            _ => {
-                let filled = self.pool.get(len).and_then(|mut buf| {
-                    match kind {
-                        OpKind::Read => buf.set_len(len)?,
-                        _ => buf.fill(&data)?,
-                    }
-                    Ok(buf)
-                });
-                let buf = match filled {
-                    Ok(b) => b,
-                    Err(e) => return Err(fail(data, e)),
-                };
+        let kind = op.kind();
+        let class = class.unwrap_or(self.cfg.classes[kind.index()]);
+        let mut vector = Vec::new();
+        let pool = &self.pool;
+        let op = op.try_map_buf(|v: Vec<u8>| {
+            let filled = pool.get(v.len()).and_then(|mut buf| {
                 match kind {
-                    OpKind::Send => Op::Send { buf, imm },
-                    OpKind::Write => Op::Write { buf, remote, imm },
-                    _ => Op::Read { buf, remote },
+                    OpKind::Read => buf.set_len(v.len())?,
+                    _ => buf.fill(&v)?,
                 }
+                Ok(buf)
+            });
+            match filled {
+                Ok(buf) => {
+                    vector = v;
+                    Ok(buf)
+                }
+                Err(e) => Err((v, e)),
             }
+        });
+        let op = match op {
+            Ok(op) => op,
+            Err((op, error)) => return Some(Event::Refused { conn, token, op, error }),
         };
-        let class = self.cfg.classes[kind.index()];
-        let id = match self.accept_with(conn, op, token, Origin::Client(n), data) {
-            Ok(id) => id,
-            Err((_, data, e)) => return Err(fail(data, e)),
-        };
-        self.enqueue(conn, id, class);
-        Ok(())
-    }
-
-    /// The vector an external client gave with connect `token` (empty if none is held).
-    pub(crate) fn take_ext_connect(&mut self, n: u16, token: u64) -> Vec<u8> {
-        match self.ext_connects.iter().position(|(c, t, _)| *c == n && *t == token) {
-            Some(i) => self.ext_connects.swap_remove(i).2,
-            None => Vec::new(),
+        match self.accept_with(conn, op, token, origin, vector) {
+            Ok(id) => {
+                self.enqueue(conn, id, class);
+                None
+            }
+            Err((op, vector, error)) => {
+                // The registered buffer goes back to the pool; the client's vector to it.
+                let op = op.map_buf(|_| vector);
+                Some(Event::Refused { conn, token, op, error })
+            }
         }
     }
 

@@ -6,6 +6,7 @@
 //! connections; fire due timers.
 
 mod cfg;
+mod clients;
 mod conn;
 mod conns;
 mod cx;
@@ -29,13 +30,15 @@ pub(crate) use notice::Notice;
 
 use arrayvec::ArrayVec;
 
+use crate::client::Event;
 use crate::error::EngineError;
-use crate::handoff::{ExtCompletion, ExtRequest, NewLane, Origin, ToControl, ToWorker};
+use crate::handoff::{NewLane, Origin, ToControl, ToWorker};
 use crate::metrics::{thread_context_switches, Metrics};
 use crate::pool::{Buf, Pool};
 use crate::request::{CloseReason, ConnId, ConnInfo, Done, Message};
 use crate::ring::{Consumer, Producer};
-use crate::tunables::{CLIENT_BATCH, CLIENT_RING, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY};
+use crate::tunables::{CLIENT_BATCH, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY};
+use clients::Clients;
 use conn::{Conn, Lane, Phase};
 pub(crate) use conns::Conns;
 pub(crate) use outbox::Outbox;
@@ -54,7 +57,7 @@ pub trait Handler<P: Provider>: 'static {
     /// A send arrived, or a write-with-immediate's notice.
     fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {}
     /// One of this handler's requests completed (or failed, or flushed).
-    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {}
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {}
     /// A connection closed; nothing of it is in flight any more.
     fn on_closed(&mut self, cx: &mut Cx<P>, conn: ConnId, reason: &CloseReason) {}
     /// A timer set with `Cx::set_timer` fired.
@@ -63,20 +66,12 @@ pub trait Handler<P: Provider>: 'static {
     fn poll(&mut self, cx: &mut Cx<P>) {}
 }
 
-/// An external client's rings, as its worker holds them.
-pub(crate) struct ClientEnds {
-    submit: Consumer<ExtRequest>,
-    done: Producer<ExtCompletion>,
-    /// Requests taken and not yet completed (never more than the completion ring holds).
-    inflight: usize,
-}
-
 /// A worker: its state and its handler.
 pub(crate) struct Worker<P: Provider, H: Handler<P>> {
     pub(crate) cx: Cx<P>,
     pub(crate) handler: H,
     pub(crate) from_control: Consumer<ToWorker<P>>,
-    pub(crate) clients: Vec<ClientEnds>,
+    pub(crate) clients: Clients,
     pub(crate) published: Arc<Mutex<Metrics>>,
     pub(crate) switches_base: (u64, u64),
     /// Iterations in a row that found nothing to do.
@@ -138,13 +133,12 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             metrics: Metrics { worker: index, pinned, ..Metrics::default() },
             stopping: false,
             shutdown_deadline: None,
-            ext_connects: Vec::with_capacity(CLIENT_RING),
         };
         Ok(Worker {
             cx,
             handler,
             from_control,
-            clients: Vec::with_capacity(MAX_CLIENTS_PER_WORKER),
+            clients: Clients::new(MAX_CLIENTS_PER_WORKER),
             published,
             switches_base: (0, 0),
             idle_since: None,
@@ -244,6 +238,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if self.cx.outbox.control_waiting() {
             self.cx.outbox.flush_control();
         }
+        if self.clients.backlogged() {
+            self.clients.flush();
+        }
         if self.cx.metrics.polls % METRICS_EVERY == 0 {
             self.publish();
             if self.from_control.is_abandoned() {
@@ -252,9 +249,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             }
         }
         // Stops once every client's queued submissions were taken (and refused): none is lost.
-        let clients_drained =
-            || self.clients.iter().all(|c| c.submit.is_empty() || c.inflight >= CLIENT_RING);
-        if self.cx.stopping && self.cx.conns.live() == 0 && !self.stopped_sent && clients_drained()
+        if self.cx.stopping
+            && self.cx.conns.live() == 0
+            && !self.stopped_sent
+            && self.clients.queued() == 0
         {
             self.cx.tell_control(ToControl::Stopped);
             self.stopped_sent = true;
@@ -276,9 +274,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let queued = self.cx.reqs.misses();
         self.cx.metrics.invariant_misses += queued - self.queue_misses;
         self.queue_misses = queued;
-        self.cx.metrics.ring_occupancy = (self.from_control.len()
-            + self.clients.iter().map(|c| c.submit.len()).sum::<usize>())
-            as u64;
+        self.cx.metrics.ring_occupancy = (self.from_control.len() + self.clients.queued()) as u64;
         if let Ok(mut m) = self.published.try_lock() {
             m.clone_from(&self.cx.metrics);
         }
@@ -288,14 +284,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         match WrId::decode(wc.wr_id) {
             WrId::Recv(r) => self.dispatch_recv(wc, r),
             WrId::Req(id) => self.dispatch_send(wc, id),
-        }
-    }
-
-    fn client_done(&mut self, n: u16, done: ExtCompletion) {
-        if let Some(c) = self.clients.get_mut(n as usize) {
-            c.inflight = c.inflight.saturating_sub(1);
-            // Never full: a client has at most as many requests in flight as the ring holds.
-            let _ = c.done.push(done);
         }
     }
 
@@ -325,12 +313,18 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if buf.set_len(len.min(buf.capacity())).is_err() {
             return;
         }
-        let msg = Message {
-            data: buf.as_slice(),
-            imm: wc.imm,
-            written: write_imm.then_some(wc.byte_len),
-        };
-        self.handler.on_message(&mut self.cx, conn, &msg);
+        let written = write_imm.then_some(wc.byte_len);
+        match c.owner {
+            Origin::Handler => {
+                let msg = Message { data: buf.as_slice(), imm: wc.imm, written };
+                self.handler.on_message(&mut self.cx, conn, &msg);
+            }
+            Origin::Client(n) => {
+                // A client's message leaves the worker: its bytes are copied out.
+                let data = buf.as_slice().to_vec();
+                self.clients.tell(n, Event::Message { conn, data, imm: wc.imm, written });
+            }
+        }
         // Posted again after this iteration's flush (at most one per completion polled).
         if let Err(e) = self.cx.reposts.try_push((id, buf)) {
             let (id, buf) = e.element();
@@ -342,14 +336,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let mut took = false;
         for n in 0..self.clients.len() {
             for _ in 0..CLIENT_BATCH {
-                if self.clients[n].inflight >= CLIENT_RING {
-                    break;
-                }
-                let Some(req) = self.clients[n].submit.pop() else { break };
+                let Some(req) = self.clients.next_request(n) else { break };
                 took = true;
-                self.clients[n].inflight += 1;
-                if let Err(done) = self.cx.submit_external(n as u16, req) {
-                    self.client_done(n as u16, *done);
+                if let Some(e) = self.cx.client_request(n as u16, req) {
+                    self.clients.tell(n as u16, e);
                 }
             }
         }
@@ -360,7 +350,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         while let Some(n) = self.cx.outbox.next_notice() {
             match n {
                 Notice::Done(d) => self.handler.on_completion(&mut self.cx, d),
-                Notice::Client(c, d) => self.client_done(c, d),
+                Notice::Client(c, e) => self.clients.tell(c, e),
                 Notice::ConnectFailed(token, e) => {
                     self.handler.on_connect_failed(&mut self.cx, token, &e)
                 }
@@ -392,8 +382,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                         let _ = self.cx.begin_close(id, CloseReason::Peer);
                     }
                 }
-                ToWorker::AddClient { submit, done } => {
-                    self.clients.push(ClientEnds { submit, done, inflight: 0 });
+                ToWorker::AddClient { requests, events, overflow } => {
+                    self.clients.add(requests, events, overflow);
                 }
                 ToWorker::Shutdown => self.cx.begin_shutdown(),
             }
@@ -403,21 +393,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
 
     /// Tells whoever asked for connect `token` that it failed.
     fn connect_failed(&mut self, token: u64, origin: Origin, error: EngineError) {
-        match origin {
-            Origin::Handler => self.cx.outbox.notify(Notice::ConnectFailed(token, error)),
-            Origin::Client(n) => {
-                let data = self.cx.take_ext_connect(n, token);
-                let done = ExtCompletion {
-                    token,
-                    conn: None,
-                    status: WcStatus::GeneralErr,
-                    data,
-                    old_value: None,
-                    error: Some(error),
-                };
-                self.cx.outbox.notify(Notice::Client(n, done));
-            }
-        }
+        self.cx.outbox.notify(Notice::connect_failed(origin, token, error));
     }
 
     fn add_conn(
@@ -453,7 +429,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let mut post_failed = false;
         let (recv_pool, recv_size) = (&self.cx.recv_pool, self.cx.cfg.recv_size);
         let (metrics, misses) = (&mut self.cx.metrics, &mut 0u64);
-        let token = info.token;
         let opened = self.cx.conns.open(|id| {
             let mut lanes = ArrayVec::new();
             for (l, NewLane { mut qp, cm_key }) in new.into_iter().enumerate() {
@@ -485,29 +460,17 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                     sq: conn::SendQueue::default(),
                 });
             }
-            Conn::new(id, info.clone(), lanes)
+            Conn::new(id, info.clone(), origin, lanes)
         });
         for _ in 0..*misses {
             self.cx.invariant_missed();
         }
         let Some(id) = opened else { return self.cx.invariant_missed() };
-        // The handler hears of every connection on its worker (its messages come to it), and a
-        // client that asked for it gets its completion too.
-        self.handler.on_connected(&mut self.cx, id, &info);
+        // The connection is its connect's issuer's (an accepted one the handler's): its
+        // messages and its close go there.
         match origin {
-            Origin::Handler => {}
-            Origin::Client(n) => {
-                let data = self.cx.take_ext_connect(n, token);
-                let done = ExtCompletion {
-                    token,
-                    conn: Some(id),
-                    status: WcStatus::Success,
-                    data,
-                    old_value: None,
-                    error: None,
-                };
-                self.client_done(n, done);
-            }
+            Origin::Handler => self.handler.on_connected(&mut self.cx, id, &info),
+            Origin::Client(n) => self.clients.tell(n, Event::Connected { conn: id, info }),
         }
         if post_failed {
             let _ = self.cx.begin_close(id, CloseReason::RecvPostFailed);
@@ -529,7 +492,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             for lane in c.lanes {
                 outbox.tell_control(ToControl::Release { cm_key: lane.cm_key, qp: lane.qp });
             }
-            outbox.notify(Notice::Closed(c.id, reason));
+            outbox.notify(Notice::closed(c.owner, c.id, reason));
         });
     }
 

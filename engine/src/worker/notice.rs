@@ -3,15 +3,17 @@
 use corelink_verbs::{Provider, WcStatus};
 
 use super::conn::Req;
+use crate::client::Event;
 use crate::error::EngineError;
-use crate::handoff::{ExtCompletion, Origin};
+use crate::handoff::Origin;
+use crate::pool::Buf;
 use crate::request::{CloseReason, ConnId, Done};
 
 /// Something the handler (or a client) is to be told, produced outside a completion's dispatch.
 #[derive(Debug)]
 pub(crate) enum Notice<P: Provider> {
-    Done(Done<P>),
-    Client(u16, ExtCompletion),
+    Done(Done<Buf<P>>),
+    Client(u16, Event),
     ConnectFailed(u64, EngineError),
     Closed(ConnId, CloseReason),
 }
@@ -29,17 +31,23 @@ impl<P: Provider> Notice<P> {
                 buf: Some(r.buf),
                 old_value: None,
             }),
-            Origin::Client(n) => Notice::Client(
-                n,
-                ExtCompletion {
-                    token: r.token,
-                    conn: Some(r.conn),
-                    status,
-                    data,
-                    old_value: None,
-                    error: None,
-                },
-            ),
+            Origin::Client(n) => Notice::Client(n, Event::Done(r.client_done(status, data, None))),
+        }
+    }
+
+    /// The notice that connection `conn`, owned by `owner`, closed.
+    pub(crate) fn closed(owner: Origin, conn: ConnId, reason: CloseReason) -> Notice<P> {
+        match owner {
+            Origin::Handler => Notice::Closed(conn, reason),
+            Origin::Client(n) => Notice::Client(n, Event::Closed { conn, reason }),
+        }
+    }
+
+    /// The notice that connect `token` of `origin` failed.
+    pub(crate) fn connect_failed(origin: Origin, token: u64, error: EngineError) -> Notice<P> {
+        match origin {
+            Origin::Handler => Notice::ConnectFailed(token, error),
+            Origin::Client(n) => Notice::Client(n, Event::ConnectFailed { token, error }),
         }
     }
 }

@@ -8,7 +8,7 @@ use corelink_verbs::{Provider, Wc, WcOpcode, WcStatus};
 use super::conn::{Phase, Req};
 use super::requests::ReqId;
 use super::{Handler, Worker};
-use crate::handoff::{ExtCompletion, Origin};
+use crate::handoff::Origin;
 use crate::request::{Done, OpKind};
 
 impl<P: Provider, H: Handler<P>> Worker<P, H> {
@@ -97,20 +97,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 self.handler.on_completion(&mut self.cx, done);
             }
             Origin::Client(n) => {
-                let mut data = ext;
-                if r.kind == OpKind::Read && status.is_success() {
-                    data.clear();
-                    data.extend_from_slice(r.buf.as_slice()); // within the capacity the client gave
-                }
-                let done = ExtCompletion {
-                    token: r.token,
-                    conn: Some(r.conn),
-                    status,
-                    data,
-                    old_value,
-                    error: None,
-                };
-                self.client_done(n, done);
+                let done = r.client_done(status, ext, old_value);
+                self.clients.tell(n, crate::client::Event::Done(done));
             }
         }
     }

@@ -18,7 +18,7 @@ use corelink_engine::*;
 /// an emulated guest is slow).
 const HANG: Duration = Duration::from_secs(30);
 
-use crate::grant::{granted, Granter};
+use crate::grant::{granted, granted_event, Granter};
 
 type Log = Arc<Mutex<Vec<String>>>;
 
@@ -114,90 +114,106 @@ fn granted_region(r: &Region) -> RemoteRegion {
     }
 }
 
-fn req(conn: Option<ConnId>, op: ExtOp, data: Vec<u8>, token: u64) -> ExtRequest {
-    ExtRequest { conn, op, data, token }
+/// A client's events, taken in the order the test asks for them (those it does not want yet
+/// wait: a request's completion and a peer's message may come in either order).
+struct Inbox {
+    c: Client,
+    seen: Vec<Event>,
 }
 
-fn done(c: &mut Client) -> ExtCompletion {
-    c.wait(HANG).expect("a completion")
+impl Inbox {
+    fn new(c: Client) -> Self {
+        Inbox { c, seen: Vec::new() }
+    }
+
+    /// The first event `pick` accepts, waiting up to [`HANG`] for it.
+    fn take(&mut self, what: &str, pick: impl Fn(&Event) -> bool) -> Event {
+        let deadline = Instant::now() + HANG;
+        loop {
+            if let Some(i) = self.seen.iter().position(&pick) {
+                return self.seen.remove(i);
+            }
+            assert!(Instant::now() < deadline, "no {what} in {:?}", self.seen);
+            if let Some(e) = self.c.wait(Duration::from_millis(10)) {
+                self.seen.push(e);
+            }
+        }
+    }
+
+    /// The outcome of request `token`.
+    fn done(&mut self, token: u64) -> Done<Vec<u8>> {
+        match self.take("completion", |e| matches!(e, Event::Done(d) if d.token == token)) {
+            Event::Done(d) => d,
+            _ => unreachable!(),
+        }
+    }
+
+    /// Submits `op` on `conn` (the ring has room: the test waits for each).
+    fn submit(&mut self, conn: ConnId, op: Op<Vec<u8>>, token: u64) {
+        self.c.submit(conn, op, token).map_err(|(_, e)| e).unwrap();
+    }
 }
 
-/// Every request kind from an external client, through the engine connected to itself.
+/// Every request kind from an external client, through the engine connected to itself. The
+/// connection is the client's: the grant, the echoes and the close come to it.
 pub fn every_request_kind_through_the_engine<P: Provider>(map: &str) {
     let log: Log = Arc::default();
     let (mut e, granted) = engine::<P>(&log, map);
     let addr = e.listen_addr().unwrap();
-    let mut c = e.client(0).unwrap();
-    c.submit(req(None, ExtOp::Connect { addr }, b"hi there".to_vec(), 1)).unwrap();
-    let d = done(&mut c);
+    let mut c = Inbox::new(e.client(0).unwrap());
+    c.c.connect(addr, b"hi there", 1).unwrap();
+    let (conn, info) = match c.take("connect", |e| !matches!(e, Event::Message { .. })) {
+        Event::Connected { conn, info } => (conn, info),
+        e => panic!("{e:?}"),
+    };
+    assert_eq!((info.token, info.initiated), (1, true));
     let region = granted_region(&granted);
-    let error = d.error.as_ref().map(|e| verbs::chain(e).to_string());
-    assert_eq!((d.token, d.status, error.as_deref()), (1, WcStatus::Success, None));
-    let conn = d.conn.unwrap();
     wait_for(&log, "connected initiated=false hi there region=true");
-    wait_for(&log, "connected initiated=true  region=true");
+    let ev = c.take("the grant", |e| granted_event(e).is_some());
+    assert_eq!(granted_event(&ev), Some(region));
 
-    c.submit(req(Some(conn), ExtOp::Send { imm: Some(7) }, b"hello".to_vec(), 2)).unwrap();
-    assert_eq!(done(&mut c).status, WcStatus::Success);
-    wait_for(&log, "echo hello imm=Some(8)");
+    c.submit(conn, Op::Send { buf: b"hello".to_vec(), imm: Some(7) }, 2);
+    assert_eq!(c.done(2).status, WcStatus::Success);
+    let echo = c.take("the echo", |e| matches!(e, Event::Message { .. }));
+    assert!(
+        matches!(&echo, Event::Message { data, imm: Some(8), .. } if data == b"hello"),
+        "{echo:?}"
+    );
 
     let data = b"sixteen bytes!!!".to_vec();
-    c.submit(req(Some(conn), ExtOp::Write { remote: region.at(0), imm: None }, data.clone(), 3))
-        .unwrap();
-    assert_eq!(done(&mut c).status, WcStatus::Success);
-    c.submit(req(
-        Some(conn),
-        ExtOp::Write { remote: region.at(32), imm: Some(9) },
-        data.clone(),
-        4,
-    ))
-    .unwrap();
-    assert_eq!(done(&mut c).status, WcStatus::Success);
+    c.submit(conn, Op::Write { buf: data.clone(), remote: region.at(0), imm: None }, 3);
+    assert_eq!(c.done(3).status, WcStatus::Success);
+    c.submit(conn, Op::Write { buf: data.clone(), remote: region.at(32), imm: Some(9) }, 4);
+    assert_eq!(c.done(4).status, WcStatus::Success);
     wait_for(&log, "written Some(16) imm=Some(9)");
-    c.submit(req(
-        Some(conn),
-        ExtOp::Read { remote: region.at(0), len: 16 },
-        Vec::with_capacity(16),
-        5,
-    ))
-    .unwrap();
-    let d = done(&mut c);
-    assert_eq!((d.status, d.data), (WcStatus::Success, data));
-    c.submit(req(Some(conn), ExtOp::FetchAdd { remote: region.at(64), add: 5 }, vec![], 6))
-        .unwrap();
-    assert_eq!(done(&mut c).old_value, Some(0));
-    c.submit(req(
-        Some(conn),
-        ExtOp::CompareSwap { remote: region.at(64), compare: 5, swap: 9 },
-        vec![],
-        7,
-    ))
-    .unwrap();
-    assert_eq!(done(&mut c).old_value, Some(5));
-    c.submit(req(
-        Some(conn),
-        ExtOp::CompareSwap { remote: region.at(64), compare: 5, swap: 1 },
-        vec![],
-        8,
-    ))
-    .unwrap();
-    assert_eq!(done(&mut c).old_value, Some(9), "compare fails: the word stays 9");
+    c.submit(conn, Op::Read { buf: vec![0; 16], remote: region.at(0) }, 5);
+    let d = c.done(5);
+    assert_eq!((d.status, d.buf), (WcStatus::Success, Some(data)));
+    c.submit(conn, Op::FetchAdd { remote: region.at(64), add: 5 }, 6);
+    assert_eq!(c.done(6).old_value, Some(0));
+    c.submit(conn, Op::CompareSwap { remote: region.at(64), compare: 5, swap: 9 }, 7);
+    assert_eq!(c.done(7).old_value, Some(5));
+    c.submit(conn, Op::CompareSwap { remote: region.at(64), compare: 5, swap: 1 }, 8);
+    assert_eq!(c.done(8).old_value, Some(9), "compare fails: the word stays 9");
 
     // A bad rkey fails the request with the device's status and closes the connection.
     let bad = RemoteAddr { addr: region.addr, rkey: region.rkey ^ 0x100 };
-    c.submit(req(Some(conn), ExtOp::Write { remote: bad, imm: None }, vec![1; 8], 9)).unwrap();
-    assert_eq!(done(&mut c).status, WcStatus::RemAccessErr);
-    wait_for(&log, "closed Error(RemAccessErr)");
+    c.submit(conn, Op::Write { buf: vec![1; 8], remote: bad, imm: None }, 9);
+    assert_eq!(c.done(9).status, WcStatus::RemAccessErr);
+    let closed = c.take("the close", |e| matches!(e, Event::Closed { .. }));
+    assert!(
+        matches!(closed, Event::Closed { conn: c, reason: CloseReason::Error(WcStatus::RemAccessErr) } if c == conn),
+        "{closed:?}"
+    );
     // The responder's QP went to ERR too (rxe's semantics): its side closes with the flush
     // of its receives, or with the peer's disconnect, whichever it sees first.
-    let deadline = Instant::now() + HANG;
-    while log.lock().unwrap().iter().filter(|l| l.starts_with("closed")).count() < 2 {
-        assert!(Instant::now() < deadline, "{:?}", log.lock().unwrap());
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    c.submit(req(Some(conn), ExtOp::Send { imm: None }, vec![1], 10)).unwrap();
-    let d = done(&mut c);
-    assert!(d.error.is_some(), "a closed connection refuses requests: {d:?}");
+    wait_for(&log, "closed");
+    c.submit(conn, Op::Send { buf: vec![1], imm: None }, 10);
+    let refused = c.take("the refusal", |e| matches!(e, Event::Refused { .. }));
+    assert!(
+        matches!(&refused, Event::Refused { token: 10, op: Op::Send { buf, .. }, .. } if buf == &[1]),
+        "a closed connection refuses requests and gives them back: {refused:?}"
+    );
 
     let m = e.shutdown().unwrap();
     assert!(m[0].ops.iter().sum::<u64>() >= 9, "{}", m[0]);
@@ -209,38 +225,51 @@ pub fn shutdown_with_requests_in_flight_completes_each_once<P: Provider>(map: &s
     let (mut e, granted) = engine::<P>(&log, map);
     let addr = e.listen_addr().unwrap();
     let mut c = e.client(0).unwrap();
-    c.submit(req(None, ExtOp::Connect { addr }, vec![], 0)).unwrap();
-    let conn = done(&mut c).conn.unwrap();
+    c.connect(addr, b"", 0).unwrap();
+    let conn = match c.wait(HANG) {
+        Some(Event::Connected { conn, .. }) => conn,
+        e => panic!("{e:?}"),
+    };
     let region = granted_region(&granted);
     const N: u64 = 200;
     for t in 1..=N {
-        let mut r =
-            req(Some(conn), ExtOp::Write { remote: region.at(t * 8), imm: None }, vec![7; 8], t);
+        let mut op = Op::Write { buf: vec![7; 8], remote: region.at(t * 8), imm: None };
         loop {
-            match c.submit(r) {
+            match c.submit(conn, op, t) {
                 Ok(()) => break,
-                Err(back) => r = back, // backpressure: the request came back
+                Err((back, _)) => op = back, // backpressure: the request came back
             }
         }
     }
     let metrics = e.shutdown().unwrap();
     let mut seen = std::collections::BTreeSet::new();
-    let (mut flushed, mut refused) = (0, 0);
-    while let Some(d) = c.poll() {
-        match (d.status, &d.error) {
-            (WcStatus::Success, None) => {}
-            (WcStatus::WrFlushErr, None) => flushed += 1,
+    let (mut flushed, mut refused, mut closed) = (0, 0, 0);
+    while let Some(ev) = c.poll() {
+        let token = match ev {
+            Event::Done(d) if d.status == WcStatus::Success => d.token,
+            Event::Done(d) if d.status == WcStatus::WrFlushErr => {
+                flushed += 1;
+                d.token
+            }
             // Still in the client's ring when the shutdown began (a slow device, a busy host):
             // refused before reaching the device, with the reason.
-            (WcStatus::GeneralErr, Some(_)) => refused += 1,
-            _ => panic!("{d:?}"),
-        }
-        assert!(seen.insert(d.token), "token {} completed twice", d.token);
+            Event::Refused { token, .. } => {
+                refused += 1;
+                token
+            }
+            Event::Message { .. } => continue, // the grant
+            Event::Closed { .. } => {
+                closed += 1;
+                continue;
+            }
+            e => panic!("{e:?}"),
+        };
+        assert!(seen.insert(token), "token {token} completed twice");
     }
     println!("{N} writes at shutdown: {flushed} flushed, {refused} refused, the rest done");
     assert_eq!(seen.len() as u64, N, "every request completed exactly once");
-    let closed = log.lock().unwrap().iter().filter(|l| l.starts_with("closed")).count();
-    assert_eq!(closed, 2, "{:?}", log.lock().unwrap());
+    let accepted = log.lock().unwrap().iter().filter(|l| l.starts_with("closed")).count();
+    assert_eq!((closed, accepted), (1, 1), "{:?}", log.lock().unwrap());
     assert_eq!(metrics.len(), 1);
 }
 
@@ -249,10 +278,39 @@ pub fn connect_to_nowhere_fails_cleanly<P: Provider>(map: &str, nowhere: SocketA
     let log: Log = Arc::default();
     let (mut e, _) = engine::<P>(&log, map);
     let mut c = e.client(0).unwrap();
-    c.submit(req(None, ExtOp::Connect { addr: nowhere }, vec![], 4)).unwrap();
-    let d = done(&mut c);
-    assert_eq!((d.token, d.conn), (4, None));
-    let error = verbs::chain(&d.error.unwrap()).to_string();
+    c.connect(nowhere, b"", 4).unwrap();
+    let error = match c.wait(HANG) {
+        Some(Event::ConnectFailed { token: 4, error }) => verbs::chain(&error).to_string(),
+        e => panic!("{e:?}"),
+    };
     assert!(error.contains(expect), "{error:?} should say {expect:?}");
+    e.shutdown().unwrap();
+}
+
+/// A client closes the connection it opened: what it sent arrived, it hears `Closed` with
+/// `Local`, the handler's end closes with `Peer`, and the connection takes nothing more.
+pub fn a_client_closes_its_connection<P: Provider>(map: &str) {
+    let log: Log = Arc::default();
+    let (mut e, _) = engine::<P>(&log, map);
+    let addr = e.listen_addr().unwrap();
+    let mut c = Inbox::new(e.client(0).unwrap());
+    c.c.connect(addr, b"", 1).unwrap();
+    let conn = match c.take("connect", |e| !matches!(e, Event::Message { .. })) {
+        Event::Connected { conn, .. } => conn,
+        e => panic!("{e:?}"),
+    };
+    c.submit(conn, Op::Send { buf: b"bye".to_vec(), imm: None }, 2);
+    assert_eq!(c.done(2).status, WcStatus::Success);
+    c.take("the echo", |e| matches!(e, Event::Message { data, .. } if data == b"bye"));
+    c.c.close(conn).unwrap();
+    let closed = c.take("the close", |e| matches!(e, Event::Closed { .. }));
+    assert!(
+        matches!(closed, Event::Closed { conn: c, reason: CloseReason::Local } if c == conn),
+        "{closed:?}"
+    );
+    wait_for(&log, "closed Peer");
+    c.c.close(conn).unwrap();
+    let again = c.take("the second close's refusal", |e| matches!(e, Event::CloseFailed { .. }));
+    assert!(matches!(again, Event::CloseFailed { conn: c, .. } if c == conn), "{again:?}");
     e.shutdown().unwrap();
 }

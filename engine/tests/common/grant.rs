@@ -50,3 +50,13 @@ impl<P: Provider> Granter<P> {
 pub fn granted(msg: &Message<'_>) -> Option<RemoteRegion> {
     (msg.imm == Some(IMM)).then(|| RemoteRegion::from_bytes(msg.data)).flatten()
 }
+
+/// The region a grant's message to an external client names (`None`: another event).
+pub fn granted_event(e: &corelink_engine::Event) -> Option<RemoteRegion> {
+    match e {
+        corelink_engine::Event::Message { data, imm: Some(IMM), .. } => {
+            RemoteRegion::from_bytes(data)
+        }
+        _ => None,
+    }
+}

@@ -126,7 +126,7 @@ impl<P: Provider> Handler<P> for Driver<P> {
         }
     }
 
-    fn on_completion(&mut self, _cx: &mut Cx<P>, done: Done<P>) {
+    fn on_completion(&mut self, _cx: &mut Cx<P>, done: Done<Buf<P>>) {
         if done.token != crate::grant::TOKEN {
             self.log(Ev::Done(done.token, done.status));
         }

@@ -140,7 +140,7 @@ impl<P: Provider> Handler<P> for Tester<P> {
         self.log(Ev::Connected(n, info.initiated));
     }
 
-    fn on_completion(&mut self, _cx: &mut Cx<P>, done: Done<P>) {
+    fn on_completion(&mut self, _cx: &mut Cx<P>, done: Done<Buf<P>>) {
         let bytes = done.buf.as_ref().map(|b| b.as_slice().to_vec()).unwrap_or_default();
         self.log(Ev::Done(done.token, done.status, bytes, done.old_value));
     }

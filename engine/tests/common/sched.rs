@@ -57,6 +57,9 @@ struct Sched<P: Provider> {
     /// The worker's metrics when the script started.
     base: Metrics,
     peer: Option<(ConnId, RemoteRegion)>,
+    /// Where to connect, once the test knows the engine's address (the handler connects: the
+    /// connection is its own, so the grant comes to it).
+    dial: Arc<Mutex<Option<SocketAddr>>>,
     reads_done: u64,
     reads_issued: u64,
     expect: usize,
@@ -87,6 +90,12 @@ impl<P: Provider> Sched<P> {
 }
 
 impl<P: Provider> Handler<P> for Sched<P> {
+    fn poll(&mut self, cx: &mut Cx<P>) {
+        if let Some(addr) = self.dial.try_lock().ok().and_then(|mut d| d.take()) {
+            cx.connect(addr, b"", 1).unwrap();
+        }
+    }
+
     fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
         if !info.initiated {
             self.granter.grant(cx, conn);
@@ -146,7 +155,7 @@ impl<P: Provider> Handler<P> for Sched<P> {
         }
     }
 
-    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         if done.token == crate::grant::TOKEN {
             return; // the grant's message went
         }
@@ -192,8 +201,11 @@ pub fn run<P: Provider>(provider: &str, listen: SocketAddr, extra: &str, script:
     let v = parse(&text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
     let seen: Shared = Arc::default();
     let s = seen.clone();
-    let mut e = Engine::<P>::start(&v, Placement::RoundRobin, move |_| Sched {
+    let dial: Arc<Mutex<Option<SocketAddr>>> = Arc::default();
+    let d = dial.clone();
+    let e = Engine::<P>::start(&v, Placement::RoundRobin, move |_| Sched {
         script,
+        dial: d.clone(),
         seen: s.clone(),
         granter: Granter::default(),
         base: Metrics::default(),
@@ -203,10 +215,7 @@ pub fn run<P: Provider>(provider: &str, listen: SocketAddr, extra: &str, script:
         expect: usize::MAX,
     })
     .unwrap();
-    let addr = e.listen_addr().unwrap();
-    let mut c = e.client(0).unwrap();
-    c.submit(ExtRequest { conn: None, op: ExtOp::Connect { addr }, data: vec![], token: 1 })
-        .unwrap();
+    *dial.lock().unwrap() = e.listen_addr();
     let deadline = Instant::now() + HANG;
     while !seen.lock().unwrap().done {
         assert!(Instant::now() < deadline, "{script:?} hung: {:?}", seen.lock().unwrap().order);

@@ -238,7 +238,7 @@ impl<P: Provider> Handler<P> for Traffic<P> {
         }
     }
 
-    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         if done.token == crate::grant::TOKEN {
             return; // the grant's message went
         }
@@ -315,7 +315,7 @@ impl<P: Provider> Traffic<P> {
     }
 
     /// A completion of this handler's traffic.
-    fn on_done(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+    fn on_done(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         self.completions += 1;
         let n = self.completions;
         self.report.completions.store(n, Ordering::Relaxed);

@@ -65,7 +65,7 @@ pub(super) struct ClientPart<P: Provider> {
 const BG_TOKEN: u64 = u64::MAX - 1;
 
 /// An operation's buffer, back (none for atomics).
-fn op_buf<P: Provider>(op: Op<P>) -> Option<Buf<P>> {
+fn op_buf<P: Provider>(op: Op<Buf<P>>) -> Option<Buf<P>> {
     match op {
         Op::Send { buf, .. } | Op::Write { buf, .. } | Op::Read { buf, .. } => Some(buf),
         Op::FetchAdd { .. } | Op::CompareSwap { .. } => None,
@@ -379,7 +379,7 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
     }
 
     #[inline]
-    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         if self.error.is_some() {
             return;
         }

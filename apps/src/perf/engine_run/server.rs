@@ -3,7 +3,7 @@
 
 use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
 use corelink_engine::{
-    CloseReason, ConnId, ConnInfo, Cx, Done, EngineError, Handler, Memory, Message,
+    Buf, CloseReason, ConnId, ConnInfo, Cx, Done, EngineError, Handler, Memory, Message,
 };
 
 use super::{
@@ -148,7 +148,7 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
         }
     }
 
-    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<P>) {
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         let _ = GRANT_TOKEN; // the grant's send ends like any answer
         if !done.status.is_success() && done.status != WcStatus::WrFlushErr {
             self.fail(cx, done.conn, format!("answer: {}", done.status));

@@ -1,0 +1,150 @@
+//! A worker's external clients: each one's submission ring, its event ring, and the events its
+//! ring could not take yet (they wait here, in order, and go to the client's overflow when the
+//! worker stops, so that none is lost).
+
+use std::collections::VecDeque;
+
+use crate::client::{ClientRequest, Event, Overflow};
+use crate::ring::{Consumer, Producer};
+use crate::tunables::CLIENT_RING;
+
+/// One client's ends, as its worker holds them.
+struct End {
+    requests: Consumer<ClientRequest>,
+    events: Producer<Event>,
+    /// Events waiting for room in `events` (everything after the first one waits too).
+    backlog: VecDeque<Event>,
+    overflow: Overflow,
+}
+
+impl Drop for End {
+    fn drop(&mut self) {
+        // The worker stops: what the ring could not take goes to the client (before the ring
+        // end drops, which is how the client knows to look).
+        if !self.backlog.is_empty() {
+            if let Ok(mut o) = self.overflow.lock() {
+                o.extend(self.backlog.drain(..));
+            }
+        }
+    }
+}
+
+/// The clients of one worker, by number (a request's `Origin::Client(n)`).
+pub(crate) struct Clients {
+    ends: Vec<End>,
+    /// Events now waiting in backlogs, over every client.
+    waiting: usize,
+}
+
+impl Clients {
+    /// Room for `capacity` clients, reserved now.
+    pub(crate) fn new(capacity: usize) -> Self {
+        Clients { ends: Vec::with_capacity(capacity), waiting: 0 }
+    }
+
+    /// Adds a client; returns its number.
+    pub(crate) fn add(
+        &mut self,
+        requests: Consumer<ClientRequest>,
+        events: Producer<Event>,
+        overflow: Overflow,
+    ) -> u16 {
+        let backlog = VecDeque::with_capacity(CLIENT_RING);
+        self.ends.push(End { requests, events, backlog, overflow });
+        (self.ends.len() - 1) as u16
+    }
+
+    /// Clients.
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether there are none.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Client `n`'s next submission, if any.
+    pub(crate) fn next_request(&mut self, n: usize) -> Option<ClientRequest> {
+        self.ends.get_mut(n)?.requests.pop()
+    }
+
+    /// Tells client `n` `e` (in order after everything told before).
+    pub(crate) fn tell(&mut self, n: u16, e: Event) {
+        let Some(end) = self.ends.get_mut(usize::from(n)) else { return };
+        if end.backlog.is_empty() {
+            match end.events.push(e) {
+                Ok(()) => return,
+                Err(e) => end.backlog.push_back(e),
+            }
+        } else {
+            end.backlog.push_back(e);
+        }
+        self.waiting += 1;
+    }
+
+    /// Whether events wait for room in their client's ring.
+    pub(crate) fn backlogged(&self) -> bool {
+        self.waiting > 0
+    }
+
+    /// Moves waiting events into their rings while there is room.
+    pub(crate) fn flush(&mut self) {
+        for end in &mut self.ends {
+            while let Some(e) = end.backlog.pop_front() {
+                if let Err(e) = end.events.push(e) {
+                    end.backlog.push_front(e);
+                    break;
+                }
+                self.waiting -= 1;
+            }
+        }
+    }
+
+    /// Submissions queued in the clients' rings now.
+    pub(crate) fn queued(&self) -> usize {
+        self.ends.iter().map(|e| e.requests.len()).sum()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::request::{CloseReason, ConnId};
+    use crate::ring::ring;
+
+    fn closed(slot: u16) -> Event {
+        Event::Closed {
+            conn: ConnId { worker: 0, slot, generation: 1 },
+            reason: CloseReason::Local,
+        }
+    }
+
+    fn slot(e: Option<Event>) -> u16 {
+        match e {
+            Some(Event::Closed { conn, .. }) => conn.slot,
+            e => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn events_beyond_the_ring_wait_in_order_and_reach_the_client_at_stop() {
+        let (_submit, requests) = ring(2);
+        let (events, mut client) = ring(2);
+        let overflow = Overflow::default();
+        let mut c = Clients::new(1);
+        let n = c.add(requests, events, overflow.clone());
+        for s in 1..=5 {
+            c.tell(n, closed(s));
+        }
+        assert!(c.backlogged());
+        assert_eq!(slot(client.pop()), 1);
+        c.flush();
+        assert_eq!((slot(client.pop()), slot(client.pop())), (2, 3));
+        assert!(c.backlogged());
+        drop(c);
+        assert!(client.pop().is_none());
+        let o: Vec<u16> = overflow.lock().unwrap().drain(..).map(|e| slot(Some(e))).collect();
+        assert_eq!(o, [4, 5]);
+    }
+}
