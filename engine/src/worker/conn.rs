@@ -75,33 +75,6 @@ impl<P: Provider> Req<P> {
         }
     }
 
-    /// The outcome an external client hears (`data` is its vector: a read's gets the bytes
-    /// read, within the capacity the client gave).
-    pub(crate) fn client_done(
-        &self,
-        status: WcStatus,
-        mut data: Vec<u8>,
-        old_value: Option<u64>,
-    ) -> crate::request::Done<Vec<u8>> {
-        let buf = match self.kind {
-            OpKind::FetchAdd | OpKind::CompareSwap => None,
-            OpKind::Read if status.is_success() => {
-                data.clear();
-                data.extend_from_slice(self.buf.as_slice());
-                Some(data)
-            }
-            _ => Some(data),
-        };
-        crate::request::Done {
-            conn: self.conn,
-            token: self.token,
-            kind: self.kind,
-            status,
-            buf,
-            old_value,
-        }
-    }
-
     /// The operation back, for a request refused before it was queued.
     pub(crate) fn into_op(self) -> crate::request::Op<Buf<P>> {
         use crate::request::Op;

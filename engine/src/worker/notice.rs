@@ -3,6 +3,7 @@
 use corelink_verbs::{Provider, WcStatus};
 
 use super::conn::Req;
+use super::requests::{ReqId, Retired};
 use crate::client::Event;
 use crate::error::EngineError;
 use crate::handoff::Origin;
@@ -19,9 +20,9 @@ pub(crate) enum Notice<P: Provider> {
 }
 
 impl<P: Provider> Notice<P> {
-    /// The notice telling a request's issuer that it ended with `status` off the device.
-    /// `data` is an external client's vector (see `Requests`).
-    pub(crate) fn failed(r: Req<P>, status: WcStatus, data: Vec<u8>) -> Notice<P> {
+    /// The notice telling the issuer of request `id` (taken out as `r`) that it ended with
+    /// `status` off the device. `data` is an external client's vector (see `Requests`).
+    pub(crate) fn failed(id: ReqId, r: Req<P>, status: WcStatus, data: Vec<u8>) -> Notice<P> {
         match r.origin {
             Origin::Handler => Notice::Done(Done {
                 conn: r.conn,
@@ -31,7 +32,9 @@ impl<P: Provider> Notice<P> {
                 buf: Some(r.buf),
                 old_value: None,
             }),
-            Origin::Client(n) => Notice::Client(n, Event::Done(r.client_done(status, data, None))),
+            Origin::Client(n) => {
+                Notice::Client(n, Event::Done(Retired::of(id, r).client_done(status, data, None)))
+            }
         }
     }
 

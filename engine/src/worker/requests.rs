@@ -8,13 +8,67 @@ use std::collections::HashMap;
 
 use corelink_verbs::{Provider, WcStatus};
 
+use crate::pool::Buf;
+use crate::request::{ConnId, Done, OpKind};
+
 use super::conn::{MergeKey, Req};
 use super::notice::Notice;
 use super::outbox::Outbox;
-use crate::slab::{Id, Slab};
+use crate::handoff::Origin;
+use crate::slab::{Fifo, Id, Slab};
 
 /// A request's id: its slot in the worker's slab and the slot's generation.
 pub(crate) type ReqId = Id;
+
+/// A request as its completion takes it out of the slab: what telling its issuer needs.
+#[derive(Debug)]
+pub(crate) struct Retired<P: Provider> {
+    pub(crate) id: ReqId,
+    pub(crate) conn: ConnId,
+    pub(crate) kind: OpKind,
+    pub(crate) buf: Buf<P>,
+    /// Bytes it moved.
+    pub(crate) len: u32,
+    pub(crate) token: u64,
+    pub(crate) origin: Origin,
+    /// The next request riding on its work request.
+    pub(crate) next: Option<ReqId>,
+}
+
+impl<P: Provider> Retired<P> {
+    /// The parts of request `id`, taken out as `r`.
+    #[inline(always)]
+    pub(crate) fn of(id: ReqId, r: Req<P>) -> Self {
+        let Req { conn, kind, buf, len, token, origin, next, .. } = r;
+        Retired { id, conn, kind, buf, len, token, origin, next }
+    }
+
+    /// Whether it counted against the QP's outstanding reads and atomics.
+    #[inline(always)]
+    pub(crate) fn is_rd_atomic(&self) -> bool {
+        matches!(self.kind, OpKind::Read | OpKind::FetchAdd | OpKind::CompareSwap)
+    }
+
+    /// The outcome an external client hears (`data` is its vector: a read's gets the bytes
+    /// read, within the capacity the client gave).
+    pub(crate) fn client_done(
+        self,
+        status: WcStatus,
+        mut data: Vec<u8>,
+        old_value: Option<u64>,
+    ) -> Done<Vec<u8>> {
+        let buf = match self.kind {
+            OpKind::FetchAdd | OpKind::CompareSwap => None,
+            OpKind::Read if status.is_success() => {
+                data.clear();
+                data.extend_from_slice(self.buf.as_slice());
+                Some(data)
+            }
+            _ => Some(data),
+        };
+        Done { conn: self.conn, token: self.token, kind: self.kind, status, buf, old_value }
+    }
+}
 
 /// The requests of one worker.
 pub(crate) struct Requests<P: Provider> {
@@ -43,9 +97,12 @@ impl<P: Provider> Requests<P> {
     #[allow(clippy::result_large_err)]
     #[inline(always)]
     pub(crate) fn insert(&mut self, r: Req<P>, ext: Vec<u8>) -> Result<ReqId, (Req<P>, Vec<u8>)> {
+        let client = matches!(r.origin, Origin::Client(_));
         match self.slab.insert(r) {
             Ok(id) => {
-                if ext.capacity() > 0 {
+                if client {
+                    // (every client request's vector is taken when it leaves: the slot's is empty)
+                    debug_assert_eq!(self.ext[id.slot()].capacity(), 0);
                     self.ext[id.slot()] = ext;
                 }
                 Ok(id)
@@ -81,16 +138,42 @@ impl<P: Provider> Requests<P> {
     /// Takes request `id` out, with its client's vector; its merge entry goes too.
     #[inline(always)]
     pub(crate) fn remove(&mut self, id: ReqId) -> Option<(Req<P>, Vec<u8>)> {
+        let r = self.take(id)?;
+        let ext = self.vector(id, r.origin);
+        Some((r, ext))
+    }
+
+    /// Takes request `id` out, leaving an external client's vector for [`Requests::vector`],
+    /// which its completion calls at once (before any request is stored).
+    #[inline(always)]
+    pub(crate) fn take(&mut self, id: ReqId) -> Option<Req<P>> {
         let r = self.slab.remove(id)?;
         if let Some(epoch) = r.merge_epoch {
             self.unmerge(&r, epoch, id);
         }
-        // Only an external client's request has a vector (the handler's never touch the table).
-        let ext = match r.origin {
-            crate::handoff::Origin::Client(_) => std::mem::take(&mut self.ext[id.slot()]),
-            crate::handoff::Origin::Handler => Vec::new(),
-        };
-        Some((r, ext))
+        Some(r)
+    }
+
+    /// Takes the first request of a lane's `posted` queue out (one visit of its slot), as the
+    /// parts its completion needs (the record is destructured where it lies, not moved whole),
+    /// leaving its vector as [`Requests::take`] does.
+    #[inline(always)]
+    pub(crate) fn pop_posted(&mut self, posted: &mut Fifo) -> Option<Retired<P>> {
+        let (id, r) = posted.pop_take(&mut self.slab)?;
+        if let Some(epoch) = r.merge_epoch {
+            self.unmerge(&r, epoch, id);
+        }
+        let Req { conn, kind, buf, len, token, origin, next, .. } = r;
+        Some(Retired { id, conn, kind, buf, len, token, origin, next })
+    }
+
+    /// The vector of request `id` (taken out, from `origin`): an external client's, or none.
+    #[inline(always)]
+    pub(crate) fn vector(&mut self, id: ReqId, origin: Origin) -> Vec<u8> {
+        match origin {
+            Origin::Client(_) => std::mem::take(&mut self.ext[id.slot()]),
+            Origin::Handler => Vec::new(),
+        }
     }
 
     #[inline(never)]
@@ -137,7 +220,7 @@ impl<P: Provider> Requests<P> {
         while let Some(n) = next {
             let Some((r, data)) = self.remove(n) else { break };
             next = r.next;
-            outbox.notify(Notice::failed(r, status, data));
+            outbox.notify(Notice::failed(n, r, status, data));
         }
     }
 

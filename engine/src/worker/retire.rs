@@ -5,8 +5,8 @@
 
 use corelink_verbs::{Provider, Wc, WcOpcode, WcStatus};
 
-use super::conn::{Phase, Req};
-use super::requests::ReqId;
+use super::conn::Phase;
+use super::requests::{ReqId, Retired};
 use super::{Handler, Worker};
 use crate::handoff::Origin;
 use crate::request::{Done, OpKind};
@@ -20,18 +20,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         loop {
             let Some(c) = self.cx.conns.at_mut(slot) else { return self.cx.invariant_missed() };
             let Some(lane) = c.lanes.get_mut(l) else { return self.cx.invariant_missed() };
-            let Some(id) = lane.sq.posted.pop(self.cx.reqs.slab()) else {
+            let Some(r) = self.cx.reqs.pop_posted(&mut lane.sq.posted) else {
                 return self.cx.invariant_missed();
             };
-            let mine = id == done;
+            let mine = r.id == done;
             let status = if mine { wc.status } else { WcStatus::Success };
-            let Some((r, ext)) = self.cx.reqs.remove(id) else {
-                self.cx.invariant_missed();
-                if mine {
-                    return;
-                }
-                continue;
-            };
             if r.is_rd_atomic() {
                 lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
             }
@@ -39,19 +32,18 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 c.note_error(status);
                 self.cx.conns.mark(slot);
             }
-            self.finish(r, ext, status);
+            self.finish(r, status);
             if mine {
                 return;
             }
         }
     }
 
-    /// Tells a request (taken out as `r`, with its client's vector `ext`) and every request
-    /// riding on it how it ended.
+    /// Tells a request (taken out as `r`) and every request riding on it how it ended.
     #[inline(always)]
-    pub(super) fn finish(&mut self, r: Req<P>, ext: Vec<u8>, status: WcStatus) {
+    pub(super) fn finish(&mut self, r: Retired<P>, status: WcStatus) {
         let mut next = r.next;
-        if r.kind == OpKind::Read && status.is_success() {
+        if r.kind == OpKind::Read && status.is_success() && next.is_some() {
             // The bytes read go to every merged requester too.
             let mut n = next;
             while let Some(id) = n {
@@ -61,20 +53,17 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 n = f.next;
             }
         }
-        self.complete(r, ext, status);
+        self.complete(r, status);
         while let Some(id) = next {
-            let Some((f, ext)) = self.cx.reqs.remove(id) else {
-                return self.cx.invariant_missed();
-            };
+            let Some(f) = self.cx.reqs.take(id) else { return self.cx.invariant_missed() };
             next = f.next;
-            self.complete(f, ext, status);
+            self.complete(Retired::of(id, f), status);
         }
     }
 
-    /// Tells the issuer of a request (taken out as `r`, with its client's vector `ext`) how it
-    /// ended.
+    /// Tells the issuer of a request (just taken out as `r`) how it ended.
     #[inline(always)]
-    pub(super) fn complete(&mut self, r: Req<P>, ext: Vec<u8>, status: WcStatus) {
+    pub(super) fn complete(&mut self, r: Retired<P>, status: WcStatus) {
         self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
         let old_value = match r.kind {
             OpKind::FetchAdd | OpKind::CompareSwap if status.is_success() => {
@@ -86,17 +75,12 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         };
         match r.origin {
             Origin::Handler => {
-                let done = Done {
-                    conn: r.conn,
-                    token: r.token,
-                    kind: r.kind,
-                    status,
-                    buf: Some(r.buf),
-                    old_value,
-                };
+                let Retired { conn, token, kind, buf, .. } = r;
+                let done = Done { conn, token, kind, status, buf: Some(buf), old_value };
                 self.handler.on_completion(&mut self.cx, done);
             }
             Origin::Client(n) => {
+                let ext = self.cx.reqs.vector(r.id, r.origin);
                 let done = r.client_done(status, ext, old_value);
                 self.clients.tell(n, crate::client::Event::Done(done));
             }

@@ -64,7 +64,7 @@ fn flush_waiting<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
     for q in c.waiting.queues.iter_mut() {
         while let Some(id) = q.pop(x.reqs.slab()) {
             if let Some((r, data)) = x.reqs.remove(id) {
-                x.outbox.notify(Notice::failed(r, WcStatus::WrFlushErr, data));
+                x.outbox.notify(Notice::failed(id, r, WcStatus::WrFlushErr, data));
             }
         }
     }

@@ -58,7 +58,21 @@ pub(super) struct ClientPart<P: Provider> {
     bg_started: bool,
     /// State of the record picker (`--hot-records`).
     rng: u64,
+    /// A bandwidth test's timed part, once it runs: what each completion posts again.
+    steady: Option<Steady>,
     _p: std::marker::PhantomData<fn() -> P>,
+}
+
+/// A bandwidth test's steady state, decided as its timed part starts: each completion of the
+/// size's token posts the same request again with its buffer, nothing else to decide (the
+/// lean loop a perftest-style benchmark runs, so that what it measures is the engine's cost).
+#[derive(Clone, Copy, Debug)]
+struct Steady {
+    conn: ConnId,
+    token: u64,
+    verb: Verb,
+    remote: corelink_engine::verbs::RemoteAddr,
+    flat: bool,
 }
 
 /// The token of background writes (`--bg-writes`).
@@ -105,6 +119,7 @@ impl<P: Provider> ClientPart<P> {
             retry: Vec::new(),
             bg_started: false,
             rng: 0x9e37_79b9_7f4a_7c15,
+            steady: None,
             _p: std::marker::PhantomData,
         }
     }
@@ -175,6 +190,16 @@ impl<P: Provider> ClientPart<P> {
         self.started = now;
         self.mark = (now, 0);
         self.deadline = o.duration.map(|d| now + d);
+        self.steady = match (self.conn, self.region) {
+            (Some(conn), Some(rg))
+                if !o.test.is_lat()
+                    && (o.test.verb() != Verb::Read || o.sched.hot_records == 0) =>
+            {
+                let (verb, flat) = (o.test.verb(), o.sched.flat);
+                Some(Steady { conn, token: self.token(), verb, remote: rg.at(0), flat })
+            }
+            _ => None,
+        };
         self.start_background(cx);
         for b in std::mem::take(&mut self.spare) {
             if !self.more(now) {
@@ -293,7 +318,41 @@ impl<P: Provider> ClientPart<P> {
         self.issue(cx, buf);
     }
 
+    /// Posts a bandwidth test's request again (its buffer back from the completion).
+    #[inline(always)]
+    fn reissue(&mut self, cx: &mut Cx<P>, s: Steady, buf: Option<Buf<P>>) {
+        let op = match (s.verb, buf) {
+            (Verb::Write, Some(buf)) => Op::Write { buf, remote: s.remote, imm: None },
+            (Verb::Send, Some(buf)) => Op::Send { buf, imm: None },
+            (Verb::Read, Some(buf)) => Op::Read { buf, remote: s.remote },
+            (Verb::Atomic, _) => Op::FetchAdd { remote: s.remote, add: 1 },
+            (_, None) => return self.fail(cx, "no buffer for the request".into()),
+        };
+        let r =
+            if s.flat { cx.post_now(s.conn, op, s.token) } else { cx.submit(s.conn, op, s.token) };
+        match r {
+            Ok(()) => self.posted += 1,
+            Err((op, EngineError::QueueFull(_))) => self.retry.push(op_buf(op)),
+            Err((_, e)) => {
+                self.fail(cx, format!("{} of {} B: {e}", self.opts.test.name(), self.size))
+            }
+        }
+    }
+
+    /// The peak rate, sampled once per loop iteration (completions of one share its clock).
+    #[inline(never)]
+    fn sample_peak(&mut self, now: Instant) {
+        self.last_now = now;
+        let dt = now.saturating_duration_since(self.mark.0);
+        if dt >= PEAK_INTERVAL {
+            let rate = (self.completed - self.mark.1) as f64 / dt.as_secs_f64();
+            self.peak_rate = self.peak_rate.max(rate);
+            self.mark = (now, self.completed);
+        }
+    }
+
     fn finish_size(&mut self, cx: &mut Cx<P>, now: Instant) {
+        self.steady = None;
         phase::timed_phase_end(self.size);
         let elapsed = now.duration_since(self.started);
         let samples = std::mem::take(&mut self.samples);
@@ -383,6 +442,21 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         if self.error.is_some() {
             return;
         }
+        if let Some(s) = self.steady {
+            if done.token == s.token && done.status.is_success() {
+                self.completed += 1;
+                let now = cx.now();
+                if now != self.last_now {
+                    self.sample_peak(now);
+                }
+                if self.more(now) {
+                    self.reissue(cx, s, done.buf);
+                } else if self.completed == self.posted {
+                    self.finish_size(cx, now);
+                }
+                return;
+            }
+        }
         if done.token == GRANT_TOKEN && done.status.is_success() {
             return; // this side's grant reached the server
         }
@@ -422,14 +496,7 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         // The loop's own clock (read once per iteration): no clock read per request.
         let now = cx.now();
         if now != self.last_now {
-            // Once per iteration (completions of one iteration share its clock).
-            self.last_now = now;
-            let dt = now.saturating_duration_since(self.mark.0);
-            if dt >= PEAK_INTERVAL {
-                let rate = (self.completed - self.mark.1) as f64 / dt.as_secs_f64();
-                self.peak_rate = self.peak_rate.max(rate);
-                self.mark = (now, self.completed);
-            }
+            self.sample_peak(now);
         }
         if self.more(now) {
             let buf = match t.verb() {
