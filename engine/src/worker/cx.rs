@@ -219,9 +219,9 @@ impl<P: Provider> Cx<P> {
         if usize::from(class) >= CLASSES {
             return Err((op, EngineError::NoSuchClass { class, classes: CLASSES }));
         }
-        let id = self.accept(conn, op, token, Origin::Handler)?;
-        self.enqueue(conn, id, class);
-        Ok(())
+        self.accept_with(conn, op, token, Origin::Handler, Vec::new(), Some(class))
+            .map(|_| ())
+            .map_err(|(op, _, e)| (op, e))
     }
 
     /// The flat path: posts the request now, on its own doorbell, signalled, bypassing the
@@ -272,12 +272,13 @@ impl<P: Provider> Cx<P> {
         token: u64,
         origin: Origin,
     ) -> Result<ReqId, (Op<Buf<P>>, EngineError)> {
-        self.accept_with(conn, op, token, origin, Vec::new()).map_err(|(op, _, e)| (op, e))
+        self.accept_with(conn, op, token, origin, Vec::new(), None).map_err(|(op, _, e)| (op, e))
     }
 
     /// Checks `conn` and makes `op` a request (with an external client's vector `ext`, given
-    /// back in its completion); returns its id, or everything back with why (unboxed: a
-    /// refusal allocates nothing).
+    /// back in its completion), queued in `class` if one is given (with the one lookup of the
+    /// connection); returns its id, or everything back with why (unboxed: a refusal allocates
+    /// nothing).
     #[allow(clippy::result_large_err)]
     #[inline(always)]
     pub(crate) fn accept_with(
@@ -287,11 +288,20 @@ impl<P: Provider> Cx<P> {
         token: u64,
         origin: Origin,
         ext: Vec<u8>,
+        class: Option<u8>,
     ) -> Result<ReqId, Refusal<P>> {
-        let peer_recv_size = match self.check_open(conn) {
-            Ok(n) => n,
+        if self.stopping {
+            return Err((op, ext, EngineError::ShuttingDown));
+        }
+        let Cx { conns, reqs, pool, cfg, .. } = self;
+        let c = match conns.get_mut(conn) {
+            Ok(c) => c,
             Err(e) => return Err((op, ext, e)),
         };
+        if c.phase != Phase::Open {
+            return Err((op, ext, EngineError::ConnectionClosing(conn)));
+        }
+        let peer_recv_size = c.info.peer_recv_size;
         let kind = op.kind();
         if let (Op::Send { buf, .. }, Some(max)) = (&op, peer_recv_size) {
             if buf.len() > max as usize {
@@ -305,11 +315,11 @@ impl<P: Provider> Cx<P> {
             Op::Send { buf, imm } => (buf, RemoteAddr::default(), imm, 0, 0),
             Op::Write { buf, remote, imm } => (buf, remote, imm, 0, 0),
             Op::Read { buf, remote } => (buf, remote, None, 0, 0),
-            Op::FetchAdd { remote, add } => match self.pool.get(8) {
+            Op::FetchAdd { remote, add } => match pool.get(8) {
                 Ok(b) => (b, remote, None, add, 0),
                 Err(e) => return Err((Op::FetchAdd { remote, add }, ext, e)),
             },
-            Op::CompareSwap { remote, compare, swap } => match self.pool.get(8) {
+            Op::CompareSwap { remote, compare, swap } => match pool.get(8) {
                 Ok(b) => (b, remote, None, compare, swap),
                 Err(e) => return Err((Op::CompareSwap { remote, compare, swap }, ext, e)),
             },
@@ -334,13 +344,22 @@ impl<P: Provider> Cx<P> {
             merge_epoch: None,
             link: 0,
         };
-        match self.reqs.insert(r, ext) {
-            Ok(id) => Ok(id),
+        let id = match reqs.insert(r, ext) {
+            Ok(id) => id,
             Err((r, ext)) => {
-                let limit = self.reqs.len();
-                Err((r.into_op(), ext, EngineError::TooManyRequests { limit }))
+                let limit = reqs.len();
+                return Err((r.into_op(), ext, EngineError::TooManyRequests { limit }));
+            }
+        };
+        if let Some(class) = class {
+            let k = if cfg.priorities { usize::from(class).min(CLASSES - 1) } else { 0 };
+            c.waiting.queues[k].push(reqs.slab_mut(), id);
+            c.waiting.len += 1;
+            if c.waiting.len == 1 {
+                conns.mark(conn.slot);
             }
         }
+        Ok(id)
     }
 
     /// Checks that `conn` takes requests; returns the largest send its peer takes.
@@ -360,19 +379,6 @@ impl<P: Provider> Cx<P> {
     /// up to this size lands in one receive buffer.
     pub fn recv_size(&self) -> usize {
         self.cfg.recv_size
-    }
-
-    /// Puts request `id` of `conn` in the wait queue of `class`.
-    #[inline(always)]
-    pub(crate) fn enqueue(&mut self, conn: ConnId, id: ReqId, class: u8) {
-        // (`accept` found the connection open just before)
-        let k = if self.cfg.priorities { usize::from(class).min(CLASSES - 1) } else { 0 };
-        let Ok(c) = self.conns.get_mut(conn) else { return self.invariant_missed() };
-        c.waiting.queues[k].push(self.reqs.slab_mut(), id);
-        c.waiting.len += 1;
-        if c.waiting.len == 1 {
-            self.conns.mark(conn.slot);
-        }
     }
 
     /// Sends `buf`'s bytes (with an immediate if `imm`); the peer's handler hears

@@ -83,11 +83,8 @@ impl<P: Provider> Cx<P> {
             Ok(op) => op,
             Err((op, error)) => return Some(Event::Refused { conn, token, op, error }),
         };
-        match self.accept_with(conn, op, token, origin, vector) {
-            Ok(id) => {
-                self.enqueue(conn, id, class);
-                None
-            }
+        match self.accept_with(conn, op, token, origin, vector, Some(class)) {
+            Ok(_) => None,
             Err((op, vector, error)) => {
                 // The registered buffer goes back to the pool; the client's vector to it.
                 let op = op.map_buf(|_| vector);
