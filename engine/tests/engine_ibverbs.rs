@@ -48,6 +48,12 @@ fn a_client_closes_its_connection() {
 }
 
 #[test]
+fn every_acknowledged_message_reaches_the_handler_before_its_close() {
+    let Some((map, _)) = target() else { return };
+    e2e::every_acknowledged_message_reaches_the_handler_before_its_close::<Ibverbs>(&map);
+}
+
+#[test]
 fn shutdown_with_requests_in_flight_completes_each_once() {
     let Some((map, _)) = target() else { return };
     e2e::shutdown_with_requests_in_flight_completes_each_once::<Ibverbs>(&map);

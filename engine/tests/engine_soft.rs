@@ -38,3 +38,10 @@ fn connect_to_nowhere_fails_cleanly() {
 fn a_client_closes_its_connection() {
     e2e::a_client_closes_its_connection::<Soft>(&map("10.99.0.4:0"));
 }
+
+#[test]
+fn every_acknowledged_message_reaches_the_handler_before_its_close() {
+    e2e::every_acknowledged_message_reaches_the_handler_before_its_close::<Soft>(&map(
+        "10.99.0.5:0",
+    ));
+}

@@ -304,9 +304,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             return;
         }
         self.cx.metrics.completion(wc.opcode, wc.status, wc.byte_len);
-        if c.phase != Phase::Open {
-            return;
-        }
+        // Delivered even once the connection is closing: the sender has its acknowledgement,
+        // so the message is the application's (it comes before `on_closed`, which waits for
+        // every receive). Its buffer is not posted again then (`repost` checks).
         let conn = c.id;
         let write_imm = wc.opcode == WcOpcode::RecvRdmaWithImm;
         let len = if write_imm { 0 } else { wc.byte_len as usize };

@@ -22,6 +22,11 @@ use crate::grant::{granted, granted_event, Granter};
 
 type Log = Arc<Mutex<Vec<String>>>;
 
+/// A message the accepting handler closes its connection on.
+const CLOSE_ME: &[u8] = b"close me";
+/// Messages it only logs.
+const AFTER: &[u8] = b"after";
+
 /// The memory the accepting side granted (for the test's external client, on this worker).
 type Region = Arc<Mutex<Option<RemoteRegion>>>;
 
@@ -55,6 +60,12 @@ impl<P: Provider> Handler<P> for Echo<P> {
             self.log.lock().unwrap().push(format!("echo {text} imm={:?}", msg.imm));
         } else if msg.written.is_some() {
             self.log.lock().unwrap().push(format!("written {:?} imm={:?}", msg.written, msg.imm));
+        } else if msg.data.starts_with(CLOSE_ME) {
+            // The peer's requests behind this one are on their way (or delivered already).
+            self.log.lock().unwrap().push(format!("message {text}"));
+            cx.close(conn).unwrap();
+        } else if msg.data.starts_with(AFTER) {
+            self.log.lock().unwrap().push(format!("message {text}"));
         } else {
             let mut b = cx.alloc(msg.data.len()).unwrap();
             b.fill(msg.data).unwrap();
@@ -312,5 +323,46 @@ pub fn a_client_closes_its_connection<P: Provider>(map: &str) {
     c.c.close(conn).unwrap();
     let again = c.take("the second close's refusal", |e| matches!(e, Event::CloseFailed { .. }));
     assert!(matches!(again, Event::CloseFailed { conn: c, .. } if c == conn), "{again:?}");
+    e.shutdown().unwrap();
+}
+
+/// Every message whose send the sender saw succeed reaches the receiving handler, before its
+/// `on_closed`, even when the receiver closed the connection first (before, a receive that
+/// completed once the connection was closing was counted and dropped: the application lost
+/// data the sender had an acknowledgement for).
+pub fn every_acknowledged_message_reaches_the_handler_before_its_close<P: Provider>(map: &str) {
+    let log: Log = Arc::default();
+    let (mut e, _) = engine::<P>(&log, map);
+    let addr = e.listen_addr().unwrap();
+    let mut c = Inbox::new(e.client(0).unwrap());
+    c.c.connect(addr, b"", 1).unwrap();
+    let conn = match c.take("connect", |e| !matches!(e, Event::Message { .. })) {
+        Event::Connected { conn, .. } => conn,
+        e => panic!("{e:?}"),
+    };
+    const N: u64 = 8;
+    c.submit(conn, Op::Send { buf: CLOSE_ME.to_vec(), imm: None }, 100);
+    for t in 1..=N {
+        c.submit(conn, Op::Send { buf: format!("after {t}").into_bytes(), imm: None }, t);
+    }
+    let mut acked = Vec::new();
+    for t in 1..=N {
+        if c.done(t).status == WcStatus::Success {
+            acked.push(t);
+        }
+    }
+    assert!(c.done(100).status.is_success());
+    c.take("the close", |e| matches!(e, Event::Closed { .. }));
+    wait_for(&log, "closed");
+    let log = log.lock().unwrap().clone();
+    let closed_at = log.iter().position(|l| l.starts_with("closed")).unwrap();
+    for t in &acked {
+        let at = log.iter().position(|l| *l == format!("message after {t}"));
+        assert!(
+            at.is_some_and(|i| i < closed_at),
+            "message {t} was acknowledged but did not reach the handler before its close: {log:?}"
+        );
+    }
+    println!("{} of {N} sends after the close request acknowledged, each delivered", acked.len());
     e.shutdown().unwrap();
 }
