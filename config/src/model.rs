@@ -99,6 +99,13 @@ pub struct WorkerResources {
     /// `rnr_retry` 6, lets a peer send for about 61 ms before its receives are posted: the time
     /// a new connection takes to reach its worker after the connection manager is done.
     pub min_rnr_timer: u8,
+    /// The local ACK timeout of an RC lane (the IB code: 4.096 us x 2^timeout per try; 14 is
+    /// 67 ms, 19 is 2.1 s; 0 waits for ever). With `retry_cnt`, a peer that stopped answering
+    /// is detected after at most (retry_cnt + 1) tries: about 0.47 s with the defaults.
+    pub timeout: u8,
+    /// Transport retries of an RC lane before `RETRY_EXC_ERR` (0..=7; rxe retries for ever at
+    /// 7, so a dead peer is never reported there).
+    pub retry_cnt: u8,
     /// How queued requests become work requests: doorbells and completions.
     pub batching: Batching,
     /// Per-connection scheduling: priority classes, aging, outstanding limits, merging.
@@ -247,6 +254,8 @@ impl Default for WorkerResources {
             recv_size: 4096,
             rnr_retry: 6,
             min_rnr_timer: 20,
+            timeout: 14,
+            retry_cnt: 6,
             batching: Batching::default(),
             scheduler: Scheduler::default(),
             qps: Qps::default(),

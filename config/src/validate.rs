@@ -319,6 +319,8 @@ impl CoreMap {
         range("worker.recv_size", w.recv_size, 1, 1 << 30)?;
         range("worker.rnr_retry", u32::from(w.rnr_retry), 0, u32::from(RNR_RETRY_INFINITE))?;
         range("worker.min_rnr_timer", u32::from(w.min_rnr_timer), 0, 31)?;
+        range("worker.timeout", u32::from(w.timeout), 1, 31)?;
+        range("worker.retry_cnt", u32::from(w.retry_cnt), 0, 7)?;
         let lanes = self.worker.qps.per_conn.max(1);
         let per_lane = w.recvs_per_lane(1).max(w.recvs_per_lane(lanes));
         if per_lane > w.recv_queue_depth {
@@ -462,6 +464,9 @@ mod tests {
             ("[worker]\nrecvs_per_conn = 300", "worker.recv_queue_depth"),
             ("[worker]\nrnr_retry = 8", "worker.rnr_retry"),
             ("[worker]\nmin_rnr_timer = 32", "worker.min_rnr_timer"),
+            ("[worker]\ntimeout = 0", "worker.timeout"),
+            ("[worker]\ntimeout = 32", "worker.timeout"),
+            ("[worker]\nretry_cnt = 8", "worker.retry_cnt"),
             ("[worker]\nrecv_size = 0", "worker.recv_size"),
             ("gid_index = 256", "gid_index"),
             (

@@ -92,6 +92,8 @@ impl<P: Provider> Engine<P> {
             sgid_index: u8::try_from(map.gid_index).unwrap_or(u8::MAX),
             min_rnr_timer: w.min_rnr_timer,
             rnr_retry: w.rnr_retry,
+            timeout: w.timeout,
+            retry_cnt: w.retry_cnt,
             ..QpAttr::default()
         };
         let cap = QpCap {
