@@ -10,6 +10,7 @@ use corelink_verbs::{Context, Provider, QpAttr, QpCap};
 
 use crate::client::Client;
 use crate::control::{Budget, Command, Control, ControlCfg, Placement, QpPool, WorkerLink};
+use crate::device::WorkerContext;
 use crate::error::{EngineError, Result};
 use crate::handoff::ToWorker;
 use crate::metrics::{ControlMetrics, Metrics};
@@ -64,6 +65,12 @@ impl<P: Provider> Engine<P> {
     /// Starts an engine from a validated core map: opens the device, pins the control core
     /// and one worker per core, and (with `listen` set) accepts connections. `handler` makes
     /// each worker's handler on that worker's thread.
+    ///
+    /// The control core keeps the context it opened for the connection manager (listen,
+    /// connect, accept); each worker's PD, CQ, QPs and buffers are on a device context of its
+    /// own ([`corelink_verbs::Context::open_sibling`]), so that workers share no doorbell. A
+    /// worker whose context cannot be opened shares the control core's: it says so on stderr
+    /// at start, with the reason, and in [`Metrics::own_context`].
     pub fn start<H, F>(cfg: &Validated, placement: Placement, handler: F) -> Result<Engine<P>>
     where
         H: Handler<P>,
@@ -117,8 +124,10 @@ impl<P: Provider> Engine<P> {
         let mut threads = Vec::new();
         let mut metrics = Vec::new();
         for (i, &core) in cfg.workers.iter().enumerate() {
-            let pd = Arc::new(ctx.alloc_pd()?);
-            let cq = Arc::new(ctx.create_cq(w.cq_depth)?);
+            let wctx = WorkerContext::open(i, &ctx, |c| c.open_sibling());
+            let pd = Arc::new(wctx.ctx.alloc_pd()?);
+            let cq = Arc::new(wctx.ctx.create_cq(w.cq_depth)?);
+            let own_context = wctx.own;
             // The worker's QPs, made ahead on its PD and CQ (in RESET until a connection).
             let qps = QpPool::new(
                 i,
@@ -130,7 +139,8 @@ impl<P: Provider> Engine<P> {
             )?;
             let (to_w, from_c) = ring(CONTROL_RING);
             let (to_c, from_w) = ring(CONTROL_RING);
-            let published = Arc::new(Mutex::new(Metrics { worker: i, ..Metrics::default() }));
+            let published =
+                Arc::new(Mutex::new(Metrics { worker: i, own_context, ..Metrics::default() }));
             metrics.push(published.clone());
             let (h, pd2, cq2, wcfg) = (handler.clone(), pd.clone(), cq.clone(), wcfg.clone());
             let res = w.clone();
@@ -150,7 +160,13 @@ impl<P: Provider> Engine<P> {
                         i,
                         &res,
                         wcfg,
-                        Owned { cq: cq2, pd: pd2, to_control: to_c, from_control: from_c },
+                        Owned {
+                            cq: cq2,
+                            pd: pd2,
+                            own_context,
+                            to_control: to_c,
+                            from_control: from_c,
+                        },
                         published,
                         pinned,
                         h(i),

@@ -58,6 +58,7 @@ pub use corelink_verbs as verbs;
 
 mod client;
 mod control;
+mod device;
 mod engine;
 mod error;
 mod handoff;

@@ -81,6 +81,10 @@ pub struct Metrics {
     pub ring_occupancy: u64,
     /// Whether the worker thread is pinned to its core (`pin = "warn"` lets it run unpinned).
     pub pinned: bool,
+    /// Whether the worker's PD, CQ, QPs and buffers are on a device context of its own, with
+    /// doorbells no other worker rings (false: a context of its own could not be opened, as
+    /// the line at start said, and it shares the control core's).
+    pub own_context: bool,
     /// CQ polls that failed (the verbs call returned an error).
     pub poll_errors: u64,
     /// Receives that could not be posted (each closes its connection with
@@ -107,7 +111,7 @@ impl Metrics {
     }
 
     /// The counts since `earlier` (a copy taken before): every counter's difference, the
-    /// gauges (pinned, ring occupancy) as now. For measuring one phase of a run.
+    /// gauges (pinned, own context, ring occupancy) as now. For measuring one phase of a run.
     pub fn since(&self, earlier: &Metrics) -> Metrics {
         let d = |a: u64, b: u64| a.saturating_sub(b);
         let sub = |now: &mut [u64], then: &[u64]| {
@@ -165,6 +169,9 @@ impl fmt::Display for Metrics {
         writeln!(f, "  {:<28} {:>14}", "ring occupancy", self.ring_occupancy)?;
         if !self.pinned {
             writeln!(f, "  {:<28} {:>14}", "pinned", "no")?;
+        }
+        if !self.own_context {
+            writeln!(f, "  {:<28} {:>14}", "own device context", "no")?;
         }
         for (what, n) in [
             ("poll errors", self.poll_errors),

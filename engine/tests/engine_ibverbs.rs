@@ -1,8 +1,9 @@
 //! The engine end to end on the `ibverbs` provider (the checks are in `common/e2e.rs`,
-//! `common/sched.rs` and `common/memory.rs`, shared with `engine_soft.rs`, `sched_soft.rs` and
-//! `memory_soft.rs`), against the device named by `CORELINK_IBV_DEVICE` (e.g. Soft-RoCE's
-//! `rxe0`), on port `CORELINK_IBV_PORT` (default 1) with GID index `CORELINK_IBV_GID_INDEX`
-//! (default 0), listening on `CORELINK_IP` with a port the connection manager picks.
+//! `common/sched.rs`, `common/memory.rs` and `common/contexts.rs`, shared with `engine_soft.rs`,
+//! `sched_soft.rs`, `memory_soft.rs` and `contexts_soft.rs`), against the device named by
+//! `CORELINK_IBV_DEVICE` (e.g. Soft-RoCE's `rxe0`), on port `CORELINK_IBV_PORT` (default 1)
+//! with GID index `CORELINK_IBV_GID_INDEX` (default 0), listening on `CORELINK_IP` with a port
+//! the connection manager picks.
 //! `tests/rxe-guest/run` sets them all:
 //!
 //! ```text
@@ -13,6 +14,8 @@
 //! passes, so that `cargo test` stays green on a host without RDMA.
 #![cfg(feature = "ibverbs")]
 
+#[path = "common/contexts.rs"]
+mod contexts;
 #[path = "common/e2e.rs"]
 mod e2e;
 #[path = "common/grant.rs"]
@@ -107,4 +110,11 @@ fn sched_error_inside_an_unsignalled_run() {
 fn grants_give_exactly_their_ranges_and_rights() {
     let Some((p, a)) = sched_target() else { return };
     memory::grants_give_exactly_their_ranges_and_rights::<Ibverbs>(&p, a);
+}
+
+#[test]
+fn workers_have_contexts_of_their_own() {
+    let Some((p, a)) = sched_target() else { return };
+    let (map_a, map_b) = (contexts::core_map(&p, a, 2), contexts::core_map(&p, a, 1));
+    contexts::workers_have_contexts_of_their_own::<Ibverbs>(&map_a, &map_b);
 }

@@ -8,7 +8,9 @@
 # 4. the two-process connection-manager exchange (cm-pair.sh);
 # 5. the engine's end-to-end tests on ibverbs (requests, scheduler scenarios, QP pools and lanes);
 # 6. the engine examples (echo, one-sided) as two processes (engine-examples.sh);
-# 7. corelink-perf's eight tests as server and client processes (perf-smoke.sh).
+# 7. corelink-perf's eight tests as server and client processes (perf-smoke.sh);
+# 8. with a second device (rxe1, added last): sibling contexts and the connection manager's
+#    refusal of another device's QP (two-devices.sh).
 # Everything must have been built on the host first (cargo runs --offline here).
 set -u
 soft_report=${1:?usage: ci.sh SOFT_REPORT}
@@ -40,9 +42,12 @@ bash "$here/engine-examples.sh" || failed+=(engine-examples)
 step "corelink-perf, server and client processes"
 bash "$here/perf-smoke.sh" || failed+=(perf-smoke)
 
+step "contexts and devices, with a second device"
+bash "$here/two-devices.sh" || failed+=(two-devices)
+
 echo
 if [ ${#failed[@]} -eq 0 ]; then
-  echo "guest checks: 7 passed, 0 failed"
+  echo "guest checks: 8 passed, 0 failed"
 else
   echo "guest checks failed: ${failed[*]}"
   exit 1

@@ -205,6 +205,28 @@ pub enum Error {
         /// The address involved.
         addr: SocketAddr,
     },
+    /// A QP of one device was given to the connection manager of another (contexts of one
+    /// device are interchangeable here: see [`crate::Context::open_sibling`]).
+    #[error("QP {qpn} is on device {qp_device}; {op} runs on device {device}")]
+    WrongDevice {
+        /// The connection-manager step (`rdma_connect`, `rdma_accept`).
+        op: &'static str,
+        /// QP number.
+        qpn: u32,
+        /// The QP's device.
+        qp_device: String,
+        /// The connection manager's device (the listener's, or the connecting context's).
+        device: String,
+    },
+    /// Objects of two contexts were combined: a QP's PD, CQs and SRQ must come from one
+    /// context, even when two contexts are of one device (each numbers its own objects).
+    #[error("the {what} belongs to another context of {device} than the protection domain")]
+    ForeignObject {
+        /// The object from the other context (`send CQ`, `receive CQ`, `SRQ`).
+        what: &'static str,
+        /// The device of the protection domain.
+        device: String,
+    },
     /// The provider does not implement this.
     #[error("{what} is not supported by the {provider} provider")]
     Unsupported {

@@ -53,6 +53,25 @@ pub trait Provider: Sized + Send + Sync + 'static + Debug {
 pub trait Context<P: Provider>: Send + Sync + Debug {
     /// Device name.
     fn name(&self) -> &str;
+
+    /// Opens another context of this context's device, a *sibling*, for one thread to own.
+    ///
+    /// A sibling has resources of its own where the device has them per context: on hardware
+    /// its own doorbell registers (UAR pages; on ConnectX, QPs of one context share them under a
+    /// lock), and its own asynchronous events (those of its own objects). Objects of two
+    /// contexts are not combined: a QP's PD, CQs and SRQ come from one context
+    /// ([`Error::ForeignObject`]). Otherwise siblings are one device: their QPs connect to each
+    /// other and reach each other's registered memory as QPs of two hosts do, and a QP of any
+    /// sibling is connected through any sibling's connection manager ([`Context::connect`],
+    /// [`ConnRequest::accept`]; a QP of another device is [`Error::WrongDevice`]).
+    ///
+    /// On `ibverbs` it is `ibv_open_device` on the same `ibv_device`; on `soft`, a new context
+    /// on the same port (same GID and LID). The default, for a provider without it, is
+    /// [`Error::Unsupported`].
+    fn open_sibling(&self) -> Result<P::Context> {
+        Err(Error::Unsupported { what: "opening a second context of a device", provider: P::NAME })
+    }
+
     /// Device capabilities.
     fn query_device(&self) -> Result<DeviceAttr>;
     /// Port attributes (ports count from 1).
@@ -68,7 +87,8 @@ pub trait Context<P: Provider>: Send + Sync + Debug {
     /// Listens for connections on `addr` (port 0 picks a free port; see
     /// [`Listener::local_addr`]).
     fn listen(&self, addr: SocketAddr) -> Result<P::Listener>;
-    /// Connects `qp` (RC or UC, in RESET or INIT, on this device) to the listener at `addr`,
+    /// Connects `qp` (RC or UC, in RESET or INIT, on this device: on this context or a
+    /// sibling, see [`Context::open_sibling`]) to the listener at `addr`,
     /// sending `private_data`; blocks until the connection is established, rejected or `timeout`
     /// runs out. On success the QP is in RTS. Control-plane only: never call it on a worker.
     fn connect(
@@ -317,8 +337,9 @@ pub trait ConnRequest<P: Provider>: Send + Debug {
     fn private_data(&self) -> &[u8];
     /// The connector's address.
     fn peer_addr(&self) -> SocketAddr;
-    /// Accepts with `qp` (same transport as the connector's, on the listener's device, in
-    /// RESET or INIT), answering `private_data`; the QP ends in RTS.
+    /// Accepts with `qp` (same transport as the connector's, on the listener's device, on any
+    /// of its contexts, in RESET or INIT), answering `private_data`; the QP ends in RTS. A QP
+    /// of another device is [`Error::WrongDevice`].
     fn accept(self, qp: &mut P::Qp, attr: &QpAttr, private_data: &[u8]) -> Result<P::Connection>;
     /// Rejects, answering `private_data`.
     fn reject(self, private_data: &[u8]) -> Result<()>;

@@ -9,7 +9,8 @@
 //!
 //! `RXE_GID_INDEX` (default 1) is the GID used to connect QPs by hand and `RXE_IP` the address
 //! used for the connection-manager tests (skipped when unset). `error_status_table` prints the
-//! completions the device gives for each error case.
+//! completions the device gives for each error case. `CORELINK_IBV_DEVICE2`, a second device
+//! (e.g. another rxe), lets `cm_refuses_a_qp_of_another_device` run.
 #![cfg(feature = "ibverbs")]
 
 use std::net::{IpAddr, SocketAddr};
@@ -778,4 +779,154 @@ fn srq_receive_and_drop_order() {
     drop(b);
     drop(mr);
     drop(ctx);
+}
+
+/// Sibling contexts (`open_sibling`: `ibv_open_device` on the same device) are one device: QPs
+/// of two siblings connect by hand and through rdma_cm (on the cm context or on a sibling),
+/// and reach each other's memory; objects of two siblings do not combine. Also prints what
+/// the device says to a thread domain (`ibv_alloc_td`).
+#[test]
+#[ignore = "needs an RDMA device: set CORELINK_IBV_DEVICE"]
+fn sibling_contexts() {
+    let Some(ctx) = open() else { return };
+    let s1 = ctx.open_sibling().expect("open_sibling");
+    let s2 = s1.open_sibling().expect("open_sibling of a sibling");
+    println!("cm context {ctx:?}, siblings {s1:?} {s2:?}");
+    assert!(s1.as_raw() != ctx.as_raw() && s2.as_raw() != s1.as_raw(), "contexts of their own");
+    assert_eq!(s1.name(), ctx.name());
+    let guid = |c: &IbvContext| c.query_device().expect("query_device").node_guid;
+    assert_eq!((guid(&s1), guid(&s2)), (guid(&ctx), guid(&ctx)));
+    let gid = |c: &IbvContext| c.query_gid(PORT, gid_index()).expect("query_gid");
+    assert_eq!(gid(&s1), gid(&ctx));
+
+    // Objects of two siblings do not combine.
+    let pd1 = s1.alloc_pd().expect("pd");
+    let cq2 = s2.create_cq(16).expect("cq");
+    let cq1 = s1.create_cq(64).expect("cq");
+    let r = pd1.create_qp(&QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: &cq1,
+        recv_cq: &cq2,
+        srq: None,
+        cap: QpCap::default(),
+        sq_sig_all: false,
+    });
+    assert!(matches!(r, Err(Error::ForeignObject { what: "receive CQ", .. })), "{r:?}");
+
+    // By hand: a write and a read between QPs of the two siblings.
+    let pd2 = s2.alloc_pd().expect("pd");
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ALL;
+    let (mr1, mr2) = (pd1.register(4096, access).unwrap(), pd2.register(4096, access).unwrap());
+    let cq2 = s2.create_cq(64).expect("cq");
+    let (mut a, mut b) = (create_qp(&pd1, &cq1, QpType::Rc), create_qp(&pd2, &cq2, QpType::Rc));
+    let ea = s1.endpoint(&a, PORT, gid_index()).unwrap();
+    let eb = s2.endpoint(&b, PORT, gid_index()).unwrap();
+    a.connect_to(eb, &base_attr()).expect("connect a");
+    b.connect_to(ea, &base_attr()).expect("connect b");
+    mr1.write_at(0, b"sibling").unwrap();
+    let s = [mr1.sge(0, 7).unwrap()];
+    post_send(&mut a, &[SendWr::new(1, SendOp::Write(mr2.remote(64)), &s)]).unwrap();
+    ok(wait1(&cq1));
+    let mut got = [0u8; 7];
+    mr2.read_at(64, &mut got).unwrap();
+    assert_eq!(&got, b"sibling");
+    let s = [mr2.sge(128, 7).unwrap()];
+    post_send(&mut b, &[SendWr::new(2, SendOp::Read(mr1.remote(0)), &s)]).unwrap();
+    ok(wait1(&cq2));
+    mr2.read_at(128, &mut got).unwrap();
+    assert_eq!(&got, b"sibling");
+
+    // A thread domain: what the device answers (rxe has none).
+    let mut td_attr = rdma_sys::ibv_td_init_attr { comp_mask: 0 };
+    // SAFETY: a live context and a valid attribute block; a TD given is deallocated below.
+    let td = unsafe { rdma_sys::ibv_alloc_td(s1.as_raw(), &mut td_attr) };
+    let errno = std::io::Error::last_os_error();
+    match td {
+        Some(td) if !td.is_null() => {
+            println!("ibv_alloc_td: a thread domain");
+            // SAFETY: a TD just allocated on a live context, freed once.
+            assert_eq!(unsafe { rdma_sys::ibv_dealloc_td(td) }, 0);
+        }
+        Some(_) => println!("ibv_alloc_td: NULL, errno {errno} ({:?})", errno.raw_os_error()),
+        None => println!("ibv_alloc_td: the provider has no alloc_td op (EOPNOTSUPP)"),
+    }
+
+    // Through rdma_cm: the listener on the cm context; one connection made through a sibling's
+    // connect with a QP of that sibling, accepted with a QP of the other sibling.
+    let Some(ip) = ip() else {
+        println!("RXE_IP unset: skipping the connection-manager part");
+        return;
+    };
+    let mut listener = ctx.listen(SocketAddr::new(ip, 0)).expect("listen");
+    let addr = listener.local_addr();
+    std::thread::scope(|sc| {
+        let server = sc.spawn(|| {
+            let req = listener.get_request(Duration::from_secs(20)).unwrap().expect("request");
+            let mut qp = create_qp(&pd2, &cq2, QpType::Rc);
+            let r = req.accept(&mut qp, &base_attr(), b"welcome");
+            println!("accept with a sibling's QP: {r:?}");
+            let conn = r.expect("accept");
+            (qp, conn)
+        });
+        let mut qp = create_qp(&pd1, &cq1, QpType::Rc);
+        let r = s1.connect(addr, &mut qp, &base_attr(), b"hi", Duration::from_secs(20));
+        println!("connect through a sibling with its QP: {r:?}");
+        let _conn = r.expect("connect");
+        let (_peer_qp, _peer_conn) = server.join().unwrap();
+        mr1.write_at(256, b"via rdma_cm").unwrap();
+        let s = [mr1.sge(256, 11).unwrap()];
+        post_send(&mut qp, &[SendWr::new(3, SendOp::Write(mr2.remote(512)), &s)]).unwrap();
+        ok(wait1(&cq1));
+        let mut got = [0u8; 11];
+        mr2.read_at(512, &mut got).unwrap();
+        assert_eq!(&got, b"via rdma_cm");
+    });
+}
+
+/// The connection manager takes QPs of any context of its device, and refuses one of another
+/// device (`CORELINK_IBV_DEVICE2`) with `Error::WrongDevice`, connecting and accepting.
+#[test]
+#[ignore = "needs two RDMA devices: set CORELINK_IBV_DEVICE and CORELINK_IBV_DEVICE2"]
+fn cm_refuses_a_qp_of_another_device() {
+    let Some(ctx) = open() else { return };
+    let Some(ip) = ip() else { return };
+    let Some(dev2) = std::env::var("CORELINK_IBV_DEVICE2").ok().filter(|d| !d.is_empty()) else {
+        println!("CORELINK_IBV_DEVICE2 unset: skipping");
+        return;
+    };
+    let other = Ibverbs::open(&dev2).expect("open the second device");
+    let pd = other.alloc_pd().unwrap();
+    let cq = other.create_cq(16).unwrap();
+    let mut listener = ctx.listen(SocketAddr::new(ip, 0)).expect("listen");
+    let addr = listener.local_addr();
+
+    let mut qp = create_qp(&pd, &cq, QpType::Rc);
+    let r = ctx.connect(addr, &mut qp, &base_attr(), b"", Duration::from_secs(10));
+    println!("connect with a QP of {dev2}: {r:?}");
+    match r {
+        Err(Error::WrongDevice { op: "rdma_connect", qpn, qp_device, device }) => {
+            assert_eq!(
+                (qpn, qp_device.as_str(), device.as_str()),
+                (qp.qp_num(), &*dev2, ctx.name())
+            )
+        }
+        r => panic!("expected WrongDevice, got {r:?}"),
+    }
+    assert_eq!(qp.state(), QpState::Reset, "a refused QP is left alone");
+
+    std::thread::scope(|s| {
+        let connector = s.spawn(|| {
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(16).unwrap();
+            let mut qp = create_qp(&pd, &cq, QpType::Rc);
+            ctx.connect(addr, &mut qp, &base_attr(), b"", Duration::from_secs(10)).map(|_| ())
+        });
+        let req = listener.get_request(Duration::from_secs(20)).unwrap().expect("request");
+        let r = req.accept(&mut qp, &base_attr(), b"");
+        println!("accept with a QP of {dev2}: {r:?}");
+        assert!(matches!(r, Err(Error::WrongDevice { op: "rdma_accept", .. })), "{r:?}");
+        let r = connector.join().unwrap();
+        println!("the connector of the refused request: {r:?}");
+        assert!(r.is_err(), "the refused request is not connected");
+    });
 }

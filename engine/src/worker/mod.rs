@@ -93,6 +93,8 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
 pub(crate) struct Owned<P: Provider> {
     pub(crate) cq: Arc<P::Cq>,
     pub(crate) pd: Arc<P::Pd>,
+    /// The CQ and PD are on a device context of the worker's own (false: the control core's).
+    pub(crate) own_context: bool,
     pub(crate) to_control: Producer<ToControl<P>>,
     pub(crate) from_control: Consumer<ToWorker<P>>,
 }
@@ -115,7 +117,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let classes: Vec<(usize, usize)> = res.pools.iter().map(|p| (p.size, p.count)).collect();
         let recvs = crate::control::Budget::recv_buffers(res) as usize;
         let recv_class = [(res.recv_size as usize, recvs)];
-        let Owned { cq, pd, to_control, from_control } = owned;
+        let Owned { cq, pd, own_context, to_control, from_control } = owned;
         let (pool, recv_pool) = (Pool::new(&*pd, &classes)?, Pool::new(&*pd, &recv_class)?);
         let cx = Cx {
             index,
@@ -130,7 +132,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             reposts: ArrayVec::new(),
             timers: Timers::new(MAX_TIMERS),
             pd,
-            metrics: Metrics { worker: index, pinned, ..Metrics::default() },
+            metrics: Metrics { worker: index, pinned, own_context, ..Metrics::default() },
             stopping: false,
             shutdown_deadline: None,
         };

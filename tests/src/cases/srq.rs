@@ -16,7 +16,8 @@ pub fn srq_shared_by_two_qps<P: Provider>(t: &Target) -> CaseResult {
     let p = fill(&src, 12)?;
     let rbuf = db.mr(512, AccessFlags::LOCAL_WRITE)?;
     let srq = db.pd.create_srq(&SrqAttr::default()).ctx("create_srq")?;
-    let (scq, rcq) = (da.cq(64)?, db.cq(64)?);
+    // A's QPs' CQs are A's: a QP's CQs come from its PD's context (`Error::ForeignObject`).
+    let (scq, rcq) = (da.cq(64)?, da.cq(64)?);
     let (bscq, brcq) = (db.cq(64)?, db.cq(64)?);
     let cap = QpCap::default();
     let mut qa = Vec::new();

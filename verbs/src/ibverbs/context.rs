@@ -15,7 +15,7 @@ use super::convert::{
 use super::cq::IbvCq;
 use super::pd::IbvPd;
 use super::qp::IbvQp;
-use super::{device_name, Ibverbs};
+use super::{device_name, DeviceList, Ibverbs, Listing};
 use crate::error::{Error, Result};
 use crate::provider::Context;
 use crate::types::{AsyncElement, AsyncEvent, DeviceAttr, Gid, LinkLayer, PortAttr, QpAttr};
@@ -32,8 +32,13 @@ enum Owner {
 /// The shared state of an open device.
 pub(crate) struct CtxInner {
     pub(crate) ctx: *mut ibv_context,
+    /// The device (`ctx`'s `device`): what tells whether two contexts are of one device.
+    device: *mut rdma_sys::ibv_device,
     pub(crate) name: String,
     owner: Owner,
+    /// librdmacm lists the device, so rdma_cm can listen and connect on this context (it came
+    /// from `rdma_get_devices`, or is a sibling of one that did).
+    cm: bool,
     /// Outstanding reads/atomics as target, per QP (clamps `max_dest_rd_atomic`).
     pub(crate) max_qp_rd_atom: u8,
     /// Outstanding reads/atomics as initiator, per QP (clamps `max_rd_atomic`).
@@ -49,9 +54,22 @@ unsafe impl Send for CtxInner {}
 unsafe impl Sync for CtxInner {}
 
 impl CtxInner {
-    /// Whether this context can be used with rdma_cm (it came from `rdma_get_devices`).
+    /// Whether this context can be used with rdma_cm (librdmacm lists its device).
     pub(crate) fn is_rdma_cm(&self) -> bool {
-        matches!(self.owner, Owner::RdmaCm(_))
+        self.cm
+    }
+
+    /// Whether `other` is of this context's device: the same `ibv_device` (libibverbs keeps
+    /// one per device, which every device list and every context of it points to).
+    pub(crate) fn same_device(&self, other: &CtxInner) -> bool {
+        self.device == other.device
+    }
+
+    /// Whether `verbs` (a cm id's context: live, or null while the id is unbound) is of this
+    /// context's device.
+    pub(crate) fn is_device_of(&self, verbs: *mut ibv_context) -> bool {
+        // SAFETY: a live context's device pointer is valid while it is open; null is checked.
+        !verbs.is_null() && unsafe { (*verbs).device } == self.device
     }
 
     /// The link layer of `port`.
@@ -117,6 +135,7 @@ impl std::fmt::Debug for IbvContext {
         f.debug_struct("IbvContext")
             .field("name", &self.inner.name)
             .field("rdma_cm", &self.inner.is_rdma_cm())
+            .field("own", &matches!(self.inner.owner, Owner::Opened))
             .finish()
     }
 }
@@ -145,7 +164,7 @@ impl IbvContext {
             // SAFETY: an open context's device pointer is valid while the context is.
             let dev_name = unsafe { device_name((*ctx).device) };
             if dev_name == name {
-                return Self::finish(ctx, name, Owner::RdmaCm(list)).map(Some);
+                return Self::finish(ctx, name, Owner::RdmaCm(list), true).map(Some);
             }
         }
         // SAFETY: the list came from rdma_get_devices and is not used again.
@@ -153,21 +172,49 @@ impl IbvContext {
         Ok(None)
     }
 
-    /// Opens `dev` with `ibv_open_device`.
-    pub(crate) fn open_device(name: &str, dev: *mut rdma_sys::ibv_device) -> Result<IbvContext> {
-        // SAFETY: `dev` is a valid device of a live device list.
+    /// Opens `dev` (a valid device of a live device list) with `ibv_open_device`; `cm` says
+    /// whether librdmacm lists it.
+    pub(crate) fn open_device(
+        name: &str,
+        dev: *mut rdma_sys::ibv_device,
+        cm: bool,
+    ) -> Result<IbvContext> {
+        // SAFETY: `dev` is a valid device of a live device list (caller).
         let ctx = unsafe { rdma_sys::ibv_open_device(dev) };
         if ctx.is_null() {
             return Err(Error::Open { device: name.to_string(), source: last_err() });
         }
-        Self::finish(ctx, name, Owner::Opened)
+        Self::finish(ctx, name, Owner::Opened, cm)
     }
 
-    fn finish(ctx: *mut ibv_context, name: &str, owner: Owner) -> Result<IbvContext> {
+    /// [`Context::open_sibling`]: `ibv_open_device` on this context's device, found in
+    /// `ibv_get_device_list` by its pointer (the list holds the device while it is opened).
+    fn sibling(&self) -> Result<IbvContext> {
+        let name = &self.inner.name;
+        let list = match DeviceList::get()? {
+            Listing::Devices(list) => list,
+            Listing::Unsupported(e) => return Err(Error::Open { device: name.clone(), source: e }),
+        };
+        let Some(i) = (0..list.len()).find(|&i| list.raw(i) == self.inner.device) else {
+            return Err(Error::NoSuchDevice {
+                name: name.clone(),
+                available: format!(
+                    "the device of this context is no longer in ibv_get_device_list's ({})",
+                    (0..list.len()).map(|i| list.name(i)).collect::<Vec<_>>().join(", ")
+                ),
+            });
+        };
+        Self::open_device(name, list.raw(i), self.inner.cm)
+    }
+
+    fn finish(ctx: *mut ibv_context, name: &str, owner: Owner, cm: bool) -> Result<IbvContext> {
         let mut inner = CtxInner {
             ctx,
+            // SAFETY: a freshly opened context; its device pointer is valid while it is open.
+            device: unsafe { (*ctx).device },
             name: name.to_string(),
             owner,
+            cm,
             max_qp_rd_atom: 0,
             max_qp_init_rd_atom: 0,
             async_nonblock: Once::new(),
@@ -204,6 +251,13 @@ const _: () = assert!(
 impl Context<Ibverbs> for IbvContext {
     fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// `ibv_open_device` on this context's device: a context with its own doorbell pages and
+    /// async events, usable with rdma_cm where this one is (its QPs are connected and accepted
+    /// by any context of the device).
+    fn open_sibling(&self) -> Result<IbvContext> {
+        self.sibling()
     }
 
     fn query_device(&self) -> Result<DeviceAttr> {

@@ -18,7 +18,7 @@ const POLL_BATCH: usize = 32;
 pub(crate) struct CqInner {
     pub(crate) cq: *mut ibv_cq,
     depth: u32,
-    _ctx: Arc<CtxInner>,
+    pub(crate) ctx: Arc<CtxInner>,
 }
 
 // SAFETY: libibverbs CQs may be polled and destroyed from any thread (providers lock).
@@ -62,7 +62,7 @@ impl IbvCq {
         }
         // SAFETY: a live CQ; `cqe` is the depth the device actually gave (at least `depth`).
         let actual = u32::try_from(unsafe { (*cq).cqe }).unwrap_or(depth).max(depth);
-        Ok(IbvCq { inner: Arc::new(CqInner { cq, depth: actual, _ctx: ctx.clone() }) })
+        Ok(IbvCq { inner: Arc::new(CqInner { cq, depth: actual, ctx: ctx.clone() }) })
     }
 
     /// The underlying `ibv_cq` (valid while `self` lives).

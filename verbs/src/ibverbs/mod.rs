@@ -13,7 +13,11 @@
 //!
 //! Contexts are taken from librdmacm's device list (`rdma_get_devices`) when it has the device,
 //! so that connection-manager ids on that device share the context and QPs created here with
-//! plain `ibv_create_qp` can be connected through rdma_cm.
+//! plain `ibv_create_qp` can be connected through rdma_cm. A sibling
+//! ([`crate::Context::open_sibling`]) is opened with `ibv_open_device` on the same device, so
+//! that it has doorbell pages of its own; rdma_cm drives any QP of the device (it only needs the
+//! QP number, and the attributes `rdma_init_qp_attr` gives are the device's), so the connection
+//! manager compares devices (`ibv_context.device`), never contexts.
 
 mod cm;
 mod context;
@@ -87,7 +91,7 @@ impl Provider for Ibverbs {
             Listing::Devices(list) => {
                 for i in 0..list.len() {
                     if list.name(i) == name {
-                        return IbvContext::open_device(name, list.raw(i));
+                        return IbvContext::open_device(name, list.raw(i), false);
                     }
                 }
                 let names: Vec<String> = (0..list.len()).map(|i| list.name(i)).collect();

@@ -100,6 +100,19 @@ impl std::fmt::Debug for IbvQp {
 
 impl IbvQp {
     pub(crate) fn create(pd: &Arc<PdInner>, attr: &QpInitAttr<'_, Ibverbs>) -> Result<IbvQp> {
+        // The kernel looks the CQs and SRQ up by handle among the PD's context's objects: one
+        // of another context (even of this device) would name another object, or none.
+        let ctx = pd.ctx.ctx;
+        let foreign = |what| Error::ForeignObject { what, device: pd.ctx.name.clone() };
+        if attr.send_cq.inner.ctx.ctx != ctx {
+            return Err(foreign("send CQ"));
+        }
+        if attr.recv_cq.inner.ctx.ctx != ctx {
+            return Err(foreign("receive CQ"));
+        }
+        if attr.srq.is_some_and(|s| s.inner.pd.ctx.ctx != ctx) {
+            return Err(foreign("SRQ"));
+        }
         let srq = attr.srq.map(|s| s.inner.clone());
         let (max_recv_wr, max_recv_sge) =
             if srq.is_some() { (0, 0) } else { (attr.cap.max_recv_wr, attr.cap.max_recv_sge) };

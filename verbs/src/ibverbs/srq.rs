@@ -16,7 +16,7 @@ use crate::wr::RecvWr;
 pub(crate) struct SrqInner {
     pub(crate) srq: *mut ibv_srq,
     pub(crate) max_sge: u32,
-    _pd: Arc<PdInner>,
+    pub(crate) pd: Arc<PdInner>,
 }
 
 // SAFETY: libibverbs SRQs may be posted to and destroyed from any thread (providers lock).
@@ -60,7 +60,7 @@ impl IbvSrq {
             inner: Arc::new(SrqInner {
                 srq,
                 max_sge: init.attr.max_sge.max(attr.max_sge),
-                _pd: pd.clone(),
+                pd: pd.clone(),
             }),
         })
     }

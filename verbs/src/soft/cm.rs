@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use super::context::SoftContext;
+use super::context::{CtxShared, SoftContext};
 use super::fabric::Fabric;
 use super::qp::{QpShared, SoftQp};
 use super::Soft;
@@ -114,10 +114,12 @@ pub(crate) struct ListenerShared {
 pub struct SoftListener {
     addr: SocketAddr,
     shared: Arc<ListenerShared>,
+    /// The context it listens on: its requests are accepted with QPs of its device.
+    ctx: Arc<CtxShared>,
 }
 
 impl SoftListener {
-    pub(crate) fn bind(_ctx: &SoftContext, mut addr: SocketAddr) -> Result<Self> {
+    pub(crate) fn bind(ctx: &SoftContext, mut addr: SocketAddr) -> Result<Self> {
         let mut table = lock(&Fabric::get().listeners);
         if addr.port() == 0 {
             // Port 0 picks a free port, as binding a socket does (from the ephemeral range).
@@ -139,7 +141,7 @@ impl SoftListener {
         }
         let shared = Arc::new(ListenerShared::default());
         table.insert(addr, shared.clone());
-        Ok(SoftListener { addr, shared })
+        Ok(SoftListener { addr, shared, ctx: ctx.shared.clone() })
     }
 }
 
@@ -163,7 +165,7 @@ impl crate::Listener<Soft> for SoftListener {
         let mut q = self.shared.requests.wait_until(deadline, |q| !q.is_empty());
         while let Some(a) = q.pop_front() {
             if !matches!(*lock(&a.answer.value), Answer::Abandoned) {
-                return Ok(Some(SoftConnRequest { attempt: a }));
+                return Ok(Some(SoftConnRequest { attempt: a, ctx: self.ctx.clone() }));
             }
         }
         Ok(None)
@@ -174,6 +176,8 @@ impl crate::Listener<Soft> for SoftListener {
 #[derive(Debug)]
 pub struct SoftConnRequest {
     attempt: Arc<Attempt>,
+    /// The listener's context.
+    ctx: Arc<CtxShared>,
 }
 
 impl Drop for SoftConnRequest {
@@ -198,6 +202,7 @@ impl crate::ConnRequest<Soft> for SoftConnRequest {
 
     fn accept(self, qp: &mut SoftQp, attr: &QpAttr, private_data: &[u8]) -> Result<SoftConnection> {
         too_long("accept", private_data.len(), MAX_ACCEPT_PRIVATE_DATA)?;
+        check_device(&self.ctx, qp, "rdma_accept")?;
         let a = &self.attempt;
         if qp.qp_type() != a.qp_type {
             self.attempt.answer.update(|s| *s = Answer::Rejected(Vec::new()));
@@ -233,6 +238,19 @@ impl crate::ConnRequest<Soft> for SoftConnRequest {
     }
 }
 
+/// Checks that `qp` is on the device (port) of `ctx`, on any of its contexts.
+fn check_device(ctx: &CtxShared, qp: &SoftQp, op: &'static str) -> Result<()> {
+    if ctx.same_device(&qp.shared.ctx) {
+        return Ok(());
+    }
+    Err(Error::WrongDevice {
+        op,
+        qpn: qp.qp_num(),
+        qp_device: qp.shared.ctx.describe(),
+        device: ctx.describe(),
+    })
+}
+
 /// RESET/INIT → INIT → RTR → RTS towards QP `dest_qpn`.
 fn bring_up(qp: &mut SoftQp, attr: &QpAttr, dest_qpn: u32) -> Result<()> {
     if qp.state() == QpState::Reset {
@@ -256,6 +274,7 @@ pub(crate) fn connect(
     if qp.qp_type() == QpType::Ud {
         return Err(Error::InvalidArgument("UD QPs are not connected".into()));
     }
+    check_device(&ctx.shared, qp, "rdma_connect")?;
     if !matches!(qp.state(), QpState::Reset | QpState::Init) {
         return Err(Error::InvalidArgument(format!(
             "the QP is in {:?}; connect needs RESET or INIT",

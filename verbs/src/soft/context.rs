@@ -21,6 +21,8 @@ const ASYNC_QUEUE: usize = 256;
 /// What a context's objects share.
 #[derive(Debug)]
 pub(crate) struct CtxShared {
+    /// The port's identifier (its LID, GID and node GUID derive from it), shared by siblings:
+    /// two contexts are of one device when their ids are equal.
     pub(crate) id: u64,
     pub(crate) gid: Gid,
     pub(crate) name: String,
@@ -31,6 +33,17 @@ impl CtxShared {
     /// Queues an asynchronous event (the oldest is dropped when the queue is full).
     pub(crate) fn raise(&self, kind: AsyncEventKind, element: AsyncElement) {
         self.events.force_push(AsyncEvent { kind, element });
+    }
+
+    /// The device as errors name it: its name and port (every `Soft::open` is a port of its
+    /// own, as a host is; siblings share theirs).
+    pub(crate) fn describe(&self) -> String {
+        format!("{} (port {:#x})", self.name, self.id)
+    }
+
+    /// Whether `other` is of this context's device (its port).
+    pub(crate) fn same_device(&self, other: &CtxShared) -> bool {
+        self.id == other.id
     }
 
     /// Port LID: the context id's low bits (never 0).
@@ -78,6 +91,20 @@ impl SoftContext {
 impl crate::Context<Soft> for SoftContext {
     fn name(&self) -> &str {
         &self.shared.name
+    }
+
+    /// A new context on the same port (same GID, LID and node GUID), with its own
+    /// asynchronous events.
+    fn open_sibling(&self) -> Result<SoftContext> {
+        let s = &self.shared;
+        Ok(SoftContext {
+            shared: Arc::new(CtxShared {
+                id: s.id,
+                gid: s.gid,
+                name: s.name.clone(),
+                events: ArrayQueue::new(ASYNC_QUEUE),
+            }),
+        })
     }
 
     fn query_device(&self) -> Result<DeviceAttr> {

@@ -20,7 +20,7 @@ pub(crate) struct CqShared {
     id: u64,
     depth: u32,
     queue: ArrayQueue<Wc>,
-    ctx: Arc<CtxShared>,
+    pub(crate) ctx: Arc<CtxShared>,
     /// Set when a QP whose send queue completes here has deferred work.
     work: AtomicBool,
     /// QPs whose send queue completes here (registered at QP creation).

@@ -447,6 +447,14 @@ impl SoftQp {
         if cap.max_inline_data as usize > limits::MAX_INLINE {
             return Err(fail(format!("at most {} bytes inline", limits::MAX_INLINE)));
         }
+        // Objects of two contexts do not combine, as on a device (see `Error::ForeignObject`).
+        let foreign = |what| Error::ForeignObject { what, device: pd.ctx.describe() };
+        if !Arc::ptr_eq(&attr.send_cq.shared.ctx, &pd.ctx) {
+            return Err(foreign("send CQ"));
+        }
+        if !Arc::ptr_eq(&attr.recv_cq.shared.ctx, &pd.ctx) {
+            return Err(foreign("receive CQ"));
+        }
         let rq = match attr.srq {
             Some(srq) => {
                 if srq.shared.pd != pd.id {

@@ -245,3 +245,111 @@ fn receives_scatter_in_order_in_place_and_on_the_heap() {
         }
     }
 }
+
+/// A sibling is the same port with its own objects: QPs of two siblings connect by hand and
+/// through either sibling's connection manager, and reach each other's memory; objects of two
+/// siblings do not combine; a QP of another port (another `Soft::open`) is refused by the
+/// connection manager.
+#[test]
+fn siblings_are_one_device() {
+    let cm = Soft::open(DEVICE_NAME).unwrap();
+    let (s1, s2) = (cm.open_sibling().unwrap(), cm.open_sibling().unwrap());
+    assert_eq!(s1.name(), cm.name());
+    assert_eq!(s1.query_gid(1, 0).unwrap(), cm.query_gid(1, 0).unwrap());
+    assert_eq!(s1.query_port(1).unwrap().lid, cm.query_port(1).unwrap().lid);
+    assert_eq!(s1.query_device().unwrap().node_guid, cm.query_device().unwrap().node_guid);
+
+    // By hand: a write and a read between QPs of the two siblings.
+    let (mut a, mut b) = (side(s1.clone(), QpType::Rc), side(s2.clone(), QpType::Rc));
+    let (ea, eb) = (s1.endpoint(&a.qp, 1, 0).unwrap(), s2.endpoint(&b.qp, 1, 0).unwrap());
+    a.qp.connect_to(eb, &QpAttr::default()).unwrap();
+    b.qp.connect_to(ea, &QpAttr::default()).unwrap();
+    a.mr.write_at(0, b"sibling").unwrap();
+    let sge = [a.mr.sge(0, 7).unwrap()];
+    // SAFETY: the regions outlive the completions polled below.
+    unsafe { a.qp.post_send(&[SendWr::new(1, SendOp::Write(b.mr.remote(64)), &sge)]).unwrap() };
+    assert_eq!(poll_one(&a.cq).status, WcStatus::Success);
+    let mut out = [0u8; 7];
+    b.mr.read_at(64, &mut out).unwrap();
+    assert_eq!(&out, b"sibling");
+    let sge = [b.mr.sge(128, 7).unwrap()];
+    // SAFETY: as above.
+    unsafe { b.qp.post_send(&[SendWr::new(2, SendOp::Read(a.mr.remote(0)), &sge)]).unwrap() };
+    assert_eq!(poll_one(&b.cq).status, WcStatus::Success);
+    b.mr.read_at(128, &mut out).unwrap();
+    assert_eq!(&out, b"sibling");
+
+    // Through the connection manager of `cm`: the connector's QP on s1, the acceptor's on s2.
+    let addr: std::net::SocketAddr = "10.9.9.10:4791".parse().unwrap();
+    let mut listener = cm.listen(addr).unwrap();
+    let mut c = side(s1.clone(), QpType::Rc);
+    let mut s = side(s2.clone(), QpType::Rc);
+    std::thread::scope(|scope| {
+        let cm2 = cm.clone();
+        let t = scope.spawn(move || {
+            let conn = cm2.connect(
+                addr,
+                &mut c.qp,
+                &QpAttr::default(),
+                b"hi",
+                std::time::Duration::from_secs(5),
+            );
+            (conn, c)
+        });
+        let req = listener.get_request(std::time::Duration::from_secs(5)).unwrap().unwrap();
+        let _conn = req.accept(&mut s.qp, &QpAttr::default(), b"welcome").unwrap();
+        // (Dropping a connection disconnects it: keep both until the write is done.)
+        let (r, mut c) = t.join().unwrap();
+        let _peer = r.unwrap();
+        c.mr.write_at(0, b"via cm").unwrap();
+        let sge = [c.mr.sge(0, 6).unwrap()];
+        // SAFETY: the regions outlive the completion polled below.
+        unsafe { c.qp.post_send(&[SendWr::new(3, SendOp::Write(s.mr.remote(8)), &sge)]).unwrap() };
+        assert_eq!(poll_one(&c.cq).status, WcStatus::Success);
+        let mut out = [0u8; 6];
+        s.mr.read_at(8, &mut out).unwrap();
+        assert_eq!(&out, b"via cm");
+    });
+
+    // Objects of two siblings do not combine.
+    let pd = s1.alloc_pd().unwrap();
+    let cq = s2.create_cq(16).unwrap();
+    let attr = QpInitAttr::<Soft> {
+        qp_type: QpType::Rc,
+        send_cq: &cq,
+        recv_cq: &cq,
+        srq: None,
+        cap: QpCap::default(),
+        sq_sig_all: false,
+    };
+    let r = pd.create_qp(&attr);
+    assert!(matches!(r, Err(Error::ForeignObject { what: "send CQ", .. })), "{r:?}");
+
+    // A QP of another port is refused by this port's connection manager, connecting and
+    // accepting, with the devices named.
+    let other = Soft::open(DEVICE_NAME).unwrap();
+    let mut o = side(other.clone(), QpType::Rc);
+    let r = cm.connect(addr, &mut o.qp, &QpAttr::default(), b"", std::time::Duration::from_secs(1));
+    match r {
+        Err(e @ Error::WrongDevice { op: "rdma_connect", .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(&format!("QP {}", o.qp.qp_num())), "{text}");
+        }
+        r => panic!("expected WrongDevice, got {r:?}"),
+    }
+    assert_eq!(o.qp.state(), QpState::Reset, "a refused QP is left alone");
+    std::thread::scope(|scope| {
+        let t = scope.spawn(|| {
+            let mut c = side(s1.clone(), QpType::Rc);
+            cm.connect(addr, &mut c.qp, &QpAttr::default(), b"", std::time::Duration::from_secs(5))
+                .map(|_| ())
+        });
+        let req = listener.get_request(std::time::Duration::from_secs(5)).unwrap().unwrap();
+        let r = req.accept(&mut o.qp, &QpAttr::default(), b"");
+        assert!(matches!(r, Err(Error::WrongDevice { op: "rdma_accept", .. })), "{r:?}");
+        // The refused request is rejected, so the connector does not wait in vain.
+        let r = t.join().unwrap();
+        assert!(matches!(r, Err(Error::Rejected { .. })), "{r:?}");
+    });
+    drop(other);
+}

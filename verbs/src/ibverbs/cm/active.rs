@@ -12,8 +12,8 @@ use super::channel::{Channel, Event, Id};
 use super::connection::IbvConnection;
 use super::qp_state::{cm_modify, conn_param};
 use super::{
-    check_cm_ctx, check_qp, cm_err, ctx_name, deadline, other, MAX_CONNECT_PRIVATE_DATA,
-    REJ_CONSUMER_DEFINED,
+    check_cm_ctx, check_device, check_qp, cm_err, ctx_name, deadline, other,
+    MAX_CONNECT_PRIVATE_DATA, REJ_CONSUMER_DEFINED,
 };
 use crate::error::{Error, Result};
 use crate::ibverbs::context::CtxInner;
@@ -72,12 +72,7 @@ pub(crate) fn connect(
 ) -> Result<IbvConnection> {
     check_cm_ctx(ctx, "rdma_connect", addr)?;
     check_qp(qp)?;
-    if !Arc::ptr_eq(&qp.inner.pd.ctx, ctx) && qp.inner.pd.ctx.ctx != ctx.ctx {
-        return Err(Error::InvalidArgument(format!(
-            "QP {} is on device {}, not {}",
-            qp.qp_num, qp.inner.pd.ctx.name, ctx.name
-        )));
-    }
+    check_device(ctx, qp, "rdma_connect")?;
     if private_data.len() > MAX_CONNECT_PRIVATE_DATA {
         return Err(Error::InvalidArgument(format!(
             "{} bytes of private data; a connect request carries at most \
@@ -107,7 +102,7 @@ pub(crate) fn connect(
         return Err(Error::Cm { op: "rdma_resolve_addr", addr, source: last_err() });
     }
     drop(wait_for(&ch, dl, Ev::RDMA_CM_EVENT_ADDR_RESOLVED, "rdma_resolve_addr", addr)?);
-    if id.verbs() != ctx.ctx {
+    if !ctx.is_device_of(id.verbs()) {
         return Err(Error::Cm {
             op: "rdma_resolve_addr",
             addr,

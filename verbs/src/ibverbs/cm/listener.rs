@@ -28,7 +28,7 @@ pub(crate) fn listen(ctx: &Arc<CtxInner>, addr: SocketAddr) -> Result<IbvListene
         return Err(Error::Cm { op: "rdma_bind_addr", addr, source: last_err() });
     }
     let v = id.verbs();
-    if !v.is_null() && v != ctx.ctx {
+    if !v.is_null() && !ctx.is_device_of(v) {
         return Err(Error::Cm {
             op: "rdma_bind_addr",
             addr,

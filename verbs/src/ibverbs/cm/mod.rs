@@ -19,6 +19,9 @@
 //! - When the peer disconnects, [`IbvConnection::poll_event`] reports
 //!   [`CmEvent::Disconnected`] but leaves the local QP alone: moving it to ERR (to flush its
 //!   requests) is the caller's job. [`IbvConnection::disconnect`] does move it to ERR.
+//! - The QP may be on any context of the cm id's device (a sibling, see
+//!   [`crate::Context::open_sibling`]): rdma_cm needs only its number, and we move it with the
+//!   device's attributes. A QP of another device is [`Error::WrongDevice`].
 //! - UC QPs are connected like RC ones (the id's attributes are filtered of what UC does not
 //!   have); UD QPs are [`Error::Unsupported`] (UD needs no connection).
 //! - If `connect` or `accept` fails after the QP has left RESET, the QP is left where it got
@@ -110,6 +113,21 @@ fn check_cm_ctx(ctx: &CtxInner, op: &'static str, addr: SocketAddr) -> Result<()
              rdma_cm cannot use it",
             ctx.name
         )),
+    })
+}
+
+/// Checks that `qp` is on the device of `ctx` (the connection manager's), on any of its
+/// contexts: rdma_cm only needs the QP's number, and we move the QP ourselves.
+fn check_device(ctx: &CtxInner, qp: &IbvQp, op: &'static str) -> Result<()> {
+    let qp_ctx = &qp.inner.pd.ctx;
+    if ctx.same_device(qp_ctx) {
+        return Ok(());
+    }
+    Err(Error::WrongDevice {
+        op,
+        qpn: qp.qp_num,
+        qp_device: qp_ctx.name.clone(),
+        device: ctx.name.clone(),
     })
 }
 

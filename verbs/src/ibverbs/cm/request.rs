@@ -9,7 +9,7 @@ use super::channel::{Channel, Id};
 use super::connection::IbvConnection;
 use super::qp_state::{cm_modify, conn_param};
 use super::{
-    check_qp, cm_err, ctx_name, deadline, other, ACCEPT_TIMEOUT, MAX_ACCEPT_PRIVATE_DATA,
+    check_qp, cm_err, ctx_name, deadline, ACCEPT_TIMEOUT, MAX_ACCEPT_PRIVATE_DATA,
     MAX_REJECT_PRIVATE_DATA,
 };
 use crate::error::{Error, Result};
@@ -72,15 +72,13 @@ impl ConnRequest<Ibverbs> for IbvConnRequest {
             )));
         }
         let ctx = qp.inner.pd.ctx.clone();
-        if self.id.verbs() != ctx.ctx {
-            return Err(Error::Cm {
+        // Any context of the request's device will do (rdma_cm needs only the QP number).
+        if !ctx.is_device_of(self.id.verbs()) {
+            return Err(Error::WrongDevice {
                 op: "rdma_accept",
-                addr: peer,
-                source: other(format!(
-                    "the request arrived on device {}, the QP is on {}",
-                    ctx_name(self.id.verbs()),
-                    ctx.name
-                )),
+                qpn: qp.qp_num,
+                qp_device: ctx.name.clone(),
+                device: ctx_name(self.id.verbs()),
             });
         }
         let resp_res =
