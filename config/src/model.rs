@@ -285,6 +285,11 @@ pub struct CoreMap {
     pub pin: PinPolicy,
     /// Address the control plane listens on (`ip:port`), if it accepts connections.
     pub listen: Option<String>,
+    /// Whether the listener accepts peers that send no engine header (plain rdma_cm programs,
+    /// e.g. librdmacm's `rdma_client`): each becomes a one-lane connection whose
+    /// `ConnInfo::private_data` is the peer's whole private data, answered with none. Off by
+    /// default: such a request is rejected, with the reason in the reject.
+    pub accept_foreign: bool,
     /// Every worker's resources.
     pub worker: WorkerResources,
 }
@@ -301,6 +306,7 @@ impl Default for CoreMap {
             numa: NumaPolicy::Warn,
             pin: PinPolicy::Warn,
             listen: None,
+            accept_foreign: false,
             worker: WorkerResources::default(),
         }
     }

@@ -204,6 +204,7 @@ impl<P: Provider> Engine<P> {
             attr,
             per_conn: w.qps.per_conn as usize,
             recv_size: w.recv_size,
+            accept_foreign: map.accept_foreign,
         };
         let control = Control::new(ctx, listener, links, rx, cfg, control_metrics.clone());
         let control_core = map.control_core;

@@ -223,6 +223,9 @@ pub struct WorkerCounts {
 pub struct ControlMetrics {
     /// By worker index.
     pub workers: Vec<WorkerCounts>,
+    /// Connection requests without the engine's header, rejected (the map's
+    /// `accept_foreign` is off).
+    pub foreign_refused: u64,
 }
 
 impl fmt::Display for ControlMetrics {
@@ -257,6 +260,9 @@ impl fmt::Display for ControlMetrics {
                 w.conns_refused
             )?;
         }
+        if self.foreign_refused > 0 {
+            write!(f, "\n  foreign requests refused: {}", self.foreign_refused)?;
+        }
         Ok(())
     }
 }
@@ -288,6 +294,7 @@ mod tests {
     #[test]
     fn control_counters_print_by_worker() {
         let m = ControlMetrics {
+            foreign_refused: 0,
             workers: vec![WorkerCounts {
                 connections: 2,
                 qps_reused: 7,

@@ -5,6 +5,7 @@
 //!
 //! | bytes | field |
 //! |---|---|
+//! | 2 | the engine's mark, `cL` (a request without it is a foreign peer's) |
 //! | 8 | group nonce: the same in every lane of one engine connection, random per connection |
 //! | 1 | lane index, `0..lanes` |
 //! | 1 | lane count (`worker.qps.per_conn` of the connecting side; 0 reads as 1) |
@@ -20,7 +21,9 @@
 
 use crate::tunables::{MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
 
-const NONCE_AT: usize = 0;
+/// What every engine header starts with.
+const MARK: [u8; 2] = *b"cL";
+const NONCE_AT: usize = MARK.len();
 const LANE_AT: usize = NONCE_AT + 8;
 const LANES_AT: usize = LANE_AT + 1;
 const RECV_SIZE_AT: usize = LANES_AT + 1;
@@ -33,8 +36,8 @@ pub const HEADER: usize = LEN_AT + 1;
 /// connect): what rdma_cm carries in a connect request less the engine's header.
 pub const MAX_APP_PRIVATE_DATA: usize = MAX_PRIVATE_DATA - HEADER;
 
-// `Cx::connect` documents the application's budget as 41 bytes.
-const _: () = assert!(MAX_APP_PRIVATE_DATA == 41 && MAX_QPS_PER_CONN <= u8::MAX as usize);
+// `Cx::connect` documents the application's budget as 39 bytes.
+const _: () = assert!(MAX_APP_PRIVATE_DATA == 39 && MAX_QPS_PER_CONN <= u8::MAX as usize);
 
 /// The engine's header of one lane, with the application's part.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +60,7 @@ impl Header {
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
         let app = &self.app[..self.app.len().min(u8::MAX as usize)];
         let mut v = Vec::with_capacity(HEADER + app.len());
+        v.extend_from_slice(&MARK);
         v.extend_from_slice(&self.nonce.to_le_bytes());
         v.push(self.lane);
         v.push(self.lanes);
@@ -66,10 +70,14 @@ impl Header {
         v
     }
 
-    /// Parses private data made by [`Header::to_bytes`], tolerating zero padding and a short
-    /// or empty header (a peer that sent no engine header: one lane, no data).
-    /// Fails on a lane count above [`MAX_QPS_PER_CONN`] or a lane index not below the count.
-    pub(crate) fn parse(pd: &[u8]) -> Result<Header, String> {
+    /// Parses private data made by [`Header::to_bytes`], tolerating zero padding; `None` when
+    /// it does not start with the engine's mark (a foreign peer: no data, zeros, or anything
+    /// else). Fails on a lane count above [`MAX_QPS_PER_CONN`] or a lane index not below the
+    /// count.
+    pub(crate) fn parse(pd: &[u8]) -> Result<Option<Header>, String> {
+        if !pd.starts_with(&MARK) {
+            return Ok(None);
+        }
         let nonce = pd
             .get(NONCE_AT..LANE_AT)
             .and_then(|b| b.try_into().ok())
@@ -89,7 +97,7 @@ impl Header {
             .filter(|&n| n > 0);
         let len = pd.get(LEN_AT).copied().unwrap_or(0) as usize;
         let app = pd.get(HEADER..HEADER + len).unwrap_or_default().to_vec();
-        Ok(Header { nonce, lane, lanes, recv_size, app })
+        Ok(Some(Header { nonce, lane, lanes, recv_size, app }))
     }
 }
 
@@ -147,9 +155,9 @@ mod tests {
         let mut b = h.to_bytes();
         assert_eq!(b.len(), HEADER + 3);
         b.resize(MAX_PRIVATE_DATA, 0);
-        assert_eq!(Header::parse(&b), Ok(h));
+        assert_eq!(Header::parse(&b), Ok(Some(h)));
         let none = Header { app: vec![], lane: 0, lanes: 1, recv_size: None, ..sample() };
-        assert_eq!(Header::parse(&none.to_bytes()), Ok(none));
+        assert_eq!(Header::parse(&none.to_bytes()), Ok(Some(none)));
     }
 
     #[test]
@@ -157,20 +165,26 @@ mod tests {
         let h = Header { app: vec![0xa5; MAX_APP_PRIVATE_DATA], ..sample() };
         let b = h.to_bytes();
         assert_eq!(b.len(), MAX_PRIVATE_DATA);
-        assert_eq!(Header::parse(&b), Ok(h));
+        assert_eq!(Header::parse(&b), Ok(Some(h)));
     }
 
     #[test]
-    fn missing_or_short_headers_read_as_one_lane() {
-        let empty = Header::parse(&[]).unwrap();
-        assert_eq!((empty.recv_size, empty.lane, empty.lanes, empty.app), (None, 0, 1, vec![]));
-        // A part of a nonce and nothing else.
-        let short = Header::parse(&sample().to_bytes()[..NONCE_AT + 3]).unwrap();
-        assert_eq!((short.nonce, short.lanes, short.app), (0, 1, vec![]));
+    fn private_data_without_the_mark_is_a_foreign_peers() {
+        for foreign in [&b""[..], &[0; 56], b"GET / HTTP/1.1\r\n", b"c", &sample().to_bytes()[1..]]
+        {
+            assert_eq!(Header::parse(foreign), Ok(None), "{foreign:?}");
+        }
+    }
+
+    #[test]
+    fn short_headers_read_as_one_lane() {
+        // The mark, a part of a nonce and nothing else.
+        let short = Header::parse(&sample().to_bytes()[..NONCE_AT + 3]).unwrap().unwrap();
+        assert_eq!((short.nonce, short.lanes, short.app, short.recv_size), (0, 1, vec![], None));
         // A length byte beyond the data: no application part, no panic.
         let mut b = sample().to_bytes();
         b[LEN_AT] = 200;
-        assert_eq!(Header::parse(&b).unwrap().app, Vec::<u8>::new());
+        assert_eq!(Header::parse(&b).unwrap().unwrap().app, Vec::<u8>::new());
     }
 
     #[test]

@@ -258,7 +258,12 @@ impl<P: Provider> Control<P> {
         }
         let peer = up.first().map(|(_, cm)| Header::parse(cm.peer_private_data()));
         let (private_data, peer_recv_size) = match peer {
-            Some(Ok(h)) => (h.app, h.recv_size),
+            Some(Ok(Some(h))) => (h.app, h.recv_size),
+            // An accepting side that is not an engine (a plain rdma_cm program): its data.
+            Some(Ok(None)) => (
+                up.first().map(|(_, cm)| cm.peer_private_data().to_vec()).unwrap_or_default(),
+                None,
+            ),
             _ => (Vec::new(), None),
         };
         let info = ConnInfo { private_data, peer_recv_size, initiated: true, token };
@@ -273,8 +278,21 @@ impl<P: Provider> Control<P> {
             Ok(Some(r)) => r,
             _ => return false,
         };
-        let hdr = match Header::parse(req.private_data()) {
-            Ok(h) => h,
+        let (hdr, foreign) = match Header::parse(req.private_data()) {
+            Ok(Some(h)) => (h, false),
+            Ok(None) if self.cfg.accept_foreign => {
+                // A plain rdma_cm peer: one lane, its whole private data, answered with none.
+                let app = req.private_data().to_vec();
+                (Header { nonce: nonce(), lane: 0, lanes: 1, recv_size: None, app }, true)
+            }
+            Ok(None) => {
+                let why = "no corelink engine header in the request (this listener takes \
+                           engine peers only; accept_foreign = true in the core map takes \
+                           plain rdma_cm peers)";
+                let _ = req.reject(&reject_data(why));
+                self.foreign_refused += 1;
+                return true;
+            }
             Err(why) => {
                 let _ = req.reject(&reject_data(&why));
                 return true;
@@ -334,14 +352,18 @@ impl<P: Provider> Control<P> {
                 return true;
             }
         };
-        let answer = Header {
-            nonce,
-            lane: lane as u8,
-            lanes: k as u8,
-            recv_size: Some(self.cfg.recv_size),
-            app: Vec::new(),
-        }
-        .to_bytes();
+        let answer = if foreign {
+            Vec::new()
+        } else {
+            Header {
+                nonce,
+                lane: lane as u8,
+                lanes: k as u8,
+                recv_size: Some(self.cfg.recv_size),
+                app: Vec::new(),
+            }
+            .to_bytes()
+        };
         match req.accept(&mut qp, &self.cfg.attr, &answer) {
             Ok(cm) => match self.incoming.groups.get_mut(&nonce) {
                 Some(g) => {

@@ -101,6 +101,8 @@ pub(crate) struct ControlCfg {
     pub(crate) per_conn: usize,
     /// The workers' receive size, told to peers in the header (`worker.recv_size`).
     pub(crate) recv_size: u32,
+    /// Whether requests without the engine's header are accepted (`accept_foreign`).
+    pub(crate) accept_foreign: bool,
 }
 
 /// A lane handed to a worker, by cm key.
@@ -132,6 +134,8 @@ pub(crate) struct Control<P: Provider> {
     shutting_down: bool,
     /// Iterations in a row with nothing to do (see [`SLOWER_AFTER`]).
     idle: u32,
+    /// Requests without the engine's header rejected (`accept_foreign` off).
+    foreign_refused: u64,
 }
 
 impl<P: Provider> Control<P> {
@@ -161,6 +165,7 @@ impl<P: Provider> Control<P> {
             last_published: ControlMetrics::default(),
             shutting_down: false,
             idle: 0,
+            foreign_refused: 0,
         };
         c.publish();
         c
@@ -217,6 +222,7 @@ impl<P: Provider> Control<P> {
                     ..w.qps.counts()
                 })
                 .collect(),
+            foreign_refused: self.foreign_refused,
         };
         if now != self.last_published {
             if let Ok(mut m) = self.published.lock() {
