@@ -10,7 +10,9 @@
 # 6. the engine examples (echo, one-sided) as two processes (engine-examples.sh);
 # 7. corelink-perf's eight tests as server and client processes (perf-smoke.sh);
 # 8. with a second device (rxe1, added last): sibling contexts and the connection manager's
-#    refusal of another device's QP (two-devices.sh).
+#    refusal of another device's QP (two-devices.sh);
+# 9. librdmacm's rdma_client against the echo example's server: refused without
+#    accept_foreign, echoed with it (foreign-peer.sh).
 # Everything must have been built on the host first (cargo runs --offline here).
 set -u
 soft_report=${1:?usage: ci.sh SOFT_REPORT}
@@ -45,9 +47,12 @@ bash "$here/perf-smoke.sh" || failed+=(perf-smoke)
 step "contexts and devices, with a second device"
 bash "$here/two-devices.sh" || failed+=(two-devices)
 
+step "a plain rdma_cm program (rdma_client) against the engine"
+bash "$here/foreign-peer.sh" || failed+=(foreign-peer)
+
 echo
 if [ ${#failed[@]} -eq 0 ]; then
-  echo "guest checks: 8 passed, 0 failed"
+  echo "guest checks: 9 passed, 0 failed"
 else
   echo "guest checks failed: ${failed[*]}"
   exit 1
