@@ -220,9 +220,46 @@ pub enum CloseReason {
     Shutdown,
 }
 
+impl fmt::Display for CloseReason {
+    /// What a user needs to know: who ended it and how that was seen.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CloseReason::Local => f.write_str("this side closed it"),
+            CloseReason::Peer => f.write_str(
+                "the peer went away (its side disconnected, or its process ended: the \
+                 connection manager saw the disconnect)",
+            ),
+            CloseReason::Error(s @ WcStatus::RetryExcErr) => write!(
+                f,
+                "a request failed with {s}: the peer stopped answering (no acknowledgement \
+                 within worker.timeout, worker.retry_cnt + 1 times)"
+            ),
+            CloseReason::Error(s @ WcStatus::RnrRetryExcErr) => write!(
+                f,
+                "a request failed with {s}: the peer had no receive posted (worker.rnr_retry \
+                 retries of worker.min_rnr_timer each)"
+            ),
+            CloseReason::Error(s) => write!(f, "a request or a receive failed with {s}"),
+            CloseReason::RecvPostFailed => f.write_str("a receive could not be posted again"),
+            CloseReason::Shutdown => f.write_str("the engine shut down"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::ConnId;
+
+    #[test]
+    fn close_reasons_say_who_and_how() {
+        use super::CloseReason;
+        use corelink_verbs::WcStatus;
+        assert!(CloseReason::Peer.to_string().contains("the peer went away"));
+        let retry = CloseReason::Error(WcStatus::RetryExcErr).to_string();
+        assert!(retry.contains("stopped answering") && retry.contains("worker.timeout"), "{retry}");
+        let flush = CloseReason::Error(WcStatus::WrFlushErr).to_string();
+        assert!(flush.contains("failed with"), "{flush}");
+    }
 
     #[test]
     fn conn_ids_are_equal_exactly_when_every_field_is() {

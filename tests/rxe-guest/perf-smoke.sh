@@ -48,5 +48,26 @@ one send_lat --use-srq -n 200 -s 64
 one send_bw -c UD -q 2 -l 4 -Q 8 -n 400 -s 512
 one write_bw -c UC -q 2 -l 4 -Q 8 -n 400 -s 4096
 one send_lat -c UD -n 100 -s 8 --json
+# A client killed (-9) in the middle of a run: its server must not call the run a success. It
+# sees the disconnect (the kernel closes the dead process's connection) and exits non-zero,
+# saying the run ended before it was complete.
+killed() {
+  local log server server_rc client
+  port=$((port + 1))
+  log=$(mktemp)
+  timeout 60 "$bin" write_bw --provider ibverbs --bind "$CORELINK_IP" -p $port -D 30 > "$log" 2>&1 & server=$!
+  for _ in $(seq 100); do grep -q listening "$log" && break; sleep 0.1; done
+  timeout 60 "$bin" write_bw --provider ibverbs -p $port -D 30 "$CORELINK_IP" > /dev/null 2>&1 & client=$!
+  sleep 3
+  kill -9 $client; wait $client 2>/dev/null
+  wait $server; server_rc=$?
+  sed 's/^/  server | /' "$log"
+  if [ $server_rc != 0 ] && [ $server_rc != 124 ] && grep -q "ended before it was complete" "$log"; then
+    echo "PASS: a killed client's server fails the run"; passed=$((passed + 1))
+  else
+    echo "FAIL: a killed client's server exited $server_rc"; failed=$((failed + 1))
+  fi
+}
+killed
 echo "perf-smoke: $passed passed, $failed failed"
 [ $failed = 0 ]

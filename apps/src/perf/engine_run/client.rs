@@ -9,7 +9,7 @@ use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, EngineError, Hand
 
 use super::{
     grant_memory, granted, hello, marker, region_byte, write_lat_polls, Event, Shared, SizeResult,
-    ECHO_IMM, GRANT_TOKEN, PEAK_INTERVAL, POLL_SLOT,
+    BYE_IMM, BYE_TOKEN, ECHO_IMM, GRANT_TOKEN, PEAK_INTERVAL, POLL_SLOT,
 };
 use crate::perf::clock::Clock;
 use crate::perf::opts::{PerfOpts, Test, Verb, MAX_ONE_SIDED};
@@ -369,7 +369,13 @@ impl<P: Provider> ClientPart<P> {
             self.start_size(cx);
         } else {
             self.finished = true;
-            if let Some(c) = self.conn {
+            // The server hears that the run is complete, then the connection closes (once
+            // that send is done: a close would flush it).
+            let Some(c) = self.conn else { return };
+            let bye = cx
+                .alloc(1)
+                .and_then(|b| cx.send(c, b, Some(BYE_IMM), BYE_TOKEN).map_err(|(_, e)| e));
+            if bye.is_err() {
                 let _ = cx.close(c);
             }
         }
@@ -460,6 +466,10 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         if done.token == GRANT_TOKEN && done.status.is_success() {
             return; // this side's grant reached the server
         }
+        if done.token == BYE_TOKEN {
+            let _ = cx.close(done.conn);
+            return;
+        }
         if done.token == BG_TOKEN && done.status.is_success() {
             if let (false, Some(b)) = (self.finished, done.buf) {
                 self.background(cx, b);
@@ -511,11 +521,12 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
 
     fn on_closed(&mut self, _cx: &mut Cx<P>, _conn: ConnId, reason: &CloseReason) {
         let r = match (self.error.take(), self.finished) {
-            (Some(e), _) => Err(e),
+            // The first symptom, and what ended the connection.
+            (Some(e), _) => Err(format!("{e}; the connection closed: {reason}")),
             (None, true) => Ok(()),
             (None, false) => Err(format!(
-                "the connection closed ({reason:?}) during size {} (does the server run the \
-                 same test with the same -s / -a?)",
+                "the connection closed during size {}: {reason} (does the server run the same \
+                 test with the same -s / -a?)",
                 self.opts.sizes.get(self.index).copied().unwrap_or(0)
             )),
         };

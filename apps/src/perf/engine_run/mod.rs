@@ -47,6 +47,13 @@ pub use map::{fit_map, pools, recv_size, MapChange};
 /// The immediate that asks the server to answer (echo a send, write back a write).
 pub const ECHO_IMM: u32 = 0x6563_686f;
 
+/// The immediate of the client's last message: its run is complete (a connection that closes
+/// without it ended early: the server fails).
+pub const BYE_IMM: u32 = 0x6279_6521;
+
+/// The token of that message's send.
+pub(super) const BYE_TOKEN: u64 = u64::MAX - 3;
+
 /// The shortest interval a peak-bandwidth sample spans.
 pub const PEAK_INTERVAL: Duration = Duration::from_millis(1);
 

@@ -7,8 +7,8 @@ use corelink_engine::{
 };
 
 use super::{
-    grant_memory, granted, parse_hello, region_byte, write_lat_polls, Event, Shared, ECHO_IMM,
-    GRANT_TOKEN, POLL_SLOT,
+    grant_memory, granted, parse_hello, region_byte, write_lat_polls, Event, Shared, BYE_IMM,
+    ECHO_IMM, GRANT_TOKEN, POLL_SLOT,
 };
 use crate::perf::opts::{PerfOpts, Test};
 
@@ -27,6 +27,8 @@ pub(super) struct ServerPart<P: Provider> {
     /// Writes to echo that came before the client's grant (on another lane): their lengths.
     early: Vec<u32>,
     error: Option<String>,
+    /// The client said its run is complete (`BYE_IMM`).
+    complete: bool,
 }
 
 impl<P: Provider> ServerPart<P> {
@@ -41,6 +43,7 @@ impl<P: Provider> ServerPart<P> {
             conn: None,
             early: Vec::new(),
             error: None,
+            complete: false,
         }
     }
 
@@ -125,6 +128,10 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
             }
             return;
         }
+        if msg.imm == Some(BYE_IMM) {
+            self.complete = true;
+            return;
+        }
         if msg.imm != Some(ECHO_IMM) {
             return; // send_bw: receive and let the engine repost
         }
@@ -160,6 +167,9 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
         self.shared.tell(Event::ServerDone(match (self.error.take(), reason) {
             (Some(e), _) => Err(e),
             (None, CloseReason::Error(s)) => Err(format!("the connection failed: {s}")),
+            (None, r) if !self.complete => {
+                Err(format!("the client's run ended before it was complete ({r})"))
+            }
             (None, _) => Ok(conns),
         }));
     }
