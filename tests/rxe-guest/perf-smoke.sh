@@ -57,7 +57,8 @@ killed() {
   log=$(mktemp)
   timeout 60 "$bin" write_bw --provider ibverbs --bind "$CORELINK_IP" -p $port -D 30 > "$log" 2>&1 & server=$!
   for _ in $(seq 100); do grep -q listening "$log" && break; sleep 0.1; done
-  timeout 60 "$bin" write_bw --provider ibverbs -p $port -D 30 "$CORELINK_IP" > /dev/null 2>&1 & client=$!
+  # (not under `timeout`: the kill must reach corelink-perf itself)
+  "$bin" write_bw --provider ibverbs -p $port -D 30 "$CORELINK_IP" > /dev/null 2>&1 & client=$!
   sleep 3
   kill -9 $client; wait $client 2>/dev/null
   wait $server; server_rc=$?
