@@ -226,6 +226,9 @@ pub struct ControlMetrics {
     /// Connection requests without the engine's header, rejected (the map's
     /// `accept_foreign` is off).
     pub foreign_refused: u64,
+    /// Lanes accepted and waiting for their connectors' confirmation now (a half-open peer's
+    /// stays here until it confirms or its accept times out; it delays no other).
+    pub accepts_waiting: u64,
 }
 
 impl fmt::Display for ControlMetrics {
@@ -259,6 +262,9 @@ impl fmt::Display for ControlMetrics {
                 w.qps_refused,
                 w.conns_refused
             )?;
+        }
+        if self.accepts_waiting > 0 {
+            write!(f, "\n  accepts waiting for their connectors: {}", self.accepts_waiting)?;
         }
         if self.foreign_refused > 0 {
             write!(f, "\n  foreign requests refused: {}", self.foreign_refused)?;
@@ -295,6 +301,7 @@ mod tests {
     fn control_counters_print_by_worker() {
         let m = ControlMetrics {
             foreign_refused: 0,
+            accepts_waiting: 0,
             workers: vec![WorkerCounts {
                 connections: 2,
                 qps_reused: 7,

@@ -141,3 +141,32 @@ fn accept_foreign_makes_a_plain_peer_a_one_lane_connection() {
     drop(conn);
     e.shutdown().unwrap();
 }
+
+/// A peer that sends its connection request and never confirms the accept (stalled, or
+/// stopped after its request) delays nobody: another connect is accepted and up while the
+/// half-open one still waits (before, the control core waited for it inside the accept, up to
+/// the accept timeout, and every other connection waited behind it); when the peer gives up,
+/// its lane is dropped and the handler never hears of it.
+#[test]
+fn a_half_open_peer_delays_no_other_connect() {
+    let (mut e, rx) = engine("10.99.8.3:0", "accept_foreign = true");
+    let addr: SocketAddr = e.listen_addr().unwrap();
+    let stalled = Soft::open("soft0").unwrap().request_only(addr, b"stalled").unwrap();
+    let deadline = Instant::now() + HANG;
+    while e.control_metrics().accepts_waiting != 1 {
+        assert!(Instant::now() < deadline, "{}", e.control_metrics());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut c = e.client(0).unwrap();
+    c.connect(addr, b"", 1).unwrap();
+    assert!(matches!(c.wait(HANG), Some(Event::Connected { .. })));
+    assert_eq!(heard(&rx), "connected \"\" recv_size=Some(4096)");
+    assert_eq!(e.control_metrics().accepts_waiting, 1, "the half-open peer still waits");
+    drop(stalled);
+    while e.control_metrics().accepts_waiting != 0 {
+        assert!(Instant::now() < deadline, "{}", e.control_metrics());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(rx.try_recv().is_err(), "the handler heard nothing of the half-open peer");
+    e.shutdown().unwrap();
+}

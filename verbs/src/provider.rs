@@ -8,7 +8,7 @@
 
 use std::fmt::Debug;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::types::*;
@@ -36,6 +36,8 @@ pub trait Provider: Sized + Send + Sync + 'static + Debug {
     type Listener: Listener<Self>;
     /// A connection request waiting for accept or reject.
     type ConnRequest: ConnRequest<Self>;
+    /// An accept waiting for the connector's confirmation (see [`ConnRequest::accept_start`]).
+    type Accepting: Accepting<Self>;
     /// An established connection's connection-manager side.
     type Connection: Connection;
 
@@ -338,11 +340,58 @@ pub trait ConnRequest<P: Provider>: Send + Debug {
     /// The connector's address.
     fn peer_addr(&self) -> SocketAddr;
     /// Accepts with `qp` (same transport as the connector's, on the listener's device, on any
-    /// of its contexts, in RESET or INIT), answering `private_data`; the QP ends in RTS. A QP
+    /// of its contexts, in RESET or INIT), answering `private_data`, and waits (up to the
+    /// provider's accept timeout, 30 s) for the connector to confirm; the QP ends in RTS. A QP
     /// of another device is [`Error::WrongDevice`].
-    fn accept(self, qp: &mut P::Qp, attr: &QpAttr, private_data: &[u8]) -> Result<P::Connection>;
+    fn accept(self, qp: &mut P::Qp, attr: &QpAttr, private_data: &[u8]) -> Result<P::Connection>
+    where
+        Self: Sized,
+    {
+        let deadline = Instant::now() + ACCEPT_WAIT;
+        let mut a = self.accept_start(qp, attr, private_data)?;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match a.poll(qp, left)? {
+                AcceptPoll::Ready(c) => return Ok(c),
+                AcceptPoll::Pending(p) if !left.is_zero() => a = p,
+                AcceptPoll::Pending(p) => return Err(p.abandon(qp)),
+            }
+        }
+    }
+    /// Accepts as [`ConnRequest::accept`] does, without waiting for the connector's
+    /// confirmation: the [`Accepting`] returned finishes it (or gives up), so that one slow or
+    /// half-open connector delays no other.
+    fn accept_start(
+        self,
+        qp: &mut P::Qp,
+        attr: &QpAttr,
+        private_data: &[u8],
+    ) -> Result<P::Accepting>;
     /// Rejects, answering `private_data`.
     fn reject(self, private_data: &[u8]) -> Result<()>;
+}
+
+/// How long [`ConnRequest::accept`] waits for the connector's confirmation.
+pub const ACCEPT_WAIT: Duration = Duration::from_secs(30);
+
+/// An accept sent, waiting for the connector's confirmation (the RTU of the IB connection
+/// protocol; on `soft`, the connector's answer).
+pub trait Accepting<P: Provider>: Send + Debug + Sized {
+    /// Waits up to `timeout` (zero: just looks) for the confirmation: the connection once it
+    /// came, else the accept back, still pending. A connector that refused or went away is an
+    /// error (its QP `qp`, the one accepted with, is moved to ERR).
+    fn poll(self, qp: &mut P::Qp, timeout: Duration) -> Result<AcceptPoll<P>>;
+    /// Gives up (the QP `qp` moves to ERR); returns the error to report: a timeout.
+    fn abandon(self, qp: &mut P::Qp) -> Error;
+}
+
+/// What [`Accepting::poll`] found.
+#[derive(Debug)]
+pub enum AcceptPoll<P: Provider> {
+    /// Confirmed: the connection.
+    Ready(P::Connection),
+    /// Not yet: the accept, to poll again.
+    Pending(P::Accepting),
 }
 
 /// The connection-manager side of an established connection.

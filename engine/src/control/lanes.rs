@@ -8,7 +8,9 @@
 //!
 //! Accepting: lanes are grouped by their header's nonce. The first lane of a group decides
 //! its worker (the placement rule runs once per connection), every lane is accepted with a QP
-//! from that worker's pool, and the group goes to the worker when its last lane is up (the
+//! from that worker's pool (the accept goes out at once; its connector's confirmation is
+//! polled once per loop, so that a slow or half-open peer delays no other), and the group
+//! goes to the worker when its last lane is up (the
 //! lane count is the connector's, whatever this side's `per_conn`). A group whose lane fails
 //! (no QP within `worker.qps.max`, a failed accept, a lane disconnected) or that waits longer
 //! than [`GROUP_TIMEOUT`] is dropped: its lanes are disconnected and recycled, and its late
@@ -19,7 +21,10 @@ use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use corelink_verbs::{CmEvent, ConnRequest, Connection, Context, Listener, Provider};
+use corelink_verbs::{
+    AcceptPoll, Accepting as _, CmEvent, ConnRequest, Connection, Context, Listener, Provider,
+    ACCEPT_WAIT,
+};
 
 use super::header::{nonce, reject_data, reject_reason, Header, MAX_APP_PRIVATE_DATA};
 use super::{Control, Reservation};
@@ -92,14 +97,34 @@ struct Accepting<P: Provider> {
     reservation: Option<Reservation>,
 }
 
-/// Accepted connections waiting for their lanes, by nonce.
+/// A lane accepted and waiting for its connector's confirmation.
+struct PendingLane<P: Provider> {
+    nonce: u64,
+    lane: usize,
+    /// Lanes of its connection.
+    lanes: usize,
+    worker: usize,
+    qp: P::Qp,
+    accepting: P::Accepting,
+    /// When it gives up.
+    deadline: Instant,
+}
+
+/// Accepted connections waiting for their lanes, by nonce, and the lanes whose accepts wait
+/// for their connectors.
 pub(super) struct Incoming<P: Provider> {
     groups: HashMap<u64, Accepting<P>>,
+    pending: Vec<PendingLane<P>>,
 }
 
 impl<P: Provider> Incoming<P> {
     pub(super) fn new() -> Self {
-        Incoming { groups: HashMap::new() }
+        Incoming { groups: HashMap::new(), pending: Vec::new() }
+    }
+
+    /// Accepts waiting for their connectors.
+    pub(super) fn confirming(&self) -> usize {
+        self.pending.len()
     }
 }
 
@@ -364,29 +389,83 @@ impl<P: Provider> Control<P> {
             }
             .to_bytes()
         };
-        match req.accept(&mut qp, &self.cfg.attr, &answer) {
-            Ok(cm) => match self.incoming.groups.get_mut(&nonce) {
-                Some(g) => {
-                    g.lanes[lane] = Some((qp, cm));
-                    if g.lanes.iter().all(Option::is_some) {
-                        if let Some(g) = self.incoming.groups.remove(&nonce) {
-                            let up = g.lanes.into_iter().flatten().collect();
-                            match g.reservation {
-                                Some(r) => self.hand_off(g.worker, up, g.info, Origin::Handler, r),
-                                // (a group that failed takes no lanes, so never gets here)
-                                None => up.into_iter().for_each(|(qp, cm)| self.recycle(w, qp, cm)),
-                            }
+        // The accept goes out now; the connector's confirmation is waited for by
+        // `finish_accepts`, one poll per loop, so that a slow or half-open peer delays no one.
+        match req.accept_start(&mut qp, &self.cfg.attr, &answer) {
+            Ok(accepting) => {
+                let deadline = Instant::now() + ACCEPT_WAIT.min(GROUP_TIMEOUT);
+                let p = PendingLane { nonce, lane, lanes: k, worker: w, qp, accepting, deadline };
+                self.incoming.pending.push(p);
+            }
+            Err(e) => self.lane_failed(nonce, lane, k, w, qp, e.into()),
+        }
+        true
+    }
+
+    /// Polls the accepts waiting for their connectors' confirmation (without waiting); returns
+    /// whether any finished.
+    pub(super) fn finish_accepts(&mut self) -> bool {
+        let mut any = false;
+        for p in std::mem::take(&mut self.incoming.pending) {
+            let PendingLane { nonce, lane, lanes, worker, mut qp, accepting, deadline } = p;
+            match accepting.poll(&mut qp, Duration::ZERO) {
+                Ok(AcceptPoll::Ready(cm)) => {
+                    any = true;
+                    self.lane_accepted(nonce, lane, worker, qp, cm);
+                }
+                Ok(AcceptPoll::Pending(a)) if Instant::now() < deadline => {
+                    let p = PendingLane { nonce, lane, lanes, worker, qp, accepting: a, deadline };
+                    self.incoming.pending.push(p);
+                }
+                Ok(AcceptPoll::Pending(a)) => {
+                    any = true;
+                    let e = a.abandon(&mut qp);
+                    self.lane_failed(nonce, lane, lanes, worker, qp, e.into());
+                }
+                Err(e) => {
+                    any = true;
+                    self.lane_failed(nonce, lane, lanes, worker, qp, e.into());
+                }
+            }
+        }
+        any
+    }
+
+    /// Lane `lane` of accepted group `nonce` is up (on worker `w`); the group goes to its
+    /// worker once every lane is.
+    fn lane_accepted(&mut self, nonce: u64, lane: usize, w: usize, qp: P::Qp, cm: P::Connection) {
+        match self.incoming.groups.get_mut(&nonce) {
+            Some(g) if g.failed.is_none() => {
+                g.lanes[lane] = Some((qp, cm));
+                if g.lanes.iter().all(Option::is_some) {
+                    if let Some(g) = self.incoming.groups.remove(&nonce) {
+                        let up = g.lanes.into_iter().flatten().collect();
+                        match g.reservation {
+                            Some(r) => self.hand_off(g.worker, up, g.info, Origin::Handler, r),
+                            // (a group that failed takes no lanes, so never gets here)
+                            None => up.into_iter().for_each(|(qp, cm)| self.recycle(w, qp, cm)),
                         }
                     }
                 }
-                None => self.recycle(w, qp, cm),
-            },
-            Err(e) => {
-                self.workers[w].qps.give_back(qp, &self.cfg.attr);
-                self.fail_incoming(nonce, lane_text(lane, k, reason(&e.into())));
             }
+            // The group failed (or expired) while this lane was being confirmed.
+            _ => self.recycle(w, qp, cm),
         }
-        true
+    }
+
+    /// Lane `lane` (of `lanes`) of accepted group `nonce` could not be accepted: its QP goes
+    /// back to worker `w`'s pool and the group fails.
+    fn lane_failed(
+        &mut self,
+        nonce: u64,
+        lane: usize,
+        lanes: usize,
+        w: usize,
+        qp: P::Qp,
+        e: EngineError,
+    ) {
+        self.workers[w].qps.give_back(qp, &self.cfg.attr);
+        self.fail_incoming(nonce, lane_text(lane, lanes, reason(&e)));
     }
 
     /// Drops accepted group `nonce`: its lanes are disconnected and recycled, and (for a group

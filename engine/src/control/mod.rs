@@ -176,6 +176,7 @@ impl<P: Provider> Control<P> {
         loop {
             let mut busy = self.commands();
             busy |= self.accept_one();
+            busy |= self.incoming.confirming() > 0 && self.finish_accepts();
             busy |= self.worker_messages();
             busy |= self.finish_connects();
             self.idle = if busy { 0 } else { self.idle.saturating_add(1) };
@@ -206,6 +207,10 @@ impl<P: Provider> Control<P> {
 
     /// How long the loop waits for something to happen this iteration.
     pub(super) fn slice(&self) -> Duration {
+        if self.incoming.confirming() > 0 {
+            // Accepts wait for their connectors: look again soon.
+            return LISTEN_SLICE / 10;
+        }
         LISTEN_SLICE * (1 << (self.idle / SLOWER_AFTER).min(MAX_SLICE_SHIFT))
     }
 
@@ -223,6 +228,7 @@ impl<P: Provider> Control<P> {
                 })
                 .collect(),
             foreign_refused: self.foreign_refused,
+            accepts_waiting: self.incoming.confirming() as u64,
         };
         if now != self.last_published {
             if let Ok(mut m) = self.published.lock() {

@@ -31,7 +31,7 @@ mod srq;
 use std::ffi::CStr;
 use std::io;
 
-pub use cm::{IbvConnRequest, IbvConnection, IbvListener};
+pub use cm::{IbvAccepting, IbvConnRequest, IbvConnection, IbvListener};
 pub use context::IbvContext;
 pub use cq::IbvCq;
 pub use pd::{IbvAh, IbvMr, IbvMw, IbvPd};
@@ -61,6 +61,7 @@ impl Provider for Ibverbs {
     type Ah = IbvAh;
     type Listener = IbvListener;
     type ConnRequest = IbvConnRequest;
+    type Accepting = IbvAccepting;
     type Connection = IbvConnection;
 
     const NAME: &'static str = NAME;

@@ -27,8 +27,6 @@ pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
 /// Ports a listener bound to port 0 gets.
 const EPHEMERAL_PORTS: (u16, u16) = (32768, 60999);
-/// How long an acceptor waits for the connector's "ready to use".
-const ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -191,6 +189,78 @@ impl Drop for SoftConnRequest {
     }
 }
 
+/// An accept waiting for the connector's answer (it brings its QP up and says it is ready).
+#[derive(Debug)]
+pub struct SoftAccepting {
+    attempt: Arc<Attempt>,
+    link: Arc<Link>,
+}
+
+impl crate::Accepting<Soft> for SoftAccepting {
+    fn poll(self, qp: &mut SoftQp, timeout: Duration) -> Result<crate::AcceptPoll<Soft>> {
+        let g = self.attempt.answer.wait_until(Instant::now() + timeout, |s| {
+            matches!(s, Answer::Ready | Answer::Abandoned)
+        });
+        match *g {
+            Answer::Ready => {
+                drop(g);
+                let pd = self.attempt.private_data.clone();
+                Ok(crate::AcceptPoll::Ready(SoftConnection::new(self.link, 1, pd, &qp.shared)))
+            }
+            Answer::Abandoned => {
+                drop(g);
+                let _ = qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() });
+                Err(Error::CmTimeout { op: "rdma_accept", addr: self.attempt.from })
+            }
+            _ => {
+                drop(g);
+                Ok(crate::AcceptPoll::Pending(self))
+            }
+        }
+    }
+
+    fn abandon(self, qp: &mut SoftQp) -> Error {
+        self.attempt.answer.update(|s| *s = Answer::Abandoned);
+        let _ = qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() });
+        Error::CmTimeout { op: "rdma_accept", addr: self.attempt.from }
+    }
+}
+
+/// A connection request that is never confirmed (see [`SoftContext::request_only`]); dropping
+/// it gives up.
+#[derive(Debug)]
+pub struct HalfOpen {
+    attempt: Arc<Attempt>,
+}
+
+impl Drop for HalfOpen {
+    fn drop(&mut self) {
+        self.attempt.answer.update(|s| *s = Answer::Abandoned);
+    }
+}
+
+impl SoftContext {
+    /// A test aid: sends a connection request to the listener at `addr` and never confirms an
+    /// accept, as a peer that stalls (or is stopped) after its request does, until the
+    /// [`HalfOpen`] is dropped.
+    #[doc(hidden)]
+    pub fn request_only(&self, addr: SocketAddr, private_data: &[u8]) -> Result<HalfOpen> {
+        too_long("connect", private_data.len(), MAX_CONNECT_PRIVATE_DATA)?;
+        let Some(listener) = lock(&Fabric::get().listeners).get(&addr).cloned() else {
+            return Err(Error::Rejected { addr, private_data: Vec::new() });
+        };
+        let attempt = Arc::new(Attempt {
+            from: SocketAddr::new(IpAddr::V6(self.shared.gid.0.into()), 0),
+            qpn: 0,
+            qp_type: QpType::Rc,
+            private_data: private_data.to_vec(),
+            answer: Signal::default(),
+        });
+        listener.requests.update(|q| q.push_back(attempt.clone()));
+        Ok(HalfOpen { attempt })
+    }
+}
+
 impl crate::ConnRequest<Soft> for SoftConnRequest {
     fn private_data(&self) -> &[u8] {
         &self.attempt.private_data
@@ -200,7 +270,12 @@ impl crate::ConnRequest<Soft> for SoftConnRequest {
         self.attempt.from
     }
 
-    fn accept(self, qp: &mut SoftQp, attr: &QpAttr, private_data: &[u8]) -> Result<SoftConnection> {
+    fn accept_start(
+        self,
+        qp: &mut SoftQp,
+        attr: &QpAttr,
+        private_data: &[u8],
+    ) -> Result<SoftAccepting> {
         too_long("accept", private_data.len(), MAX_ACCEPT_PRIVATE_DATA)?;
         check_device(&self.ctx, qp, "rdma_accept")?;
         let a = &self.attempt;
@@ -220,15 +295,7 @@ impl crate::ConnRequest<Soft> for SoftConnRequest {
             link: link.clone(),
         };
         a.answer.update(|s| *s = answer);
-        let g = a.answer.wait_until(Instant::now() + ACCEPT_TIMEOUT, |s| {
-            matches!(s, Answer::Ready | Answer::Abandoned)
-        });
-        if !matches!(*g, Answer::Ready) {
-            drop(g);
-            let _ = qp.modify(&QpAttr { state: QpState::Err, ..*attr });
-            return Err(Error::CmTimeout { op: "rdma_accept", addr: a.from });
-        }
-        Ok(SoftConnection::new(link, 1, a.private_data.clone(), &qp.shared))
+        Ok(SoftAccepting { attempt: a.clone(), link })
     }
 
     fn reject(self, private_data: &[u8]) -> Result<()> {

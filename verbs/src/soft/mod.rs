@@ -21,8 +21,8 @@ mod qp;
 mod req;
 
 pub use cm::{
-    SoftConnRequest, SoftConnection, SoftListener, MAX_ACCEPT_PRIVATE_DATA,
-    MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
+    HalfOpen, SoftAccepting, SoftConnRequest, SoftConnection, SoftListener,
+    MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
 pub use context::SoftContext;
 pub use cq::SoftCq;
@@ -80,6 +80,7 @@ impl Provider for Soft {
     type Ah = SoftAh;
     type Listener = SoftListener;
     type ConnRequest = SoftConnRequest;
+    type Accepting = SoftAccepting;
     type Connection = SoftConnection;
 
     const NAME: &'static str = "soft";

@@ -8,7 +8,8 @@
 //! - Passive side: [`IbvListener::get_request`] takes a CONNECT_REQUEST and moves the new id to
 //!   its own event channel (`rdma_migrate_id`), so each connection's events are its own;
 //!   [`IbvConnRequest::accept`] moves the QP to INIT, RTR and RTS, calls `rdma_accept` and waits
-//!   for ESTABLISHED (up to [`ACCEPT_TIMEOUT`]).
+//!   for ESTABLISHED (up to [`crate::ACCEPT_WAIT`]); `accept_start` does the same without the
+//!   wait, which an [`IbvAccepting`] does (polled, so that no connector delays another).
 //! - Active side: [`connect`] resolves the address and route, moves the QP to INIT, calls
 //!   `rdma_connect`, and on CONNECT_RESPONSE moves it to RTR and RTS and calls
 //!   `rdma_establish` (which sends the RTU).
@@ -56,18 +57,13 @@ pub(crate) use active::connect;
 pub use connection::IbvConnection;
 pub(crate) use listener::listen;
 pub use listener::IbvListener;
-pub use request::IbvConnRequest;
+pub use request::{IbvAccepting, IbvConnRequest};
 
 use super::context::CtxInner;
 use super::qp::IbvQp;
 use super::unsupported;
 use crate::error::{Error, Result};
 use crate::types::{QpState, QpType};
-
-/// How long [`IbvConnRequest::accept`] waits for the connector's RTU (ESTABLISHED).
-///
-/// [`IbvConnRequest::accept`]: crate::provider::ConnRequest::accept
-pub const ACCEPT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Private data bytes a connect request carries (IB CM REQ's 92 less the 36-byte CMA header).
 const MAX_CONNECT_PRIVATE_DATA: usize = 56;

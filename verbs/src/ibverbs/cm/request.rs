@@ -1,5 +1,5 @@
-//! A connection request on the passive side: accepting it (QP to RTS, `rdma_accept`, wait for
-//! ESTABLISHED) or rejecting it.
+//! A connection request on the passive side: accepting it (QP to RTS, `rdma_accept`; then an
+//! [`IbvAccepting`] waits for ESTABLISHED) or rejecting it.
 
 use std::net::SocketAddr;
 
@@ -8,16 +8,72 @@ use rdma_sys::{rdma_cm_event_type as Ev, rdma_cm_id};
 use super::channel::{Channel, Id};
 use super::connection::IbvConnection;
 use super::qp_state::{cm_modify, conn_param};
-use super::{
-    check_qp, cm_err, ctx_name, deadline, ACCEPT_TIMEOUT, MAX_ACCEPT_PRIVATE_DATA,
-    MAX_REJECT_PRIVATE_DATA,
-};
+use super::{check_qp, cm_err, ctx_name, MAX_ACCEPT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA};
 use crate::error::{Error, Result};
 use crate::ibverbs::convert::last_err;
 use crate::ibverbs::qp::IbvQp;
 use crate::ibverbs::Ibverbs;
-use crate::provider::ConnRequest;
+use crate::provider::{AcceptPoll, Accepting, ConnRequest};
 use crate::types::{QpAttr, QpState};
+
+/// An accepted request waiting for the connector's RTU (ESTABLISHED on its own channel).
+pub struct IbvAccepting {
+    // Field order matters: the id is destroyed before its channel.
+    id: Id,
+    ch: Channel,
+    peer_private: Vec<u8>,
+    peer: SocketAddr,
+}
+
+// SAFETY: as `IbvConnRequest`: librdmacm ids and channels may be used from any thread.
+unsafe impl Send for IbvAccepting {}
+
+impl std::fmt::Debug for IbvAccepting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbvAccepting").field("peer", &self.peer).finish()
+    }
+}
+
+impl Accepting<Ibverbs> for IbvAccepting {
+    fn poll(self, qp: &mut IbvQp, timeout: std::time::Duration) -> Result<AcceptPoll<Ibverbs>> {
+        let peer = self.peer;
+        let until = Some(std::time::Instant::now() + timeout);
+        loop {
+            let Some(ev) = self.ch.wait(until).map_err(cm_err("rdma_get_cm_event", peer))? else {
+                return Ok(AcceptPoll::Pending(self));
+            };
+            match ev.kind() {
+                Ev::RDMA_CM_EVENT_ESTABLISHED => break,
+                Ev::RDMA_CM_EVENT_REJECTED
+                | Ev::RDMA_CM_EVENT_CONNECT_ERROR
+                | Ev::RDMA_CM_EVENT_UNREACHABLE
+                | Ev::RDMA_CM_EVENT_DISCONNECTED
+                | Ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
+                    let reason = ev.describe();
+                    drop(ev);
+                    let _ = qp.inner.to_err();
+                    return Err(Error::Unreachable { addr: peer, reason });
+                }
+                _ => {}
+            }
+        }
+        let IbvAccepting { id, ch, peer_private, peer } = self;
+        Ok(AcceptPoll::Ready(IbvConnection {
+            id,
+            ch,
+            qp: qp.inner.clone(),
+            peer_private,
+            peer,
+            pending_established: true,
+            disconnected: false,
+        }))
+    }
+
+    fn abandon(self, qp: &mut IbvQp) -> Error {
+        let _ = qp.inner.to_err();
+        Error::CmTimeout { op: "rdma_accept", addr: self.peer }
+    }
+}
 
 /// A connection request. Dropping it without accepting rejects it.
 pub struct IbvConnRequest {
@@ -60,9 +116,14 @@ impl ConnRequest<Ibverbs> for IbvConnRequest {
         self.peer
     }
 
-    /// Moves `qp` to INIT, RTR and RTS, accepts, and waits up to `ACCEPT_TIMEOUT` (30 s) for the
-    /// connector's RTU.
-    fn accept(self, qp: &mut IbvQp, attr: &QpAttr, private_data: &[u8]) -> Result<IbvConnection> {
+    /// Moves `qp` to INIT, RTR and RTS and calls `rdma_accept`; the connector's RTU is the
+    /// [`IbvAccepting`]'s to wait for.
+    fn accept_start(
+        self,
+        qp: &mut IbvQp,
+        attr: &QpAttr,
+        private_data: &[u8],
+    ) -> Result<IbvAccepting> {
         let peer = self.peer;
         check_qp(qp)?;
         if private_data.len() > MAX_ACCEPT_PRIVATE_DATA {
@@ -94,37 +155,8 @@ impl ConnRequest<Ibverbs> for IbvConnRequest {
             let _ = qp.inner.to_err();
             return Err(Error::Cm { op: "rdma_accept", addr: peer, source: e });
         }
-        let dl = deadline(ACCEPT_TIMEOUT);
-        loop {
-            let Some(ev) = self.ch.wait(dl).map_err(cm_err("rdma_get_cm_event", peer))? else {
-                let _ = qp.inner.to_err();
-                return Err(Error::CmTimeout { op: "rdma_accept", addr: peer });
-            };
-            match ev.kind() {
-                Ev::RDMA_CM_EVENT_ESTABLISHED => break,
-                Ev::RDMA_CM_EVENT_REJECTED
-                | Ev::RDMA_CM_EVENT_CONNECT_ERROR
-                | Ev::RDMA_CM_EVENT_UNREACHABLE
-                | Ev::RDMA_CM_EVENT_DISCONNECTED
-                | Ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
-                    let reason = ev.describe();
-                    drop(ev);
-                    let _ = qp.inner.to_err();
-                    return Err(Error::Unreachable { addr: peer, reason });
-                }
-                _ => {}
-            }
-        }
         let IbvConnRequest { id, ch, private_data: peer_private, .. } = self;
-        Ok(IbvConnection {
-            id,
-            ch,
-            qp: qp.inner.clone(),
-            peer_private,
-            peer,
-            pending_established: true,
-            disconnected: false,
-        })
+        Ok(IbvAccepting { id, ch, peer_private, peer })
     }
 
     fn reject(self, private_data: &[u8]) -> Result<()> {
