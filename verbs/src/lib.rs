@@ -26,8 +26,8 @@ pub mod ibverbs;
 
 pub use error::{chain, Chain, Error, Result};
 pub use provider::{
-    AcceptPoll, Accepting, CmEvent, ConnRequest, Connection, Context, Cq, Listener, Mr, Mw, Pd,
-    Provider, Qp, QpInitAttr, Srq, ACCEPT_WAIT,
+    Accepting, CmEvent, ConnRequest, Connecting, Connection, Context, Cq, Listener, Mr, Mw, Pd,
+    Progress, Provider, Qp, QpInitAttr, Srq, ACCEPT_WAIT,
 };
 pub use types::*;
 pub use wr::{RecvWr, SendOp, SendWr, UdDest};

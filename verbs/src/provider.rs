@@ -38,6 +38,8 @@ pub trait Provider: Sized + Send + Sync + 'static + Debug {
     type ConnRequest: ConnRequest<Self>;
     /// An accept waiting for the connector's confirmation (see [`ConnRequest::accept_start`]).
     type Accepting: Accepting<Self>;
+    /// A connect in progress (see [`Context::connect_start`]).
+    type Connecting: Connecting<Self>;
     /// An established connection's connection-manager side.
     type Connection: Connection;
 
@@ -100,7 +102,28 @@ pub trait Context<P: Provider>: Send + Sync + Debug {
         attr: &QpAttr,
         private_data: &[u8],
         timeout: Duration,
-    ) -> Result<P::Connection>;
+    ) -> Result<P::Connection> {
+        let mut c = self.connect_start(addr, qp, attr, private_data, timeout)?;
+        loop {
+            match c.poll(qp, timeout)? {
+                Progress::Ready(conn) => return Ok(conn),
+                Progress::Pending(p) => c = p,
+            }
+        }
+    }
+
+    /// Starts connecting as [`Context::connect`] does, without waiting: each step (address
+    /// and route resolution, the connect, the answer) waits in [`Connecting::poll`], so that a
+    /// control core can drive many connects, and accepts, from one thread. The connect fails
+    /// with a timeout once `timeout` has passed from now.
+    fn connect_start(
+        &self,
+        addr: SocketAddr,
+        qp: &mut P::Qp,
+        attr: &QpAttr,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<P::Connecting>;
 
     /// The endpoint a peer needs to connect to `qp` by hand (no connection manager).
     fn endpoint(&self, qp: &P::Qp, port: u8, gid_index: u32) -> Result<Endpoint> {
@@ -352,9 +375,9 @@ pub trait ConnRequest<P: Provider>: Send + Debug {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match a.poll(qp, left)? {
-                AcceptPoll::Ready(c) => return Ok(c),
-                AcceptPoll::Pending(p) if !left.is_zero() => a = p,
-                AcceptPoll::Pending(p) => return Err(p.abandon(qp)),
+                Progress::Ready(c) => return Ok(c),
+                Progress::Pending(p) if !left.is_zero() => a = p,
+                Progress::Pending(p) => return Err(p.abandon(qp)),
             }
         }
     }
@@ -380,18 +403,27 @@ pub trait Accepting<P: Provider>: Send + Debug + Sized {
     /// Waits up to `timeout` (zero: just looks) for the confirmation: the connection once it
     /// came, else the accept back, still pending. A connector that refused or went away is an
     /// error (its QP `qp`, the one accepted with, is moved to ERR).
-    fn poll(self, qp: &mut P::Qp, timeout: Duration) -> Result<AcceptPoll<P>>;
+    fn poll(self, qp: &mut P::Qp, timeout: Duration) -> Result<Progress<P, P::Accepting>>;
     /// Gives up (the QP `qp` moves to ERR); returns the error to report: a timeout.
     fn abandon(self, qp: &mut P::Qp) -> Error;
 }
 
-/// What [`Accepting::poll`] found.
+/// A connect in progress (from [`Context::connect_start`]).
+pub trait Connecting<P: Provider>: Send + Debug + Sized {
+    /// Takes its next steps, waiting up to `timeout` (zero: just looks) for the events they
+    /// need: the connection once established (the QP `qp`, the one it connects, in RTS),
+    /// else the connect back, still in progress. A rejected, unreachable or timed-out connect
+    /// is an error.
+    fn poll(self, qp: &mut P::Qp, timeout: Duration) -> Result<Progress<P, P::Connecting>>;
+}
+
+/// What [`Accepting::poll`] or [`Connecting::poll`] found.
 #[derive(Debug)]
-pub enum AcceptPoll<P: Provider> {
-    /// Confirmed: the connection.
+pub enum Progress<P: Provider, T> {
+    /// Done: the connection.
     Ready(P::Connection),
-    /// Not yet: the accept, to poll again.
-    Pending(P::Accepting),
+    /// Not yet: the accept or connect, to poll again.
+    Pending(T),
 }
 
 /// The connection-manager side of an established connection.

@@ -1,8 +1,10 @@
 //! A connection's lanes while they come up, on both sides.
 //!
 //! Connecting: [`Control::start_connect`] takes `worker.qps.per_conn` QPs from the worker's
-//! pool and starts one connector thread per lane, each sending the same header but for its
-//! lane index; when every lane has reported, the connection goes to the worker whole, or, if
+//! pool and starts one connect per lane (`Context::connect_start`), each sending the same
+//! header but for its lane index; the control core takes each lane's next step as its events
+//! come (`finish_connects`, once per loop: no thread, no wait); when every lane has reported,
+//! the connection goes to the worker whole, or, if
 //! any lane failed, the lanes that came up are disconnected and recycled and the connect fails
 //! with the first cause.
 //!
@@ -18,12 +20,11 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use corelink_verbs::{
-    AcceptPoll, Accepting as _, CmEvent, ConnRequest, Connection, Context, Listener, Provider,
-    ACCEPT_WAIT,
+    Accepting as _, CmEvent, ConnRequest, Connecting as _, Connection, Context, Listener, Progress,
+    Provider, ACCEPT_WAIT,
 };
 
 use super::header::{nonce, reject_data, reject_reason, Header, MAX_APP_PRIVATE_DATA};
@@ -40,12 +41,12 @@ pub(super) const GROUP_TIMEOUT: Duration = Duration::from_secs(20);
 
 type Up<P> = (<P as Provider>::Qp, <P as Provider>::Connection);
 
-/// One lane's connect, as its connector thread reports it (the QP comes back either way).
-struct LaneDone<P: Provider> {
+/// One lane's connect in progress (polled by the control core: no thread waits on it).
+struct LaneConnecting<P: Provider> {
     conn: u64,
     lane: usize,
     qp: P::Qp,
-    result: Result<P::Connection, EngineError>,
+    connecting: P::Connecting,
 }
 
 /// A connect in progress.
@@ -65,23 +66,20 @@ struct Connecting<P: Provider> {
     reservation: Reservation,
 }
 
-/// The connects in progress and their connector threads' reports.
+/// The connects in progress and their lanes' connects.
 pub(super) struct Outgoing<P: Provider> {
     groups: HashMap<u64, Connecting<P>>,
-    tx: mpsc::Sender<LaneDone<P>>,
-    rx: mpsc::Receiver<LaneDone<P>>,
-    threads: usize,
+    lanes: Vec<LaneConnecting<P>>,
 }
 
 impl<P: Provider> Outgoing<P> {
     pub(super) fn new() -> Self {
-        let (tx, rx) = mpsc::channel();
-        Outgoing { groups: HashMap::new(), tx, rx, threads: 0 }
+        Outgoing { groups: HashMap::new(), lanes: Vec::new() }
     }
 
-    /// Connector threads still running.
+    /// Lanes still connecting.
     pub(super) fn connecting(&self) -> usize {
-        self.threads
+        self.lanes.len()
     }
 }
 
@@ -209,56 +207,62 @@ impl<P: Provider> Control<P> {
                 app: app.to_vec(),
             }
             .to_bytes();
-            let (ctx, attr, tx) = (self.ctx.clone(), self.cfg.attr, self.outgoing.tx.clone());
-            let spawned =
-                std::thread::Builder::new().name("corelink-connect".into()).spawn(move || {
-                    let result =
-                        ctx.connect(addr, &mut qp, &attr, &hdr, CONNECT_TIMEOUT).map_err(describe);
-                    let _ = tx.send(LaneDone { conn: id, lane, qp, result });
-                });
-            match spawned {
-                Ok(_) => self.outgoing.threads += 1,
-                Err(e) => {
-                    // The QP went with the thread's closure.
-                    self.workers[w].qps.forget();
-                    if let Some(g) = self.outgoing.groups.get_mut(&id) {
-                        g.waiting -= 1;
-                        let source =
-                            Box::new(EngineError::Spawn { what: "connector".into(), source: e });
-                        g.error.get_or_insert(EngineError::Connect {
-                            addr,
-                            lane,
-                            lanes: k,
-                            source,
-                        });
-                    }
+            match self.ctx.connect_start(addr, &mut qp, &self.cfg.attr, &hdr, CONNECT_TIMEOUT) {
+                Ok(connecting) => {
+                    self.outgoing.lanes.push(LaneConnecting { conn: id, lane, qp, connecting })
                 }
+                Err(e) => self.lane_connected(id, lane, qp, Err(describe(e))),
             }
         }
         self.finish_connect(id);
     }
 
-    /// Takes the connector threads' reports; returns whether there were any.
+    /// Takes the next steps of the lanes connecting (without waiting); returns whether any
+    /// lane finished.
     pub(super) fn finish_connects(&mut self) -> bool {
         let mut any = false;
-        while let Ok(d) = self.outgoing.rx.try_recv() {
-            any = true;
-            self.outgoing.threads -= 1;
-            let Some(g) = self.outgoing.groups.get_mut(&d.conn) else { continue };
-            let w = g.worker;
-            g.waiting -= 1;
-            match d.result {
-                Ok(cm) => g.lanes[d.lane] = Some((d.qp, cm)),
+        for l in std::mem::take(&mut self.outgoing.lanes) {
+            let LaneConnecting { conn, lane, mut qp, connecting } = l;
+            match connecting.poll(&mut qp, Duration::ZERO) {
+                Ok(Progress::Pending(connecting)) => {
+                    self.outgoing.lanes.push(LaneConnecting { conn, lane, qp, connecting })
+                }
+                Ok(Progress::Ready(cm)) => {
+                    any = true;
+                    self.lane_connected(conn, lane, qp, Ok(cm));
+                    self.finish_connect(conn);
+                }
                 Err(e) => {
-                    let (addr, lanes) = (g.addr, g.lanes.len());
-                    let e = EngineError::Connect { addr, lane: d.lane, lanes, source: Box::new(e) };
-                    g.error.get_or_insert(e);
-                    self.workers[w].qps.give_back(d.qp, &self.cfg.attr);
+                    any = true;
+                    self.lane_connected(conn, lane, qp, Err(describe(e)));
+                    self.finish_connect(conn);
                 }
             }
-            self.finish_connect(d.conn);
         }
         any
+    }
+
+    /// Lane `lane` of connect `conn` finished: up (with its QP), or failed (its QP goes back to
+    /// the pool).
+    fn lane_connected(
+        &mut self,
+        conn: u64,
+        lane: usize,
+        qp: P::Qp,
+        result: Result<P::Connection, EngineError>,
+    ) {
+        let Some(g) = self.outgoing.groups.get_mut(&conn) else { return };
+        let w = g.worker;
+        g.waiting -= 1;
+        match result {
+            Ok(cm) => g.lanes[lane] = Some((qp, cm)),
+            Err(e) => {
+                let (addr, lanes) = (g.addr, g.lanes.len());
+                let e = EngineError::Connect { addr, lane, lanes, source: Box::new(e) };
+                g.error.get_or_insert(e);
+                self.workers[w].qps.give_back(qp, &self.cfg.attr);
+            }
+        }
     }
 
     /// Once every lane of connect `id` has reported: hands the connection over, or fails it.
@@ -409,15 +413,15 @@ impl<P: Provider> Control<P> {
         for p in std::mem::take(&mut self.incoming.pending) {
             let PendingLane { nonce, lane, lanes, worker, mut qp, accepting, deadline } = p;
             match accepting.poll(&mut qp, Duration::ZERO) {
-                Ok(AcceptPoll::Ready(cm)) => {
+                Ok(Progress::Ready(cm)) => {
                     any = true;
                     self.lane_accepted(nonce, lane, worker, qp, cm);
                 }
-                Ok(AcceptPoll::Pending(a)) if Instant::now() < deadline => {
+                Ok(Progress::Pending(a)) if Instant::now() < deadline => {
                     let p = PendingLane { nonce, lane, lanes, worker, qp, accepting: a, deadline };
                     self.incoming.pending.push(p);
                 }
-                Ok(AcceptPoll::Pending(a)) => {
+                Ok(Progress::Pending(a)) => {
                     any = true;
                     let e = a.abandon(&mut qp);
                     self.lane_failed(nonce, lane, lanes, worker, qp, e.into());

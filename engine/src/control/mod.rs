@@ -207,8 +207,8 @@ impl<P: Provider> Control<P> {
 
     /// How long the loop waits for something to happen this iteration.
     pub(super) fn slice(&self) -> Duration {
-        if self.incoming.confirming() > 0 {
-            // Accepts wait for their connectors: look again soon.
+        if self.incoming.confirming() > 0 || self.outgoing.connecting() > 0 {
+            // Accepts and connects wait for their peers: look again soon.
             return LISTEN_SLICE / 10;
         }
         LISTEN_SLICE * (1 << (self.idle / SLOWER_AFTER).min(MAX_SLICE_SHIFT))

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rdma_sys::{ibv_context, ibv_device_attr, ibv_gid, ibv_port_attr};
 
-use super::cm::{self, IbvConnection, IbvListener};
+use super::cm::{self, IbvListener};
 use super::convert::{
     async_element_kind, async_kind_from_ibv, last_err, link_layer_from_ibv, mtu_from_ibv,
     port_state_from_ibv, ret_err, AsyncElementKind,
@@ -378,14 +378,14 @@ impl Context<Ibverbs> for IbvContext {
         cm::listen(&self.inner, addr)
     }
 
-    fn connect(
+    fn connect_start(
         &self,
         addr: SocketAddr,
         qp: &mut IbvQp,
         attr: &QpAttr,
         private_data: &[u8],
         timeout: Duration,
-    ) -> Result<IbvConnection> {
-        cm::connect(&self.inner, addr, qp, attr, private_data, timeout)
+    ) -> Result<cm::IbvConnecting> {
+        cm::connect_start(&self.inner, addr, qp, attr, private_data, timeout)
     }
 }

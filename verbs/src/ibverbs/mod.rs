@@ -31,7 +31,7 @@ mod srq;
 use std::ffi::CStr;
 use std::io;
 
-pub use cm::{IbvAccepting, IbvConnRequest, IbvConnection, IbvListener};
+pub use cm::{IbvAccepting, IbvConnRequest, IbvConnecting, IbvConnection, IbvListener};
 pub use context::IbvContext;
 pub use cq::IbvCq;
 pub use pd::{IbvAh, IbvMr, IbvMw, IbvPd};
@@ -62,6 +62,7 @@ impl Provider for Ibverbs {
     type Listener = IbvListener;
     type ConnRequest = IbvConnRequest;
     type Accepting = IbvAccepting;
+    type Connecting = IbvConnecting;
     type Connection = IbvConnection;
 
     const NAME: &'static str = NAME;

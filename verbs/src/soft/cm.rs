@@ -197,7 +197,11 @@ pub struct SoftAccepting {
 }
 
 impl crate::Accepting<Soft> for SoftAccepting {
-    fn poll(self, qp: &mut SoftQp, timeout: Duration) -> Result<crate::AcceptPoll<Soft>> {
+    fn poll(
+        self,
+        qp: &mut SoftQp,
+        timeout: Duration,
+    ) -> Result<crate::Progress<Soft, SoftAccepting>> {
         let g = self.attempt.answer.wait_until(Instant::now() + timeout, |s| {
             matches!(s, Answer::Ready | Answer::Abandoned)
         });
@@ -205,7 +209,7 @@ impl crate::Accepting<Soft> for SoftAccepting {
             Answer::Ready => {
                 drop(g);
                 let pd = self.attempt.private_data.clone();
-                Ok(crate::AcceptPoll::Ready(SoftConnection::new(self.link, 1, pd, &qp.shared)))
+                Ok(crate::Progress::Ready(SoftConnection::new(self.link, 1, pd, &qp.shared)))
             }
             Answer::Abandoned => {
                 drop(g);
@@ -214,7 +218,7 @@ impl crate::Accepting<Soft> for SoftAccepting {
             }
             _ => {
                 drop(g);
-                Ok(crate::AcceptPoll::Pending(self))
+                Ok(crate::Progress::Pending(self))
             }
         }
     }
@@ -328,15 +332,15 @@ fn bring_up(qp: &mut SoftQp, attr: &QpAttr, dest_qpn: u32) -> Result<()> {
     qp.modify(&QpAttr { state: QpState::Rts, dest, ..*attr })
 }
 
-/// Connects `qp` to the listener at `addr` (see [`crate::Context::connect`]).
-pub(crate) fn connect(
+/// Starts connecting `qp` to the listener at `addr` (see [`crate::Context::connect_start`]).
+pub(crate) fn connect_start(
     ctx: &SoftContext,
     addr: SocketAddr,
     qp: &mut SoftQp,
     attr: &QpAttr,
     private_data: &[u8],
     timeout: Duration,
-) -> Result<SoftConnection> {
+) -> Result<SoftConnecting> {
     too_long("connect", private_data.len(), MAX_CONNECT_PRIVATE_DATA)?;
     if qp.qp_type() == QpType::Ud {
         return Err(Error::InvalidArgument("UD QPs are not connected".into()));
@@ -363,25 +367,54 @@ pub(crate) fn connect(
         answer: Signal::default(),
     });
     listener.requests.update(|q| q.push_back(attempt.clone()));
-    let mut g =
-        attempt.answer.wait_until(Instant::now() + timeout, |s| !matches!(s, Answer::Waiting));
-    match std::mem::take(&mut *g) {
-        Answer::Accepted { qpn, private_data, link } => {
-            if let Err(e) = bring_up(qp, attr, qpn) {
-                *g = Answer::Abandoned;
+    let deadline = Instant::now().checked_add(timeout);
+    Ok(SoftConnecting { attempt, addr, attr: *attr, deadline })
+}
+
+/// A `soft` connect waiting for the listener's answer.
+#[derive(Debug)]
+pub struct SoftConnecting {
+    attempt: Arc<Attempt>,
+    addr: SocketAddr,
+    attr: QpAttr,
+    /// When it gives up (`None`: never).
+    deadline: Option<Instant>,
+}
+
+impl crate::Connecting<Soft> for SoftConnecting {
+    fn poll(self, qp: &mut SoftQp, timeout: Duration) -> Result<crate::Progress<Soft, Self>> {
+        let until = Instant::now().checked_add(timeout).unwrap_or_else(far_future);
+        let until = self.deadline.map_or(until, |d| d.min(until));
+        let attempt = &self.attempt;
+        let (addr, attr) = (self.addr, self.attr);
+        let mut g = attempt.answer.wait_until(until, |s| !matches!(s, Answer::Waiting));
+        match std::mem::take(&mut *g) {
+            Answer::Accepted { qpn, private_data, link } => {
+                if let Err(e) = bring_up(qp, &attr, qpn) {
+                    *g = Answer::Abandoned;
+                    attempt.answer.cv.notify_all();
+                    return Err(e);
+                }
+                *g = Answer::Ready;
                 attempt.answer.cv.notify_all();
-                return Err(e);
+                Ok(crate::Progress::Ready(SoftConnection::new(link, 0, private_data, &qp.shared)))
             }
-            *g = Answer::Ready;
-            attempt.answer.cv.notify_all();
-            Ok(SoftConnection::new(link, 0, private_data, &qp.shared))
-        }
-        Answer::Rejected(private_data) => Err(Error::Rejected { addr, private_data }),
-        _ => {
-            *g = Answer::Abandoned;
-            Err(Error::CmTimeout { op: "rdma_connect", addr })
+            Answer::Rejected(private_data) => Err(Error::Rejected { addr, private_data }),
+            Answer::Waiting if self.deadline.is_none_or(|d| Instant::now() < d) => {
+                drop(g);
+                Ok(crate::Progress::Pending(self))
+            }
+            _ => {
+                *g = Answer::Abandoned;
+                Err(Error::CmTimeout { op: "rdma_connect", addr })
+            }
         }
     }
+}
+
+/// An instant no wait reaches (for a timeout too long to add).
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365)
 }
 
 /// The connection-manager side of an established `soft` connection.

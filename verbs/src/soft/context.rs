@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
-use super::cm::{SoftConnection, SoftListener};
+use super::cm::SoftListener;
 use super::cq::SoftCq;
 use super::mem::SoftPd;
 use super::qp::SoftQp;
@@ -168,15 +168,15 @@ impl crate::Context<Soft> for SoftContext {
         SoftListener::bind(self, addr)
     }
 
-    fn connect(
+    fn connect_start(
         &self,
         addr: SocketAddr,
         qp: &mut SoftQp,
         attr: &QpAttr,
         private_data: &[u8],
         timeout: Duration,
-    ) -> Result<SoftConnection> {
-        super::cm::connect(self, addr, qp, attr, private_data, timeout)
+    ) -> Result<super::SoftConnecting> {
+        super::cm::connect_start(self, addr, qp, attr, private_data, timeout)
     }
 
     fn endpoint(&self, qp: &SoftQp, _port: u8, _gid_index: u32) -> Result<Endpoint> {

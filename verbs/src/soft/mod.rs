@@ -21,7 +21,7 @@ mod qp;
 mod req;
 
 pub use cm::{
-    HalfOpen, SoftAccepting, SoftConnRequest, SoftConnection, SoftListener,
+    HalfOpen, SoftAccepting, SoftConnRequest, SoftConnecting, SoftConnection, SoftListener,
     MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
 pub use context::SoftContext;
@@ -81,6 +81,7 @@ impl Provider for Soft {
     type Listener = SoftListener;
     type ConnRequest = SoftConnRequest;
     type Accepting = SoftAccepting;
+    type Connecting = SoftConnecting;
     type Connection = SoftConnection;
 
     const NAME: &'static str = "soft";

@@ -1,4 +1,5 @@
-//! The active side: resolving the address and route, `rdma_connect`, and on CONNECT_RESPONSE
+//! The active side, a step per event on the connect's own channel (polled, never waited on
+//! by the caller): resolving the address and route, `rdma_connect`, and on CONNECT_RESPONSE
 //! the QP's move to RTR and RTS and `rdma_establish`.
 
 use std::net::SocketAddr;
@@ -19,57 +20,205 @@ use crate::error::{Error, Result};
 use crate::ibverbs::context::CtxInner;
 use crate::ibverbs::convert::{last_err, sockaddr_from, timeout_ms};
 use crate::ibverbs::qp::IbvQp;
+use crate::ibverbs::Ibverbs;
+use crate::provider::Progress;
 use crate::types::{QpAttr, QpState};
 
-/// Waits for one of `want` on `ch`, skipping others. Errors map as `connect` reports them.
-fn wait_for(
-    ch: &Channel,
-    dl: Option<Instant>,
-    want: u32,
-    op: &'static str,
-    addr: SocketAddr,
-) -> Result<Event> {
-    loop {
-        let Some(ev) = ch.wait(dl).map_err(cm_err("rdma_get_cm_event", addr))? else {
-            return Err(Error::CmTimeout { op, addr });
-        };
-        let kind = ev.kind();
-        if kind == want {
-            return Ok(ev);
+/// What an event on a connect's channel means while it waits for `want`: `Ok(Some(ev))` the
+/// one it waits for, `Ok(None)` one to skip, or the error it reports (as `connect` maps them).
+fn classify(ev: Event, want: u32, op: &'static str, addr: SocketAddr) -> Result<Option<Event>> {
+    let kind = ev.kind();
+    if kind == want {
+        return Ok(Some(ev));
+    }
+    match kind {
+        Ev::RDMA_CM_EVENT_REJECTED => {
+            let private_data =
+                if ev.status() == REJ_CONSUMER_DEFINED { ev.private_data() } else { Vec::new() };
+            Err(Error::Rejected { addr, private_data })
         }
-        match kind {
-            Ev::RDMA_CM_EVENT_REJECTED => {
-                let private_data = if ev.status() == REJ_CONSUMER_DEFINED {
-                    ev.private_data()
-                } else {
-                    Vec::new()
+        Ev::RDMA_CM_EVENT_ADDR_ERROR
+        | Ev::RDMA_CM_EVENT_ROUTE_ERROR
+        | Ev::RDMA_CM_EVENT_UNREACHABLE
+        | Ev::RDMA_CM_EVENT_CONNECT_ERROR
+        | Ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
+            Err(Error::Unreachable { addr, reason: format!("{op}: {}", ev.describe()) })
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Where a connect is: waiting for the address, the route, or the accepter's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    Addr,
+    Route,
+    Answer,
+}
+
+/// A connect in progress: its own channel and id, and the step it waits for.
+pub struct IbvConnecting {
+    // Field order matters: the id is destroyed before its channel.
+    id: Id,
+    ch: Channel,
+    ctx: Arc<CtxInner>,
+    addr: SocketAddr,
+    attr: QpAttr,
+    private_data: Vec<u8>,
+    step: Step,
+    deadline: Option<Instant>,
+}
+
+// SAFETY: librdmacm ids and channels may be used from any thread; one owner at a time.
+unsafe impl Send for IbvConnecting {}
+
+impl std::fmt::Debug for IbvConnecting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbvConnecting").field("addr", &self.addr).field("step", &self.step).finish()
+    }
+}
+
+impl IbvConnecting {
+    /// Milliseconds left before the deadline, for rdma_cm's own timeouts (at least 1).
+    fn remaining_ms(&self) -> c_int {
+        match self.deadline {
+            Some(d) => timeout_ms(d.saturating_duration_since(Instant::now())).max(1),
+            None => c_int::MAX,
+        }
+    }
+
+    /// The step after `ev` (the event the address or route step waited for).
+    fn advance(&mut self, qp: &mut IbvQp, ev: Event) -> Result<()> {
+        let addr = self.addr;
+        match self.step {
+            Step::Addr => {
+                drop(ev);
+                if !self.ctx.is_device_of(self.id.verbs()) {
+                    return Err(Error::Cm {
+                        op: "rdma_resolve_addr",
+                        addr,
+                        source: other(format!(
+                            "{addr} is reached through RDMA device {}, not {}",
+                            ctx_name(self.id.verbs()),
+                            self.ctx.name
+                        )),
+                    });
+                }
+                // SAFETY: a live id with a resolved address.
+                if unsafe { rdma_sys::rdma_resolve_route(self.id.0, self.remaining_ms()) } != 0 {
+                    return Err(Error::Cm { op: "rdma_resolve_route", addr, source: last_err() });
+                }
+                self.step = Step::Route;
+                Ok(())
+            }
+            Step::Route => {
+                drop(ev);
+                let attr = self.attr;
+                cm_modify(qp, &self.id, QpState::Init, &attr, 0)?;
+                let resp_res = attr.max_dest_rd_atomic.min(self.ctx.max_qp_rd_atom);
+                let init_depth = attr.max_rd_atomic.min(self.ctx.max_qp_init_rd_atom);
+                let mut param = conn_param(qp, &attr, &self.private_data, resp_res, init_depth);
+                // SAFETY: a live id with a resolved route; `param` and its data outlive the
+                // call.
+                if unsafe { rdma_sys::rdma_connect(self.id.0, &mut param) } != 0 {
+                    return Err(Error::Cm { op: "rdma_connect", addr, source: last_err() });
+                }
+                self.step = Step::Answer;
+                Ok(())
+            }
+            Step::Answer => Ok(()), // (`answered` takes that one)
+        }
+    }
+
+    /// The accepter's answer `ev` came: the QP to RTR and RTS, the RTU, the connection.
+    fn answered(self, qp: &mut IbvQp, ev: Event) -> Result<IbvConnection> {
+        let addr = self.addr;
+        {
+            {
+                let peer_private = ev.private_data();
+                let attr = self.attr;
+                // The accepter's depths, already from our point of view.
+                let resp_res = attr
+                    .max_dest_rd_atomic
+                    .min(self.ctx.max_qp_rd_atom)
+                    .min(ev.conn().responder_resources);
+                let init_depth = attr
+                    .max_rd_atomic
+                    .min(self.ctx.max_qp_init_rd_atom)
+                    .min(ev.conn().initiator_depth);
+                drop(ev);
+                let id = &self.id;
+                let finish = |qp: &mut IbvQp| -> Result<()> {
+                    cm_modify(qp, id, QpState::Rtr, &attr, resp_res)?;
+                    cm_modify(qp, id, QpState::Rts, &attr, init_depth)?;
+                    // SAFETY: a live id that got CONNECT_RESPONSE and has no librdmacm QP.
+                    if unsafe { rdma_sys::rdma_establish(id.0) } != 0 {
+                        return Err(Error::Cm { op: "rdma_establish", addr, source: last_err() });
+                    }
+                    Ok(())
                 };
-                return Err(Error::Rejected { addr, private_data });
+                if let Err(e) = finish(qp) {
+                    let _ = qp.inner.to_err();
+                    return Err(e);
+                }
+                let IbvConnecting { id, ch, .. } = self;
+                Ok(IbvConnection {
+                    id,
+                    ch,
+                    qp: qp.inner.clone(),
+                    peer_private,
+                    peer: addr,
+                    pending_established: true,
+                    disconnected: false,
+                })
             }
-            Ev::RDMA_CM_EVENT_ADDR_ERROR
-            | Ev::RDMA_CM_EVENT_ROUTE_ERROR
-            | Ev::RDMA_CM_EVENT_UNREACHABLE
-            | Ev::RDMA_CM_EVENT_CONNECT_ERROR
-            | Ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
-                return Err(Error::Unreachable {
-                    addr,
-                    reason: format!("{op}: {}", ev.describe()),
-                });
-            }
-            _ => {}
+        }
+    }
+
+    /// What the current step waits for, and its name for messages.
+    fn want(&self) -> (u32, &'static str) {
+        match self.step {
+            Step::Addr => (Ev::RDMA_CM_EVENT_ADDR_RESOLVED, "rdma_resolve_addr"),
+            Step::Route => (Ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "rdma_resolve_route"),
+            Step::Answer => (Ev::RDMA_CM_EVENT_CONNECT_RESPONSE, "rdma_connect"),
         }
     }
 }
 
-/// [`crate::Context::connect`].
-pub(crate) fn connect(
+impl crate::provider::Connecting<Ibverbs> for IbvConnecting {
+    fn poll(mut self, qp: &mut IbvQp, timeout: Duration) -> Result<Progress<Ibverbs, Self>> {
+        let until = Instant::now().checked_add(timeout);
+        let until = match (until, self.deadline) {
+            (Some(u), Some(d)) => Some(u.min(d)),
+            (u, d) => u.or(d),
+        };
+        loop {
+            let (want, op) = self.want();
+            let addr = self.addr;
+            let Some(ev) = self.ch.wait(until).map_err(cm_err("rdma_get_cm_event", addr))? else {
+                if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(Error::CmTimeout { op, addr });
+                }
+                return Ok(Progress::Pending(self));
+            };
+            let Some(ev) = classify(ev, want, op, addr)? else { continue };
+            if self.step == Step::Answer {
+                return self.answered(qp, ev).map(Progress::Ready);
+            }
+            self.advance(qp, ev)?;
+        }
+    }
+}
+
+/// [`crate::Context::connect_start`].
+pub(crate) fn connect_start(
     ctx: &Arc<CtxInner>,
     addr: SocketAddr,
     qp: &mut IbvQp,
     attr: &QpAttr,
     private_data: &[u8],
     timeout: Duration,
-) -> Result<IbvConnection> {
+) -> Result<IbvConnecting> {
     check_cm_ctx(ctx, "rdma_connect", addr)?;
     check_qp(qp)?;
     check_device(ctx, qp, "rdma_connect")?;
@@ -80,79 +229,30 @@ pub(crate) fn connect(
             private_data.len()
         )));
     }
-    let dl = deadline(timeout);
-    let remaining_ms = || match dl {
-        Some(d) => timeout_ms(d.saturating_duration_since(Instant::now())).max(1),
-        None => c_int::MAX,
-    };
     let ch = Channel::new().map_err(cm_err("rdma_create_event_channel", addr))?;
     let id = Id::create(&ch).map_err(cm_err("rdma_create_id", addr))?;
-
+    let c = IbvConnecting {
+        id,
+        ch,
+        ctx: ctx.clone(),
+        addr,
+        attr: *attr,
+        private_data: private_data.to_vec(),
+        step: Step::Addr,
+        deadline: deadline(timeout),
+    };
     let (mut dst, _) = sockaddr_from(addr);
     // SAFETY: a live id; `dst` holds a valid address; NULL source lets rdma_cm pick.
     let ret = unsafe {
         rdma_sys::rdma_resolve_addr(
-            id.0,
+            c.id.0,
             std::ptr::null_mut(),
             (&mut dst as *mut libc::sockaddr_storage).cast(),
-            remaining_ms(),
+            c.remaining_ms(),
         )
     };
     if ret != 0 {
         return Err(Error::Cm { op: "rdma_resolve_addr", addr, source: last_err() });
     }
-    drop(wait_for(&ch, dl, Ev::RDMA_CM_EVENT_ADDR_RESOLVED, "rdma_resolve_addr", addr)?);
-    if !ctx.is_device_of(id.verbs()) {
-        return Err(Error::Cm {
-            op: "rdma_resolve_addr",
-            addr,
-            source: other(format!(
-                "{addr} is reached through RDMA device {}, not {}",
-                ctx_name(id.verbs()),
-                ctx.name
-            )),
-        });
-    }
-    // SAFETY: a live id with a resolved address.
-    if unsafe { rdma_sys::rdma_resolve_route(id.0, remaining_ms()) } != 0 {
-        return Err(Error::Cm { op: "rdma_resolve_route", addr, source: last_err() });
-    }
-    drop(wait_for(&ch, dl, Ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "rdma_resolve_route", addr)?);
-
-    cm_modify(qp, &id, QpState::Init, attr, 0)?;
-    let resp_res = attr.max_dest_rd_atomic.min(ctx.max_qp_rd_atom);
-    let init_depth = attr.max_rd_atomic.min(ctx.max_qp_init_rd_atom);
-    let mut param = conn_param(qp, attr, private_data, resp_res, init_depth);
-    // SAFETY: a live id with a resolved route; `param` and its data outlive the call.
-    if unsafe { rdma_sys::rdma_connect(id.0, &mut param) } != 0 {
-        return Err(Error::Cm { op: "rdma_connect", addr, source: last_err() });
-    }
-    let ev = wait_for(&ch, dl, Ev::RDMA_CM_EVENT_CONNECT_RESPONSE, "rdma_connect", addr)?;
-    let peer_private = ev.private_data();
-    // The accepter's depths, already from our point of view.
-    let resp_res = resp_res.min(ev.conn().responder_resources);
-    let init_depth = init_depth.min(ev.conn().initiator_depth);
-    drop(ev);
-    let finish = |qp: &mut IbvQp| -> Result<()> {
-        cm_modify(qp, &id, QpState::Rtr, attr, resp_res)?;
-        cm_modify(qp, &id, QpState::Rts, attr, init_depth)?;
-        // SAFETY: a live id that got CONNECT_RESPONSE and has no librdmacm QP.
-        if unsafe { rdma_sys::rdma_establish(id.0) } != 0 {
-            return Err(Error::Cm { op: "rdma_establish", addr, source: last_err() });
-        }
-        Ok(())
-    };
-    if let Err(e) = finish(qp) {
-        let _ = qp.inner.to_err();
-        return Err(e);
-    }
-    Ok(IbvConnection {
-        id,
-        ch,
-        qp: qp.inner.clone(),
-        peer_private,
-        peer: addr,
-        pending_established: true,
-        disconnected: false,
-    })
+    Ok(c)
 }

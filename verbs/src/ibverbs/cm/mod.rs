@@ -10,7 +10,8 @@
 //!   [`IbvConnRequest::accept`] moves the QP to INIT, RTR and RTS, calls `rdma_accept` and waits
 //!   for ESTABLISHED (up to [`crate::ACCEPT_WAIT`]); `accept_start` does the same without the
 //!   wait, which an [`IbvAccepting`] does (polled, so that no connector delays another).
-//! - Active side: [`connect`] resolves the address and route, moves the QP to INIT, calls
+//! - Active side: [`connect_start`] starts resolving the address; an [`IbvConnecting`], polled,
+//!   resolves the route, moves the QP to INIT, calls
 //!   `rdma_connect`, and on CONNECT_RESPONSE moves it to RTR and RTS and calls
 //!   `rdma_establish` (which sends the RTU).
 //!
@@ -53,7 +54,8 @@ use std::net::SocketAddr;
 use std::os::raw::c_int;
 use std::time::{Duration, Instant};
 
-pub(crate) use active::connect;
+pub(crate) use active::connect_start;
+pub use active::IbvConnecting;
 pub use connection::IbvConnection;
 pub(crate) use listener::listen;
 pub use listener::IbvListener;

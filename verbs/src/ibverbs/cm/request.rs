@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::ibverbs::convert::last_err;
 use crate::ibverbs::qp::IbvQp;
 use crate::ibverbs::Ibverbs;
-use crate::provider::{AcceptPoll, Accepting, ConnRequest};
+use crate::provider::{Accepting, ConnRequest, Progress};
 use crate::types::{QpAttr, QpState};
 
 /// An accepted request waiting for the connector's RTU (ESTABLISHED on its own channel).
@@ -35,12 +35,16 @@ impl std::fmt::Debug for IbvAccepting {
 }
 
 impl Accepting<Ibverbs> for IbvAccepting {
-    fn poll(self, qp: &mut IbvQp, timeout: std::time::Duration) -> Result<AcceptPoll<Ibverbs>> {
+    fn poll(
+        self,
+        qp: &mut IbvQp,
+        timeout: std::time::Duration,
+    ) -> Result<Progress<Ibverbs, IbvAccepting>> {
         let peer = self.peer;
         let until = Some(std::time::Instant::now() + timeout);
         loop {
             let Some(ev) = self.ch.wait(until).map_err(cm_err("rdma_get_cm_event", peer))? else {
-                return Ok(AcceptPoll::Pending(self));
+                return Ok(Progress::Pending(self));
             };
             match ev.kind() {
                 Ev::RDMA_CM_EVENT_ESTABLISHED => break,
@@ -58,7 +62,7 @@ impl Accepting<Ibverbs> for IbvAccepting {
             }
         }
         let IbvAccepting { id, ch, peer_private, peer } = self;
-        Ok(AcceptPoll::Ready(IbvConnection {
+        Ok(Progress::Ready(IbvConnection {
             id,
             ch,
             qp: qp.inner.clone(),
