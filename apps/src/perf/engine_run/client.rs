@@ -60,6 +60,9 @@ pub(super) struct ClientPart<P: Provider> {
     rng: u64,
     /// A bandwidth test's timed part, once it runs: what each completion posts again.
     steady: Option<Steady>,
+    /// A ping-pong's last request buffer, back from its completion: the next one's (a
+    /// ping-pong's sample ends with the echo, which may come first).
+    reuse: Option<Buf<P>>,
     _p: std::marker::PhantomData<fn() -> P>,
 }
 
@@ -120,6 +123,7 @@ impl<P: Provider> ClientPart<P> {
             bg_started: false,
             rng: 0x9e37_79b9_7f4a_7c15,
             steady: None,
+            reuse: None,
             _p: std::marker::PhantomData,
         }
     }
@@ -148,6 +152,7 @@ impl<P: Provider> ClientPart<P> {
     fn start_size(&mut self, cx: &mut Cx<P>) {
         let o = self.opts.clone();
         self.size = o.sizes[self.index];
+        self.reuse = None;
         self.posted = 0;
         self.spare.clear();
         let mut bufs = Vec::new();
@@ -310,7 +315,7 @@ impl<P: Provider> ClientPart<P> {
         let buf = match (self.opts.test.verb(), buf) {
             (Verb::Atomic, _) => None,
             (_, Some(b)) => Some(b),
-            (_, None) => match cx.alloc(self.size) {
+            (_, None) => match self.reuse.take().map_or_else(|| cx.alloc(self.size), Ok) {
                 Ok(b) => Some(b),
                 Err(e) => return self.fail(cx, format!("a {} B buffer: {e}", self.size)),
             },
@@ -499,6 +504,8 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             // Ping-pongs time the echo; reads and atomics their completion.
             if matches!(t, Test::ReadLat | Test::AtomicLat) {
                 self.lat_sample(cx, done.buf);
+            } else if let Some(b) = done.buf.filter(|b| b.capacity() >= self.size) {
+                self.reuse = Some(b);
             }
             return;
         }
