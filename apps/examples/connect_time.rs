@@ -1,0 +1,260 @@
+//! How long connection set-up takes: the engine's connect (a `Client` on another thread, so the
+//! time is what an application waits) against the verbs-level `Context::connect`, both to the
+//! same engine server, each connection closed before the next.
+//!
+//! ```text
+//! connect_time [both] [--count N] [--parallel P]                      # soft, one process
+//! connect_time server ADDR --config MAP.toml                          # accept_foreign is set
+//! connect_time client ADDR --config MAP.toml [--count N] [--parallel P]
+//! ```
+//!
+//! The client prints one line per measurement: `verbs` (a QP and `Context::connect`, one at a
+//! time), `engine` (`Client::connect` until `Event::Connected`, one at a time), `engine xP`
+//! (P connects at once, until the last is up). Each line gives the first (cold) time and the
+//! median of the rest (warm) in milliseconds. The server accepts plain rdma_cm peers
+//! (`accept_foreign = true`) so that the verbs connects land on the same listener.
+//! Exit status: 0 when every connect succeeded, 1 otherwise, 2 on bad usage.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use corelink_config::{parse, CoreMap, CoreSpec, MachineTopology, ProviderKind, Validated};
+use corelink_engine::{ConnId, Engine, Event, Handler, Placement};
+use corelink_verbs::{
+    chain, AccessFlags, Connection, Context, Pd, Provider, QpAttr, QpCap, QpInitAttr, QpType,
+};
+
+#[derive(Parser, Debug)]
+#[command(name = "connect_time", about = "Connection set-up time: engine vs verbs")]
+struct Cli {
+    /// server, client or both (default: both, on soft)
+    role: Option<String>,
+    /// server: where to listen; client: where to connect (IP:PORT)
+    addr: Option<SocketAddr>,
+    /// core map (TOML): its provider, device and worker settings
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// connections of each kind, one after the other
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(2..=10_000))]
+    count: u32,
+    /// connects at once, for the parallel measurement (0: none)
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    parallel: u32,
+}
+
+/// A handler that only accepts.
+struct Accept;
+impl<P: Provider> Handler<P> for Accept {}
+
+fn core_map(cli: &Cli, listen: Option<SocketAddr>, conns: u32) -> Result<Validated, String> {
+    let mut map = match &cli.config {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            parse(&text).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => CoreMap { control_core: 0, workers: vec![CoreSpec::One(1)], ..CoreMap::default() },
+    };
+    map.listen = listen.map(|a| a.to_string());
+    map.accept_foreign = true;
+    // Room for every connection of a parallel run (both ends, on one worker in `both`).
+    let want = (2 * conns).max(map.worker.max_conns);
+    map.worker.max_conns = want;
+    map.worker.qps.max = map.worker.qps.max.max(want);
+    map.worker.recvs_per_conn = map.worker.recvs_per_conn.min(8);
+    let topo = MachineTopology::load().map_err(|e| e.to_string())?;
+    map.validate(&topo).map_err(|e| e.to_string())
+}
+
+/// "first (cold) / median of the rest (warm)" in milliseconds.
+fn summary(name: &str, mut t: Vec<Duration>) -> String {
+    let cold = t.remove(0);
+    t.sort();
+    let warm = t[t.len() / 2];
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    format!(
+        "{name:<12} cold {:8.3} ms   warm (median of {}) {:8.3} ms",
+        ms(cold),
+        t.len(),
+        ms(warm)
+    )
+}
+
+/// `count` verbs-level connects to `addr`, each on a fresh QP, disconnected before the next.
+fn verbs<P: Provider>(device: &str, addr: SocketAddr, count: u32) -> Result<Vec<Duration>, String> {
+    let ctx = P::open(device).map_err(|e| chain(&e).to_string())?;
+    let pd = ctx.alloc_pd().map_err(|e| chain(&e).to_string())?;
+    let cq = ctx.create_cq(64).map_err(|e| chain(&e).to_string())?;
+    let _mr = pd.register(4096, AccessFlags::LOCAL_WRITE).map_err(|e| chain(&e).to_string())?;
+    let mut times = Vec::new();
+    for _ in 0..count {
+        let attr = QpInitAttr::<P> {
+            qp_type: QpType::Rc,
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: true,
+        };
+        let mut qp = pd.create_qp(&attr).map_err(|e| chain(&e).to_string())?;
+        let t0 = Instant::now();
+        let mut c = ctx
+            .connect(addr, &mut qp, &QpAttr::default(), b"", Duration::from_secs(10))
+            .map_err(|e| format!("verbs connect: {}", chain(&e)))?;
+        times.push(t0.elapsed());
+        let _ = c.disconnect();
+    }
+    Ok(times)
+}
+
+/// Waits for the event `pick` accepts (others are skipped), up to 30 s.
+fn wait(c: &mut corelink_engine::Client, pick: impl Fn(&Event) -> bool) -> Result<Event, String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match c.wait(deadline.saturating_duration_since(Instant::now())) {
+            Some(Event::ConnectFailed { error, .. }) => {
+                return Err(format!("engine connect: {}", chain(&error)))
+            }
+            Some(e) if pick(&e) => return Ok(e),
+            Some(_) => {}
+            None => return Err("no event within 30 s".into()),
+        }
+    }
+}
+
+fn connected(e: &Event) -> Option<ConnId> {
+    match e {
+        Event::Connected { conn, .. } => Some(*conn),
+        _ => None,
+    }
+}
+
+/// `count` engine connects, one at a time (each closed before the next), then `parallel` at
+/// once (the time until the last is up, per run, `count` runs).
+fn engine<P: Provider>(
+    map: &Validated,
+    addr: SocketAddr,
+    count: u32,
+    parallel: u32,
+) -> Result<Vec<String>, String> {
+    let mut e = Engine::<P>::start(map, Placement::RoundRobin, |_| Accept)
+        .map_err(|e| chain(&e).to_string())?;
+    let mut c = e.client(0).map_err(|e| chain(&e).to_string())?;
+    let mut one = Vec::new();
+    for t in 0..u64::from(count) {
+        let t0 = Instant::now();
+        c.connect(addr, b"", t).map_err(|e| chain(&e).to_string())?;
+        let ev = wait(&mut c, |e| connected(e).is_some())?;
+        let conn = connected(&ev).ok_or_else(|| format!("not a connection: {ev:?}"))?;
+        one.push(t0.elapsed());
+        c.close(conn).map_err(|e| chain(&e).to_string())?;
+        wait(&mut c, |e| matches!(e, Event::Closed { conn: x, .. } if *x == conn))?;
+    }
+    let mut lines = vec![summary("engine", one)];
+    if parallel > 0 {
+        let mut runs = Vec::new();
+        for run in 0..count.min(5) {
+            let t0 = Instant::now();
+            for i in 0..parallel {
+                let token = 1_000_000 + u64::from(run * parallel + i);
+                c.connect(addr, b"", token).map_err(|e| chain(&e).to_string())?;
+            }
+            let mut conns = Vec::new();
+            while conns.len() < parallel as usize {
+                conns.extend(connected(&wait(&mut c, |e| connected(e).is_some())?));
+            }
+            runs.push(t0.elapsed());
+            for &conn in &conns {
+                c.close(conn).map_err(|e| chain(&e).to_string())?;
+            }
+            for _ in &conns {
+                wait(&mut c, |e| matches!(e, Event::Closed { .. }))?;
+            }
+        }
+        lines.push(summary(&format!("engine x{parallel}"), runs));
+    }
+    drop(c);
+    e.shutdown().map_err(|e| chain(&e).to_string())?;
+    Ok(lines)
+}
+
+fn run<P: Provider>(cli: &Cli) -> Result<(), String> {
+    let role = cli.role.as_deref().unwrap_or("both");
+    let conns = cli.parallel.max(1);
+    match role {
+        "server" => {
+            let addr = cli.addr.ok_or("server: ADDR is missing")?;
+            let map = core_map(cli, Some(addr), conns)?;
+            let e = Engine::<P>::start(&map, Placement::RoundRobin, |_| Accept)
+                .map_err(|e| chain(&e).to_string())?;
+            println!("connect_time server: listening on {}", e.listen_addr().unwrap_or(addr));
+            // Serves until killed (the guest script stops it).
+            loop {
+                std::thread::park();
+            }
+        }
+        "client" | "both" => {
+            let (server, addr) = if role == "both" {
+                let map =
+                    core_map(cli, Some("10.97.0.1:0".parse().map_err(|_| "address")?), conns)?;
+                let e = Engine::<P>::start(&map, Placement::RoundRobin, |_| Accept)
+                    .map_err(|e| chain(&e).to_string())?;
+                let a = e.listen_addr().ok_or("no listen address")?;
+                (Some(e), a)
+            } else {
+                (None, cli.addr.ok_or("client: ADDR is missing")?)
+            };
+            let map = core_map(cli, None, conns)?;
+            let device = match &map.device {
+                Some(d) => d.clone(),
+                None => P::devices()
+                    .map_err(|e| chain(&e).to_string())?
+                    .first()
+                    .map(|d| d.name.clone())
+                    .ok_or("no device")?,
+            };
+            println!("{}", summary("verbs", verbs::<P>(&device, addr, cli.count)?));
+            for l in engine::<P>(&map, addr, cli.count, cli.parallel)? {
+                println!("{l}");
+            }
+            if let Some(e) = server {
+                e.shutdown().map_err(|e| chain(&e).to_string())?;
+            }
+            Ok(())
+        }
+        r => Err(format!("unknown role {r:?}: server, client or both")),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let provider = match &cli.config {
+        Some(path) => match std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| parse(&t).map_err(|e| e.to_string()))
+        {
+            Ok(m) => m.provider,
+            Err(e) => {
+                eprintln!("connect_time: {}: {e}", path.display());
+                return std::process::ExitCode::from(2);
+            }
+        },
+        None => ProviderKind::Soft,
+    };
+    let r = match provider {
+        ProviderKind::Soft => run::<corelink_verbs::soft::Soft>(&cli),
+        #[cfg(feature = "ibverbs")]
+        ProviderKind::Ibverbs => run::<corelink_verbs::ibverbs::Ibverbs>(&cli),
+        #[cfg(not(feature = "ibverbs"))]
+        ProviderKind::Ibverbs => Err("built without the ibverbs feature".into()),
+    };
+    match r {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("connect_time: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

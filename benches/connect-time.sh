@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Connection set-up time on rxe0, one boot: librdmacm's cmtime (1 and 100 connections) and the
+# connect_time example (verbs-level Context::connect, the engine's Client::connect one at a
+# time, and 100 engine connects at once) against an engine server. Run it in the guest:
+#
+#   cargo build -p corelink-apps --examples
+#   tests/rxe-guest/run --timeout 900 -- bash benches/connect-time.sh
+#
+# Prints cmtime's own step table and connect_time's cold / warm milliseconds; compare them
+# as ratios from the same boot only (the guest is emulated).
+set -u
+: "${CORELINK_IP:?run this inside tests/rxe-guest/run}"
+dir=${ENGINE_EXAMPLES:-${CARGO_TARGET_DIR:-target}/debug/examples}
+ip=$CORELINK_IP
+map=$(mktemp --suffix .toml)
+cat > "$map" <<TOML
+provider = "ibverbs"
+device = "${CORELINK_IBV_DEVICE:-rxe0}"
+gid_index = ${CORELINK_IBV_GID_INDEX:-0}
+control_core = 0
+workers = [1]
+[worker]
+idle_after_us = 100
+TOML
+echo "== cmtime, 1 connection"
+timeout 60 cmtime -b "$ip" -p 7501 > /tmp/cmtime-srv.log 2>&1 & srv=$!
+sleep 1
+timeout 60 cmtime -s "$ip" -p 7501 -c 1; wait $srv
+echo "== cmtime, 100 connections"
+timeout 120 cmtime -b "$ip" -p 7502 > /tmp/cmtime-srv.log 2>&1 & srv=$!
+sleep 1
+timeout 120 cmtime -s "$ip" -p 7502 -c 100; wait $srv
+echo "== connect_time (20 one at a time, 100 at once)"
+log=$(mktemp)
+"$dir/connect_time" server "$ip:7503" --config "$map" --parallel 100 > "$log" 2>&1 & srv=$!
+for _ in $(seq 100); do grep -q listening "$log" && break; sleep 0.1; done
+timeout 300 "$dir/connect_time" client "$ip:7503" --config "$map" --count 20 --parallel 100; rc=$?
+kill $srv 2>/dev/null; wait $srv 2>/dev/null
+sed 's/^/  server | /' "$log"
+exit $rc
