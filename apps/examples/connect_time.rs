@@ -59,8 +59,9 @@ fn core_map(cli: &Cli, listen: Option<SocketAddr>, conns: u32) -> Result<Validat
     };
     map.listen = listen.map(|a| a.to_string());
     map.accept_foreign = true;
-    // Room for every connection of a parallel run (both ends, on one worker in `both`).
-    let want = (2 * conns).max(map.worker.max_conns);
+    // Room for every connection of a run (both ends, on one worker in `both`; a closed one's
+    // slot comes back only once its peer's close is seen).
+    let want = (2 * conns + 2 * cli.count).max(map.worker.max_conns);
     map.worker.max_conns = want;
     map.worker.qps.max = map.worker.qps.max.max(want);
     map.worker.recvs_per_conn = map.worker.recvs_per_conn.min(8);

@@ -115,6 +115,20 @@ impl<P: Provider> Engine<P> {
             None => None,
         };
         let listen_addr = listener.as_ref().map(corelink_verbs::Listener::local_addr);
+        // What ends the control core's wait when a worker tells it something: its listener's
+        // waker, or (with no listener, where it parks between passes) an unpark.
+        let control_thread = Arc::new(std::sync::OnceLock::<std::thread::Thread>::new());
+        let wake = match &listener {
+            Some(l) => corelink_verbs::Listener::waker(l),
+            None => {
+                let t = control_thread.clone();
+                corelink_verbs::Waker::new(move || {
+                    if let Some(t) = t.get() {
+                        t.unpark();
+                    }
+                })
+            }
+        };
         let handler = Arc::new(handler);
         let wcfg = WorkerCfg::from_map(w, (w.poll_budget as usize).clamp(1, MAX_POLL_BATCH));
         let pin_policy = map.pin;
@@ -143,6 +157,7 @@ impl<P: Provider> Engine<P> {
                 Arc::new(Mutex::new(Metrics { worker: i, own_context, ..Metrics::default() }));
             metrics.push(published.clone());
             let (h, pd2, cq2, wcfg) = (handler.clone(), pd.clone(), cq.clone(), wcfg.clone());
+            let wake2 = wake.clone();
             let res = w.clone();
             let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
             let jh = std::thread::Builder::new()
@@ -166,6 +181,7 @@ impl<P: Provider> Engine<P> {
                             own_context,
                             to_control: to_c,
                             from_control: from_c,
+                            wake: wake2,
                         },
                         published,
                         pinned,
@@ -213,6 +229,7 @@ impl<P: Provider> Engine<P> {
             .name("corelink-control".into())
             .spawn(move || match pin("the control core", control_core, pin_policy) {
                 Ok(_) => {
+                    let _ = control_thread.set(std::thread::current());
                     let _ = ready_tx.send(Ok(()));
                     control.run();
                 }

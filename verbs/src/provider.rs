@@ -352,8 +352,35 @@ pub trait Qp<P: Provider>: Send + Debug {
 pub trait Listener<P: Provider>: Send + Debug {
     /// The address it listens on.
     fn local_addr(&self) -> SocketAddr;
-    /// Waits up to `timeout` for the next connection request (zero: just look).
+    /// Waits up to `timeout` for the next connection request (zero: just look); returns
+    /// early (with none) when its [`Waker`] is woken.
     fn get_request(&mut self, timeout: Duration) -> Result<Option<P::ConnRequest>>;
+    /// What ends a [`Listener::get_request`] wait early, from any thread: so that a thread that
+    /// waits for connection requests hears of other work at once.
+    fn waker(&self) -> Waker;
+}
+
+/// Ends a wait early (see [`Listener::waker`]); cheap to clone, callable from any thread.
+#[derive(Clone)]
+pub struct Waker(std::sync::Arc<dyn Fn() + Send + Sync>);
+
+impl Waker {
+    /// A waker that calls `wake` (which must not block).
+    pub fn new(wake: impl Fn() + Send + Sync + 'static) -> Waker {
+        Waker(std::sync::Arc::new(wake))
+    }
+
+    /// Ends the wait it belongs to, now or (if none is under way) the next one at once.
+    #[inline]
+    pub fn wake(&self) {
+        (self.0)()
+    }
+}
+
+impl Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Waker")
+    }
 }
 
 /// A connection request, to accept with a QP or to reject.

@@ -196,7 +196,8 @@ impl<P: Provider> Control<P> {
                 break;
             }
             if self.listener.is_none() {
-                std::thread::sleep(self.slice());
+                // (a worker that tells this core something unparks it)
+                std::thread::park_timeout(self.slice());
             }
         }
         self.drop_incoming();

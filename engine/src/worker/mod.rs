@@ -97,6 +97,8 @@ pub(crate) struct Owned<P: Provider> {
     pub(crate) own_context: bool,
     pub(crate) to_control: Producer<ToControl<P>>,
     pub(crate) from_control: Consumer<ToWorker<P>>,
+    /// Ends the control core's wait when a message for it is on the ring.
+    pub(crate) wake: corelink_verbs::Waker,
 }
 
 impl<P: Provider, H: Handler<P>> Worker<P, H> {
@@ -117,7 +119,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let classes: Vec<(usize, usize)> = res.pools.iter().map(|p| (p.size, p.count)).collect();
         let recvs = crate::control::Budget::recv_buffers(res) as usize;
         let recv_class = [(res.recv_size as usize, recvs)];
-        let Owned { cq, pd, own_context, to_control, from_control } = owned;
+        let Owned { cq, pd, own_context, to_control, from_control, wake } = owned;
         let (pool, recv_pool) = (Pool::new(&*pd, &classes)?, Pool::new(&*pd, &recv_class)?);
         let cx = Cx {
             index,
@@ -128,7 +130,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             recv_pool,
             conns: Conns::new(index as u16, res.max_conns as usize),
             reqs: Requests::new(MAX_REQUESTS_PER_WORKER, MERGE_TABLE),
-            outbox: Outbox::new(to_control, 4096, CONTROL_RING),
+            outbox: Outbox::new(to_control, 4096, CONTROL_RING).waking(wake),
             reposts: ArrayVec::new(),
             timers: Timers::new(MAX_TIMERS),
             pd,

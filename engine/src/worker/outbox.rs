@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 
-use corelink_verbs::Provider;
+use corelink_verbs::{Provider, Waker};
 
 use super::notice::Notice;
 use crate::handoff::ToControl;
@@ -18,6 +18,8 @@ pub(crate) struct Outbox<P: Provider> {
     to_control: Producer<ToControl<P>>,
     /// Messages the ring had no room for, oldest first (the ring's contents are older still).
     backlog: VecDeque<ToControl<P>>,
+    /// Ends the control core's wait once a message is on the ring (it waits on its listener).
+    wake: Option<Waker>,
 }
 
 impl<P: Provider> Outbox<P> {
@@ -28,7 +30,13 @@ impl<P: Provider> Outbox<P> {
             notices: VecDeque::with_capacity(notices),
             to_control,
             backlog: VecDeque::with_capacity(backlog),
+            wake: None,
         }
+    }
+
+    /// The same, waking the control core with `wake` whenever a message reaches the ring.
+    pub(crate) fn waking(self, wake: Waker) -> Self {
+        Outbox { wake: Some(wake), ..self }
     }
 
     /// Queues a notice for the handler or a client.
@@ -54,19 +62,34 @@ impl<P: Provider> Outbox<P> {
             self.backlog.push_back(m);
             return;
         }
-        if let Err(m) = self.to_control.push(m) {
-            self.backlog.push_back(m);
+        match self.to_control.push(m) {
+            Ok(()) => self.wake_control(),
+            Err(m) => self.backlog.push_back(m),
+        }
+    }
+
+    fn wake_control(&self) {
+        if let Some(w) = &self.wake {
+            w.wake();
         }
     }
 
     /// Moves what the ring now has room for out of the backlog; returns whether the backlog
     /// is empty (everything told has reached the ring).
     pub(crate) fn flush_control(&mut self) -> bool {
+        let mut moved = false;
         while let Some(m) = self.backlog.pop_front() {
             if let Err(m) = self.to_control.push(m) {
                 self.backlog.push_front(m);
+                if moved {
+                    self.wake_control();
+                }
                 return false;
             }
+            moved = true;
+        }
+        if moved {
+            self.wake_control();
         }
         true
     }

@@ -105,6 +105,8 @@ struct Link {
 #[derive(Debug, Default)]
 pub(crate) struct ListenerShared {
     requests: Signal<VecDeque<Arc<Attempt>>>,
+    /// Set by its waker: the next (or current) wait ends at once.
+    woken: std::sync::atomic::AtomicBool,
 }
 
 /// A listener of `soft`'s connection manager.
@@ -158,9 +160,23 @@ impl crate::Listener<Soft> for SoftListener {
         self.addr
     }
 
+    fn waker(&self) -> crate::Waker {
+        let shared = self.shared.clone();
+        crate::Waker::new(move || {
+            shared.woken.store(true, std::sync::atomic::Ordering::Release);
+            shared.requests.update(|_| {});
+        })
+    }
+
     fn get_request(&mut self, timeout: Duration) -> Result<Option<SoftConnRequest>> {
+        use std::sync::atomic::Ordering;
         let deadline = Instant::now() + timeout;
-        let mut q = self.shared.requests.wait_until(deadline, |q| !q.is_empty());
+        let woken = &self.shared.woken;
+        // (the wake is taken as it ends the wait: one that comes later ends the next one)
+        let mut q = self
+            .shared
+            .requests
+            .wait_until(deadline, |q| !q.is_empty() || woken.swap(false, Ordering::AcqRel));
         while let Some(a) = q.pop_front() {
             if !matches!(*lock(&a.answer.value), Answer::Abandoned) {
                 return Ok(Some(SoftConnRequest { attempt: a, ctx: self.ctx.clone() }));

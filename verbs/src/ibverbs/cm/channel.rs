@@ -38,6 +38,16 @@ impl Channel {
 
     /// The next event, waiting until `deadline` (`None`: forever). `Ok(None)` on timeout.
     pub(super) fn wait(&self, deadline: Option<Instant>) -> io::Result<Option<Event>> {
+        self.wait_or(deadline, None)
+    }
+
+    /// As [`Channel::wait`], and ends early (`Ok(None)`) once `wake` (an eventfd) is readable,
+    /// taking its count.
+    pub(super) fn wait_or(
+        &self,
+        deadline: Option<Instant>,
+        wake: Option<c_int>,
+    ) -> io::Result<Option<Event>> {
         loop {
             let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
             // SAFETY: a live channel; the fd is non-blocking, so this returns at once.
@@ -60,14 +70,24 @@ impl Channel {
                     timeout_ms(d - now)
                 }
             };
-            let mut pfd = libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd.
-            let rc = unsafe { libc::poll(&mut pfd, 1, wait_ms) };
+            let mut pfd = [
+                libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: wake.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
+            ];
+            let n = if wake.is_some() { 2 } else { 1 };
+            // SAFETY: `n` valid pollfds (a negative fd is ignored by poll).
+            let rc = unsafe { libc::poll(pfd.as_mut_ptr(), n, wait_ms) };
             if rc < 0 {
                 let e = last_err();
                 if e.raw_os_error() != Some(libc::EINTR) {
                     return Err(e);
                 }
+            }
+            if let (Some(fd), true) = (wake, pfd[1].revents & libc::POLLIN != 0) {
+                let mut count = 0u64;
+                // SAFETY: an eventfd; reading its 8-byte counter into `count` (non-blocking).
+                let _ = unsafe { libc::read(fd, (&mut count as *mut u64).cast(), 8) };
+                return Ok(None);
             }
         }
     }

@@ -1,6 +1,7 @@
 //! The passive side's listener: `rdma_listen` and the CONNECT_REQUESTs it hands out.
 
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,7 +45,14 @@ pub(crate) fn listen(ctx: &Arc<CtxInner>, addr: SocketAddr) -> Result<IbvListene
         return Err(Error::Cm { op: "rdma_listen", addr, source: last_err() });
     }
     let local = id.local_addr().unwrap_or(addr);
-    Ok(IbvListener { id, ch, ctx: ctx.clone(), local })
+    // SAFETY: no pointers; a new non-blocking eventfd, or -1.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::Cm { op: "eventfd", addr, source: last_err() });
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let wake = Arc::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+    Ok(IbvListener { id, ch, ctx: ctx.clone(), local, wake })
 }
 
 /// A connection-manager listener. Bound to a wildcard address it hears requests arriving on
@@ -57,6 +65,8 @@ pub struct IbvListener {
     ch: Channel,
     ctx: Arc<CtxInner>,
     local: SocketAddr,
+    /// Its waker's eventfd (see [`crate::Listener::waker`]).
+    wake: Arc<std::os::fd::OwnedFd>,
 }
 
 // SAFETY: librdmacm ids and channels may be used from any thread; the listener is used by one
@@ -84,11 +94,23 @@ impl Listener<Ibverbs> for IbvListener {
         self.local
     }
 
+    fn waker(&self) -> crate::Waker {
+        let fd = self.wake.clone();
+        crate::Waker::new(move || {
+            let one = 1u64;
+            // SAFETY: an eventfd kept open by `fd`; writing its 8-byte increment (non-blocking:
+            // a full counter, which cannot happen here, only drops this wake).
+            let _ = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        })
+    }
+
     fn get_request(&mut self, timeout: Duration) -> Result<Option<IbvConnRequest>> {
         let addr = self.local;
         let dl = deadline(timeout);
+        let wake = Some(self.wake.as_raw_fd());
         loop {
-            let Some(ev) = self.ch.wait(dl).map_err(cm_err("rdma_get_cm_event", addr))? else {
+            let Some(ev) = self.ch.wait_or(dl, wake).map_err(cm_err("rdma_get_cm_event", addr))?
+            else {
                 return Ok(None);
             };
             if ev.kind() != Ev::RDMA_CM_EVENT_CONNECT_REQUEST {
