@@ -167,8 +167,7 @@ impl Client {
             .ok()
             .filter(|d: &ArrayVec<u8, MAX_PRIVATE_DATA>| d.len() <= max)
             .ok_or(EngineError::PrivateDataTooLong { len: private_data.len(), max })?;
-        self.send(ClientRequest::Connect { addr, private_data: data, token })
-            .map_err(|_| EngineError::RingFull("client submission"))
+        self.send(ClientRequest::Connect { addr, private_data: data, token }).map_err(|(_, e)| e)
     }
 
     /// Queues `op` on `conn` in its kind's default class, as [`crate::Cx::submit`] does; its
@@ -209,25 +208,24 @@ impl Client {
     ) -> std::result::Result<(), (Op<Vec<u8>>, EngineError)> {
         match self.send(ClientRequest::Submit { conn, op, token, class }) {
             Ok(()) => Ok(()),
-            Err(ClientRequest::Submit { op, .. }) => {
-                Err((op, EngineError::RingFull("client submission")))
-            }
-            Err(_) => unreachable!("the ring gives back what it was given"),
+            Err((ClientRequest::Submit { op, .. }, e)) => Err((op, e)),
+            Err(_) => unreachable!("the ring gives back what it was given: a submission"),
         }
     }
 
     /// Closes `conn` (one of this client's connections, or any of the worker's): what is in
     /// flight completes or flushes, then [`Event::Closed`] comes (to the connection's owner).
     pub fn close(&mut self, conn: ConnId) -> Result<()> {
-        self.send(ClientRequest::Close { conn })
-            .map_err(|_| EngineError::RingFull("client submission"))
+        self.send(ClientRequest::Close { conn }).map_err(|(_, e)| e)
     }
 
-    fn send(&mut self, r: ClientRequest) -> std::result::Result<(), ClientRequest> {
+    /// Puts `r` on the submission ring, or gives it back with why: the ring is full, or the
+    /// worker is gone (the engine shut down).
+    fn send(&mut self, r: ClientRequest) -> std::result::Result<(), (ClientRequest, EngineError)> {
         if self.submit.is_abandoned() {
-            return Err(r);
+            return Err((r, EngineError::ShuttingDown));
         }
-        self.submit.push(r)?;
+        self.submit.push(r).map_err(|r| (r, EngineError::RingFull("client submission")))?;
         self.thread.unpark(); // in case the worker parked (it does only without connections)
         Ok(())
     }
