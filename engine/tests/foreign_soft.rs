@@ -170,3 +170,43 @@ fn a_half_open_peer_delays_no_other_connect() {
     assert!(rx.try_recv().is_err(), "the handler heard nothing of the half-open peer");
     e.shutdown().unwrap();
 }
+
+/// The engine connecting to a plain rdma_cm server (no engine header in its accept): a
+/// one-lane connection with the server's private data and no receive size, on which a send
+/// arrives.
+#[test]
+fn an_engine_connects_to_a_plain_server() {
+    let (mut e, _rx) = engine("10.99.8.4:0", "");
+    let mut p = Plain::new();
+    let mut l = p.ctx.listen("10.99.8.5:0".parse().unwrap()).unwrap();
+    let addr = corelink_engine::verbs::Listener::local_addr(&l);
+    let mut c = e.client(0).unwrap();
+    c.connect(addr, b"", 1).unwrap();
+    let req =
+        corelink_engine::verbs::Listener::get_request(&mut l, HANG).unwrap().expect("a request");
+    // The server's receive for the client's send, posted in INIT before the accept.
+    p.qp.modify(&QpAttr { state: QpState::Init, ..QpAttr::default() }).unwrap();
+    let into = p.mr.sge(0, 64).unwrap();
+    // SAFETY: the region outlives the QP's receive (both live to the end of the test).
+    unsafe { p.qp.post_recv(&[RecvWr { wr_id: 7, sgl: std::slice::from_ref(&into) }]) }.unwrap();
+    let _conn =
+        corelink_engine::verbs::ConnRequest::accept(req, &mut p.qp, &QpAttr::default(), b"plain")
+            .unwrap();
+    let (conn, info) = match c.wait(HANG) {
+        Some(Event::Connected { conn, info }) => (conn, info),
+        ev => panic!("{ev:?}"),
+    };
+    assert_eq!(&info.private_data[..5], b"plain");
+    assert_eq!(info.peer_recv_size, None, "a plain server says nothing of its receives");
+    c.submit(conn, Op::Send { buf: b"to a plain server".to_vec(), imm: None }, 2)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    assert!(matches!(c.wait(HANG), Some(Event::Done(d)) if d.status == WcStatus::Success));
+    let wc = p.wait();
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (7, WcStatus::Success, 17));
+    let mut got = [0u8; 17];
+    p.mr.read_at(0, &mut got).unwrap();
+    assert_eq!(&got, b"to a plain server");
+    drop(c);
+    e.shutdown().unwrap();
+}
