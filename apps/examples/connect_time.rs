@@ -65,6 +65,10 @@ fn core_map(cli: &Cli, listen: Option<SocketAddr>, conns: u32) -> Result<Validat
     map.worker.max_conns = want;
     map.worker.qps.max = map.worker.qps.max.max(want);
     map.worker.recvs_per_conn = map.worker.recvs_per_conn.min(8);
+    // Every connection's completions must fit the CQ (receives and its send queue).
+    map.worker.send_queue_depth = map.worker.send_queue_depth.min(32);
+    let per_conn = map.worker.recvs_per_conn + map.worker.send_queue_depth;
+    map.worker.cq_depth = map.worker.cq_depth.max((want * per_conn).next_power_of_two());
     let topo = MachineTopology::load().map_err(|e| e.to_string())?;
     map.validate(&topo).map_err(|e| e.to_string())
 }
