@@ -159,6 +159,15 @@ impl Inbox {
         }
     }
 
+    /// Connects to `addr` with `data`; the connection and what the worker knows of it.
+    fn connect(&mut self, addr: SocketAddr, data: &[u8], token: u64) -> (ConnId, ConnInfo) {
+        self.c.connect(addr, data, token).unwrap();
+        match self.take("connect", |e| !matches!(e, Event::Message { .. })) {
+            Event::Connected { conn, info } => (conn, info),
+            e => panic!("{e:?}"),
+        }
+    }
+
     /// Submits `op` on `conn` (the ring has room: the test waits for each).
     fn submit(&mut self, conn: ConnId, op: Op<Vec<u8>>, token: u64) {
         self.c.submit(conn, op, token).map_err(|(_, e)| e).unwrap();
@@ -172,11 +181,7 @@ pub fn every_request_kind_through_the_engine<P: Provider>(map: &str) {
     let (mut e, granted) = engine::<P>(&log, map);
     let addr = e.listen_addr().unwrap();
     let mut c = Inbox::new(e.client(0).unwrap());
-    c.c.connect(addr, b"hi there", 1).unwrap();
-    let (conn, info) = match c.take("connect", |e| !matches!(e, Event::Message { .. })) {
-        Event::Connected { conn, info } => (conn, info),
-        e => panic!("{e:?}"),
-    };
+    let (conn, info) = c.connect(addr, b"hi there", 1);
     assert_eq!((info.token, info.initiated), (1, true));
     let region = granted_region(&granted);
     wait_for(&log, "connected initiated=false hi there region=true");
@@ -305,11 +310,7 @@ pub fn a_client_closes_its_connection<P: Provider>(map: &str) {
     let (mut e, _) = engine::<P>(&log, map);
     let addr = e.listen_addr().unwrap();
     let mut c = Inbox::new(e.client(0).unwrap());
-    c.c.connect(addr, b"", 1).unwrap();
-    let conn = match c.take("connect", |e| !matches!(e, Event::Message { .. })) {
-        Event::Connected { conn, .. } => conn,
-        e => panic!("{e:?}"),
-    };
+    let (conn, _) = c.connect(addr, b"", 1);
     c.submit(conn, Op::Send { buf: b"bye".to_vec(), imm: None }, 2);
     assert_eq!(c.done(2).status, WcStatus::Success);
     c.take("the echo", |e| matches!(e, Event::Message { data, .. } if data == b"bye"));
@@ -335,11 +336,7 @@ pub fn every_acknowledged_message_reaches_the_handler_before_its_close<P: Provid
     let (mut e, _) = engine::<P>(&log, map);
     let addr = e.listen_addr().unwrap();
     let mut c = Inbox::new(e.client(0).unwrap());
-    c.c.connect(addr, b"", 1).unwrap();
-    let conn = match c.take("connect", |e| !matches!(e, Event::Message { .. })) {
-        Event::Connected { conn, .. } => conn,
-        e => panic!("{e:?}"),
-    };
+    let (conn, _) = c.connect(addr, b"", 1);
     const N: u64 = 8;
     c.submit(conn, Op::Send { buf: CLOSE_ME.to_vec(), imm: None }, 100);
     for t in 1..=N {
