@@ -110,6 +110,12 @@ impl OpKind {
     pub fn index(self) -> usize {
         self as usize
     }
+
+    /// Whether it counts against a QP's outstanding reads and atomics (`max_rd_atomic`).
+    #[inline(always)]
+    pub(crate) fn is_rd_atomic(self) -> bool {
+        matches!(self, OpKind::Read | OpKind::FetchAdd | OpKind::CompareSwap)
+    }
 }
 
 impl<B> Op<B> {

@@ -41,6 +41,41 @@ pub(super) const GROUP_TIMEOUT: Duration = Duration::from_secs(20);
 
 type Up<P> = (<P as Provider>::Qp, <P as Provider>::Connection);
 
+/// Work polled in passes (connects and accepts waiting for their peers): a pass takes every
+/// item out, and those still waiting go back. Two buffers take turns, so that once warm a pass
+/// allocates nothing.
+pub(super) struct Passes<T> {
+    items: Vec<T>,
+    spare: Vec<T>,
+}
+
+impl<T> Passes<T> {
+    fn new() -> Self {
+        Passes { items: Vec::new(), spare: Vec::new() }
+    }
+
+    /// Items waiting.
+    pub(super) fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    fn push(&mut self, t: T) {
+        self.items.push(t);
+    }
+
+    /// Every item, for a pass (what goes back is pushed meanwhile); give the emptied vector
+    /// back with [`Passes::end`].
+    fn begin(&mut self) -> Vec<T> {
+        let spare = std::mem::take(&mut self.spare);
+        std::mem::replace(&mut self.items, spare)
+    }
+
+    fn end(&mut self, mut done: Vec<T>) {
+        done.clear();
+        self.spare = done;
+    }
+}
+
 /// One lane's connect in progress (polled by the control core: no thread waits on it).
 struct LaneConnecting<P: Provider> {
     conn: u64,
@@ -69,12 +104,12 @@ struct Connecting<P: Provider> {
 /// The connects in progress and their lanes' connects.
 pub(super) struct Outgoing<P: Provider> {
     groups: HashMap<u64, Connecting<P>>,
-    lanes: Vec<LaneConnecting<P>>,
+    lanes: Passes<LaneConnecting<P>>,
 }
 
 impl<P: Provider> Outgoing<P> {
     pub(super) fn new() -> Self {
-        Outgoing { groups: HashMap::new(), lanes: Vec::new() }
+        Outgoing { groups: HashMap::new(), lanes: Passes::new() }
     }
 
     /// Lanes still connecting.
@@ -112,12 +147,12 @@ struct PendingLane<P: Provider> {
 /// for their connectors.
 pub(super) struct Incoming<P: Provider> {
     groups: HashMap<u64, Accepting<P>>,
-    pending: Vec<PendingLane<P>>,
+    pending: Passes<PendingLane<P>>,
 }
 
 impl<P: Provider> Incoming<P> {
     pub(super) fn new() -> Self {
-        Incoming { groups: HashMap::new(), pending: Vec::new() }
+        Incoming { groups: HashMap::new(), pending: Passes::new() }
     }
 
     /// Accepts waiting for their connectors.
@@ -221,7 +256,8 @@ impl<P: Provider> Control<P> {
     /// lane finished.
     pub(super) fn finish_connects(&mut self) -> bool {
         let mut any = false;
-        for l in std::mem::take(&mut self.outgoing.lanes) {
+        let mut pass = self.outgoing.lanes.begin();
+        for l in pass.drain(..) {
             let LaneConnecting { conn, lane, mut qp, connecting } = l;
             match connecting.poll(&mut qp, Duration::ZERO) {
                 Ok(Progress::Pending(connecting)) => {
@@ -239,6 +275,7 @@ impl<P: Provider> Control<P> {
                 }
             }
         }
+        self.outgoing.lanes.end(pass);
         any
     }
 
@@ -410,7 +447,8 @@ impl<P: Provider> Control<P> {
     /// whether any finished.
     pub(super) fn finish_accepts(&mut self) -> bool {
         let mut any = false;
-        for p in std::mem::take(&mut self.incoming.pending) {
+        let mut pass = self.incoming.pending.begin();
+        for p in pass.drain(..) {
             let PendingLane { nonce, lane, lanes, worker, mut qp, accepting, deadline } = p;
             match accepting.poll(&mut qp, Duration::ZERO) {
                 Ok(Progress::Ready(cm)) => {
@@ -432,6 +470,7 @@ impl<P: Provider> Control<P> {
                 }
             }
         }
+        self.incoming.pending.end(pass);
         any
     }
 

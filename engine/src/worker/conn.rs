@@ -92,7 +92,7 @@ impl<P: Provider> Req<P> {
 
     /// Whether it counts against the QP's outstanding reads and atomics.
     pub(crate) fn is_rd_atomic(&self) -> bool {
-        matches!(self.kind, OpKind::Read | OpKind::FetchAdd | OpKind::CompareSwap)
+        self.kind.is_rd_atomic()
     }
 }
 

@@ -66,6 +66,20 @@ impl<P: Provider> Conns<P> {
         }
     }
 
+    /// The connection `id`, if it takes requests now: it is there and open, and the worker is
+    /// not `stopping` (the one check every submission makes).
+    #[inline(always)]
+    pub(crate) fn taking(&mut self, id: ConnId, stopping: bool) -> Result<&mut Conn<P>> {
+        if stopping {
+            return Err(EngineError::ShuttingDown);
+        }
+        let c = self.get_mut(id)?;
+        match c.phase {
+            Phase::Open => Ok(c),
+            Phase::Closing => Err(EngineError::ConnectionClosing(id)),
+        }
+    }
+
     /// The connection in `slot` (a completion's: its requests and receives keep it there).
     #[inline(always)]
     pub(crate) fn at_mut(&mut self, slot: u16) -> Option<&mut Conn<P>> {

@@ -234,7 +234,7 @@ impl<P: Provider> Cx<P> {
         token: u64,
     ) -> Result<(), (Op<Buf<P>>, EngineError)> {
         let max = self.cfg.max_outstanding;
-        let rd = matches!(op.kind(), OpKind::Read | OpKind::FetchAdd | OpKind::CompareSwap);
+        let rd = op.kind().is_rd_atomic();
         let max_rd = self.cfg.max_rd_atomic;
         let lane = match self.conn(conn) {
             Ok(c) => {
@@ -290,17 +290,11 @@ impl<P: Provider> Cx<P> {
         ext: Vec<u8>,
         class: Option<u8>,
     ) -> Result<ReqId, Refusal<P>> {
-        if self.stopping {
-            return Err((op, ext, EngineError::ShuttingDown));
-        }
-        let Cx { conns, reqs, pool, cfg, .. } = self;
-        let c = match conns.get_mut(conn) {
+        let Cx { conns, reqs, pool, cfg, stopping, .. } = self;
+        let c = match conns.taking(conn, *stopping) {
             Ok(c) => c,
             Err(e) => return Err((op, ext, e)),
         };
-        if c.phase != Phase::Open {
-            return Err((op, ext, EngineError::ConnectionClosing(conn)));
-        }
         let peer_recv_size = c.info.peer_recv_size;
         let kind = op.kind();
         if let (Op::Send { buf, .. }, Some(max)) = (&op, peer_recv_size) {
@@ -362,17 +356,9 @@ impl<P: Provider> Cx<P> {
         Ok(id)
     }
 
-    /// Checks that `conn` takes requests; returns the largest send its peer takes.
-    #[inline(always)]
-    pub(crate) fn check_open(&self, conn: ConnId) -> Result<Option<u32>> {
-        if self.stopping {
-            return Err(EngineError::ShuttingDown);
-        }
-        let c = self.conn(conn)?;
-        match c.phase {
-            Phase::Open => Ok(c.info.peer_recv_size),
-            Phase::Closing => Err(EngineError::ConnectionClosing(conn)),
-        }
+    /// Checks that `conn` takes requests (see [`Conns::taking`]).
+    pub(crate) fn check_open(&mut self, conn: ConnId) -> Result<()> {
+        self.conns.taking(conn, self.stopping).map(|_| ())
     }
 
     /// The largest message this worker's connections take (`worker.recv_size`): a peer's send

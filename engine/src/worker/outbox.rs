@@ -77,21 +77,17 @@ impl<P: Provider> Outbox<P> {
     /// Moves what the ring now has room for out of the backlog; returns whether the backlog
     /// is empty (everything told has reached the ring).
     pub(crate) fn flush_control(&mut self) -> bool {
-        let mut moved = false;
+        let before = self.backlog.len();
         while let Some(m) = self.backlog.pop_front() {
             if let Err(m) = self.to_control.push(m) {
                 self.backlog.push_front(m);
-                if moved {
-                    self.wake_control();
-                }
-                return false;
+                break;
             }
-            moved = true;
         }
-        if moved {
+        if self.backlog.len() < before {
             self.wake_control();
         }
-        true
+        self.backlog.is_empty()
     }
 
     /// Whether messages wait in the backlog.

@@ -46,7 +46,7 @@ impl<P: Provider> Retired<P> {
     /// Whether it counted against the QP's outstanding reads and atomics.
     #[inline(always)]
     pub(crate) fn is_rd_atomic(&self) -> bool {
-        matches!(self.kind, OpKind::Read | OpKind::FetchAdd | OpKind::CompareSwap)
+        self.kind.is_rd_atomic()
     }
 
     /// The outcome an external client hears (`data` is its vector: a read's gets the bytes

@@ -13,7 +13,7 @@ use corelink_config::{parse, StaticTopology};
 use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
 use corelink_engine::*;
 
-use crate::grant::{granted, Granter};
+use crate::grant::Granter;
 
 /// How long a step may take before the test calls it a hang (not a performance bound).
 const HANG: Duration = Duration::from_secs(30);
@@ -42,18 +42,9 @@ impl<P: Provider> Handler<P> for Side<P> {
     }
 
     fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
-        let initiated = cx.conn_info(conn).map(|i| i.initiated).unwrap_or(false);
-        if granted(msg).is_some() {
-            return;
-        }
-        let text = String::from_utf8_lossy(msg.data).into_owned();
-        if initiated {
-            self.log.lock().unwrap().push(format!("echo {text} on {}", self.name));
-        } else {
-            let mut b = cx.alloc(msg.data.len()).unwrap();
-            b.fill(msg.data).unwrap();
-            cx.send(conn, b, None, 1).map_err(|(_, e)| e).unwrap();
-        }
+        let mut b = cx.alloc(msg.data.len()).unwrap();
+        b.fill(msg.data).unwrap();
+        cx.send(conn, b, None, 1).map_err(|(_, e)| e).unwrap();
     }
 }
 

@@ -18,7 +18,7 @@ use corelink_engine::*;
 /// an emulated guest is slow).
 const HANG: Duration = Duration::from_secs(30);
 
-use crate::grant::{granted, granted_event, Granter};
+use crate::grant::{granted_event, Granter};
 
 type Log = Arc<Mutex<Vec<String>>>;
 
@@ -36,29 +36,18 @@ struct Echo<P: Provider> {
     granted: Region,
 }
 
+/// The accepting side (the tests' connections are their clients'): grants its memory to the
+/// peer, echoes sends, logs the rest.
 impl<P: Provider> Handler<P> for Echo<P> {
-    /// The accepting side grants its memory to the peer; a side is connected "with a region"
-    /// once it knows the memory it may use (the initiating side: when the grant arrives).
     fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
         let app = String::from_utf8_lossy(&info.private_data).into_owned();
-        if !info.initiated {
-            *self.granted.lock().unwrap() = Some(self.granter.grant(cx, conn));
-            self.log.lock().unwrap().push(format!("connected initiated=false {app} region=true"));
-        }
+        *self.granted.lock().unwrap() = Some(self.granter.grant(cx, conn));
+        self.log.lock().unwrap().push(format!("connected initiated=false {app} region=true"));
     }
 
     fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
-        let initiated = cx.conn_info(conn).map(|i| i.initiated).unwrap_or(false);
-        if let (true, Some(_)) = (initiated, granted(msg)) {
-            let app = cx.conn_info(conn).map(|i| i.private_data.clone()).unwrap_or_default();
-            let app = String::from_utf8_lossy(&app).into_owned();
-            self.log.lock().unwrap().push(format!("connected initiated=true {app} region=true"));
-            return;
-        }
         let text = String::from_utf8_lossy(msg.data).into_owned();
-        if initiated {
-            self.log.lock().unwrap().push(format!("echo {text} imm={:?}", msg.imm));
-        } else if msg.written.is_some() {
+        if msg.written.is_some() {
             self.log.lock().unwrap().push(format!("written {:?} imm={:?}", msg.written, msg.imm));
         } else if msg.data.starts_with(CLOSE_ME) {
             // The peer's requests behind this one are on their way (or delivered already).

@@ -266,18 +266,8 @@ impl SoftContext {
     #[doc(hidden)]
     pub fn request_only(&self, addr: SocketAddr, private_data: &[u8]) -> Result<HalfOpen> {
         too_long("connect", private_data.len(), MAX_CONNECT_PRIVATE_DATA)?;
-        let Some(listener) = lock(&Fabric::get().listeners).get(&addr).cloned() else {
-            return Err(Error::Rejected { addr, private_data: Vec::new() });
-        };
-        let attempt = Arc::new(Attempt {
-            from: SocketAddr::new(IpAddr::V6(self.shared.gid.0.into()), 0),
-            qpn: 0,
-            qp_type: QpType::Rc,
-            private_data: private_data.to_vec(),
-            answer: Signal::default(),
-        });
-        listener.requests.update(|q| q.push_back(attempt.clone()));
-        Ok(HalfOpen { attempt })
+        let listener = listener_at(addr)?;
+        Ok(HalfOpen { attempt: request(&listener, self, 0, QpType::Rc, private_data) })
     }
 }
 
@@ -368,23 +358,40 @@ pub(crate) fn connect_start(
             qp.state()
         )));
     }
-    let Some(listener) = lock(&Fabric::get().listeners).get(&addr).cloned() else {
-        // What rdma_cm reports when no one listens on the port: a reject without private data.
-        return Err(Error::Rejected { addr, private_data: Vec::new() });
-    };
+    let listener = listener_at(addr)?;
     if qp.state() == QpState::Reset {
         qp.modify(&QpAttr { state: QpState::Init, ..*attr })?;
     }
+    let attempt = request(&listener, ctx, qp.qp_num(), qp.qp_type(), private_data);
+    let deadline = Instant::now().checked_add(timeout);
+    Ok(SoftConnecting { attempt, addr, attr: *attr, deadline })
+}
+
+/// The listener at `addr`; none is what rdma_cm reports as a reject without private data.
+fn listener_at(addr: SocketAddr) -> Result<Arc<ListenerShared>> {
+    lock(&Fabric::get().listeners)
+        .get(&addr)
+        .cloned()
+        .ok_or(Error::Rejected { addr, private_data: Vec::new() })
+}
+
+/// Queues a connection request from `ctx`'s QP `qpn` at `listener`.
+fn request(
+    listener: &ListenerShared,
+    ctx: &SoftContext,
+    qpn: u32,
+    qp_type: QpType,
+    private_data: &[u8],
+) -> Arc<Attempt> {
     let attempt = Arc::new(Attempt {
         from: SocketAddr::new(IpAddr::V6(ctx.shared.gid.0.into()), 0),
-        qpn: qp.qp_num(),
-        qp_type: qp.qp_type(),
+        qpn,
+        qp_type,
         private_data: private_data.to_vec(),
         answer: Signal::default(),
     });
     listener.requests.update(|q| q.push_back(attempt.clone()));
-    let deadline = Instant::now().checked_add(timeout);
-    Ok(SoftConnecting { attempt, addr, attr: *attr, deadline })
+    attempt
 }
 
 /// A `soft` connect waiting for the listener's answer.
