@@ -2,6 +2,7 @@
 //! so a completion finds its request with an index, no hashing, and a stale id finds nothing.
 
 use std::cell::Cell;
+use std::mem::MaybeUninit;
 
 use crate::tunables::SLOT_BITS;
 
@@ -42,23 +43,52 @@ impl Id {
     }
 }
 
-/// A slab of `T`s with a free list, sized once.
-#[derive(Debug)]
+/// A slab of `T`s with a free list, sized once. Each slot carries its generation (odd while
+/// it holds a value, so one comparison with an id's checks both) and the link of the [`Fifo`]
+/// its value is in: queues never look inside the values.
 pub struct Slab<T> {
-    slots: Vec<(u32, Option<T>)>,
+    slots: Vec<Slot<T>>,
     free: Vec<u32>,
     /// Lookups that cannot fail and did (a queued value missing): a bug, counted.
     misses: Cell<u64>,
 }
 
+struct Slot<T> {
+    /// Bumped at every insert and remove (within 31 bits): odd while the slot holds a value.
+    generation: u32,
+    /// The slot of the next member of the queue the value is in.
+    link: u32,
+    /// Initialised exactly while `generation` is odd.
+    value: MaybeUninit<T>,
+}
+
+impl<T> Slot<T> {
+    #[inline(always)]
+    fn full(&self) -> bool {
+        self.generation & 1 == 1
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Slab<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slab")
+            .field("len", &self.len())
+            .field("capacity", &self.slots.len())
+            .finish()
+    }
+}
+
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+const GENERATION_MASK: u32 = u32::MAX >> 1;
 
 impl<T> Slab<T> {
     /// A slab of `capacity` slots (at most 2^SLOT_BITS).
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.min(1 << SLOT_BITS);
         Slab {
-            slots: (0..capacity).map(|_| (0, None)).collect(),
+            slots: (0..capacity)
+                .map(|_| Slot { generation: 0, link: 0, value: MaybeUninit::uninit() })
+                .collect(),
             free: (0..capacity as u32).rev().collect(),
             misses: Cell::new(0),
         }
@@ -70,59 +100,81 @@ impl<T> Slab<T> {
     }
 
     /// Stores `v`; returns its id, or gives `v` back when every slot is taken.
-    #[inline(always)]
+    #[cfg(test)]
     pub fn insert(&mut self, v: T) -> Result<Id, T> {
         let Some(i) = self.free.pop() else { return Err(v) };
+        let Some(slot) = self.slots.get_mut(i as usize) else { return Err(v) };
+        debug_assert!(!slot.full());
+        slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK;
+        slot.value.write(v);
+        Ok(Id::new(slot.generation, i))
+    }
+
+    /// Whether every slot is taken.
+    #[inline(always)]
+    pub fn is_full(&self) -> bool {
+        self.free.is_empty()
+    }
+
+    /// Stores `v` in a slab that is not full (checked first with [`Slab::is_full`]); panics
+    /// if it is.
+    #[inline(always)]
+    pub fn insert_vacant(&mut self, v: T) -> Id {
+        let i = self.free.pop().expect("a vacant slot (checked with is_full)");
         let slot = &mut self.slots[i as usize];
-        slot.0 = slot.0.wrapping_add(1) & (u32::MAX >> 1);
-        // A free slot holds nothing, so there is nothing to drop (this skips the drop glue).
-        let old = slot.1.replace(v);
-        debug_assert!(old.is_none());
-        std::mem::forget(old);
-        Ok(Id::new(slot.0, i))
+        debug_assert!(!slot.full());
+        slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK;
+        slot.value.write(v);
+        Id::new(slot.generation, i)
+    }
+
+    /// The slot of `id` if `id` is current (a current id's slot holds a value: its generation
+    /// is odd).
+    #[inline(always)]
+    fn current(&self, id: Id) -> Option<&Slot<T>> {
+        let slot = self.slots.get(id.slot())?;
+        (u64::from(slot.generation) == id.generation()).then_some(slot)
     }
 
     /// Takes the value of `id` out, if `id` is current.
+    #[inline(always)]
     pub fn remove(&mut self, id: Id) -> Option<T> {
         let i = id.slot();
         let slot = self.slots.get_mut(i)?;
-        if u64::from(slot.0) != id.generation() || slot.1.is_none() {
+        if u64::from(slot.generation) != id.generation() {
             return None;
         }
         self.free.push(i as u32);
-        slot.1.take()
+        Some(Self::empty(slot))
+    }
+
+    /// Moves the value out of a full slot, leaving it free.
+    #[inline(always)]
+    fn empty(slot: &mut Slot<T>) -> T {
+        debug_assert!(slot.full());
+        slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK;
+        // SAFETY: the slot was full (callers checked its generation against a current id, or
+        // its parity), so its value is initialised; the new even generation marks it empty, so
+        // it is never read again before the next `insert` writes it.
+        unsafe { slot.value.assume_init_read() }
     }
 
     /// The value of `id`, if `id` is current.
+    #[inline(always)]
     pub fn get(&self, id: Id) -> Option<&T> {
-        let slot = self.slots.get(id.slot())?;
-        if u64::from(slot.0) != id.generation() {
-            return None;
-        }
-        slot.1.as_ref()
+        // SAFETY: a current slot is full.
+        self.current(id).map(|s| unsafe { s.value.assume_init_ref() })
     }
 
     /// The value of `id`, mutably, if `id` is current.
+    #[inline(always)]
     pub fn get_mut(&mut self, id: Id) -> Option<&mut T> {
         let slot = self.slots.get_mut(id.slot())?;
-        if u64::from(slot.0) != id.generation() {
+        if u64::from(slot.generation) != id.generation() {
             return None;
         }
-        slot.1.as_mut()
-    }
-
-    /// The value in slot `i` and its id, if the slot holds one.
-    #[inline]
-    pub fn at(&self, i: u32) -> Option<(Id, &T)> {
-        let slot = self.slots.get(i as usize)?;
-        let v = slot.1.as_ref()?;
-        Some((Id::new(slot.0, i), v))
-    }
-
-    /// The value in slot `i`, mutably, if the slot holds one.
-    #[inline]
-    pub fn at_mut(&mut self, i: u32) -> Option<&mut T> {
-        self.slots.get_mut(i as usize)?.1.as_mut()
+        // SAFETY: a current slot is full.
+        Some(unsafe { slot.value.assume_init_mut() })
     }
 
     /// Values stored.
@@ -140,27 +192,28 @@ impl<T> Slab<T> {
     #[cfg(test)]
     pub fn drain_where(&mut self, mut pick: impl FnMut(&T) -> bool, mut f: impl FnMut(T)) {
         for (i, slot) in self.slots.iter_mut().enumerate() {
-            if slot.1.as_ref().is_some_and(&mut pick) {
-                if let Some(v) = slot.1.take() {
-                    self.free.push(i as u32);
-                    f(v);
-                }
+            // SAFETY: a full slot's value is initialised.
+            if slot.full() && pick(unsafe { slot.value.assume_init_ref() }) {
+                self.free.push(i as u32);
+                f(Self::empty(slot));
             }
         }
     }
 }
 
-/// A value that can be a member of a [`Fifo`]: it carries the slot of the member after it.
-pub trait Linked {
-    /// The slot of the next member.
-    fn link(&self) -> u32;
-    /// Sets the slot of the next member.
-    fn set_link(&mut self, next: u32);
+impl<T> Drop for Slab<T> {
+    fn drop(&mut self) {
+        for slot in self.slots.iter_mut().filter(|s| s.full()) {
+            // SAFETY: a full slot's value is initialised, and dropped once: the slab goes.
+            unsafe { slot.value.assume_init_drop() };
+        }
+    }
 }
 
-/// A first-in first-out queue of values in a [`Slab`], linked through the values themselves:
-/// it never allocates and has no capacity of its own. A value is in one `Fifo` at most, and
-/// stays in the slab while it is in one (it is taken out of the slab only after `pop`).
+/// A first-in first-out queue of values in a [`Slab`], linked through the slab's slots: it
+/// never allocates and has no capacity of its own. A value is in one `Fifo` at most, and
+/// stays in the slab while it is in one (it is taken out of the slab only after `pop`, or by
+/// `pop_take`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Fifo {
     head: u32,
@@ -187,13 +240,12 @@ impl Fifo {
     }
 
     /// Appends the value of `id` (which must be in `slab` and in no other queue).
-    #[inline]
-    pub fn push<T: Linked>(&mut self, slab: &mut Slab<T>, id: Id) {
+    #[inline(always)]
+    pub fn push<T>(&mut self, slab: &mut Slab<T>, id: Id) {
         let i = id.slot() as u32;
-        let prev = self.tail;
         if self.len > 0 {
-            let Some(t) = slab.at_mut(prev) else { return self.lost(slab) };
-            t.set_link(i);
+            let Some(t) = slab.slots.get_mut(self.tail as usize) else { return self.lost(slab) };
+            t.link = i;
         } else {
             self.head = i;
         }
@@ -201,50 +253,64 @@ impl Fifo {
         self.len += 1;
     }
 
+    /// The first member's slot, checked to be full (a member that left the slab is a bug:
+    /// counted, and the queue reset).
+    #[inline(always)]
+    fn head_slot<'a, T>(&mut self, slab: &'a Slab<T>) -> Option<&'a Slot<T>> {
+        match slab.slots.get(self.head as usize) {
+            Some(s) if s.full() => Some(s),
+            _ => {
+                self.lost(slab);
+                None
+            }
+        }
+    }
+
     /// The id of the first member.
-    #[inline]
-    pub fn front<T: Linked>(&self, slab: &Slab<T>) -> Option<Id> {
+    #[inline(always)]
+    pub fn front<T>(&self, slab: &Slab<T>) -> Option<Id> {
         if self.len == 0 {
             return None;
         }
-        slab.at(self.head).map(|(id, _)| id)
+        let slot = slab.slots.get(self.head as usize).filter(|s| s.full())?;
+        Some(Id::new(slot.generation, self.head))
     }
 
     /// Takes the first member out of the queue (it stays in the slab); returns its id.
-    #[inline]
-    pub fn pop<T: Linked>(&mut self, slab: &Slab<T>) -> Option<Id> {
+    #[inline(always)]
+    pub fn pop<T>(&mut self, slab: &Slab<T>) -> Option<Id> {
         if self.len == 0 {
             return None;
         }
-        let Some((id, v)) = slab.at(self.head) else {
-            self.lost(slab);
-            return None;
-        };
-        self.head = v.link();
+        let head = self.head;
+        let slot = self.head_slot(slab)?;
+        self.head = slot.link;
         self.len -= 1;
-        Some(id)
+        Some(Id::new(slot.generation, head))
     }
 
-    /// Takes the first member out of the queue and out of the slab, in one visit of its slot.
+    /// Takes the first member out of the queue and out of the slab, in one visit of its slot,
+    /// and gives it to `take` (inlined: what `take` leaves of the value is never copied).
     #[inline(always)]
-    pub fn pop_take<T: Linked>(&mut self, slab: &mut Slab<T>) -> Option<(Id, T)> {
+    pub fn pop_take<T, R>(
+        &mut self,
+        slab: &mut Slab<T>,
+        take: impl FnOnce(Id, T) -> R,
+    ) -> Option<R> {
         if self.len == 0 {
             return None;
         }
         let i = self.head;
-        let Some(slot) = slab.slots.get_mut(i as usize) else {
+        let Some(slot) = slab.slots.get_mut(i as usize).filter(|s| s.full()) else {
             self.lost(slab);
             return None;
         };
-        let id = Id::new(slot.0, i);
-        let Some(v) = slot.1.take() else {
-            self.lost(slab);
-            return None;
-        };
-        slab.free.push(i);
-        self.head = v.link();
+        let id = Id::new(slot.generation, i);
+        self.head = slot.link;
         self.len -= 1;
-        Some((id, v))
+        let v = Slab::empty(slot);
+        slab.free.push(i);
+        Some(take(id, v))
     }
 
     /// A member left the slab while queued (a bug): the rest of the chain is unreachable.
@@ -260,15 +326,6 @@ impl Fifo {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    impl Linked for (char, u32) {
-        fn link(&self) -> u32 {
-            self.1
-        }
-        fn set_link(&mut self, next: u32) {
-            self.1 = next;
-        }
-    }
 
     #[test]
     fn fifos_link_through_the_slab() {
@@ -289,10 +346,10 @@ mod tests {
         assert_eq!(b.pop(&s), None);
         assert!(b.is_empty());
         assert_eq!(s.remove(ids[2]).map(|v| v.0), Some('y'));
-        assert_eq!(a.pop_take(&mut s), Some((ids[3], ('z', 0))));
+        assert_eq!(a.pop_take(&mut s, |id, v| (id, v)), Some((ids[3], ('z', 0))));
         assert_eq!(s.get(ids[3]), None, "taken out of the slab too");
         assert_eq!(a.pop(&s), None);
-        assert_eq!(a.pop_take(&mut s), None);
+        assert_eq!(a.pop_take(&mut s, |id, v| (id, v)), None);
     }
 
     #[test]
@@ -330,9 +387,13 @@ mod tests {
             s.remove(id).unwrap();
         }
         // A generation at the top of its range wraps within 31 bits.
-        s.slots[0].0 = u32::MAX >> 1;
+        s.slots[0].generation = (u32::MAX >> 1) - 1;
         let id = s.insert(()).unwrap();
-        assert_eq!((id.generation(), id.slot()), (0, 0));
+        assert_eq!((id.generation(), id.slot()), (u64::from(u32::MAX >> 1), 0));
+        assert!(id.raw() < 1 << 63);
+        s.remove(id).unwrap();
+        let id = s.insert(()).unwrap();
+        assert_eq!((id.generation(), id.slot()), (1, 0), "wrapped, and odd: full");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::handoff::Origin;
 use crate::memory::Exposed;
 use crate::pool::Buf;
 use crate::request::{ConnId, ConnInfo, OpKind};
-use crate::slab::{Fifo, Linked};
+use crate::slab::Fifo;
 use crate::tunables::{CLASSES, MAX_QPS_PER_CONN};
 
 /// What makes two reads identical (so that one RDMA read serves both).
@@ -47,20 +47,6 @@ pub(crate) struct Req<P: Provider> {
     pub(crate) next: Option<super::ReqId>,
     /// While it is in the worker's merge table: the write epoch of its key there.
     pub(crate) merge_epoch: Option<u32>,
-    /// The slot of the request after it in the queue it is in: a class queue while it waits,
-    /// its lane's `posted` once on the device (see [`Fifo`]).
-    pub(crate) link: u32,
-}
-
-impl<P: Provider> Linked for Req<P> {
-    #[inline]
-    fn link(&self) -> u32 {
-        self.link
-    }
-    #[inline]
-    fn set_link(&mut self, next: u32) {
-        self.link = next;
-    }
 }
 
 impl<P: Provider> Req<P> {
@@ -72,21 +58,6 @@ impl<P: Provider> Req<P> {
             addr: self.remote.addr,
             len: self.len,
             rkey: self.remote.rkey,
-        }
-    }
-
-    /// The operation back, for a request refused before it was queued.
-    pub(crate) fn into_op(self) -> crate::request::Op<Buf<P>> {
-        use crate::request::Op;
-        let buf = self.buf;
-        match self.kind {
-            OpKind::Send => Op::Send { buf, imm: self.imm },
-            OpKind::Write => Op::Write { buf, remote: self.remote, imm: self.imm },
-            OpKind::Read => Op::Read { buf, remote: self.remote },
-            OpKind::CompareSwap => {
-                Op::CompareSwap { remote: self.remote, compare: self.arg, swap: self.swap }
-            }
-            OpKind::FetchAdd => Op::FetchAdd { remote: self.remote, add: self.arg },
         }
     }
 

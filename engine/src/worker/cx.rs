@@ -11,7 +11,7 @@ use corelink_verbs::{AccessFlags, Provider, RemoteAddr, WcStatus};
 
 use super::cfg::WorkerCfg;
 use super::conn::{Conn, Phase, Req};
-use super::requests::{ReqId, Requests};
+use super::requests::{Carried, ReqId, Requests};
 use super::sched::{self, Batch};
 use super::{Conns, Outbox, Timers};
 use crate::error::{EngineError, Result};
@@ -59,8 +59,8 @@ pub struct Cx<P: Provider> {
     pub(crate) shutdown_deadline: Option<Instant>,
 }
 
-/// A request refused before it was queued: the operation and the client's vector back, and why.
-pub(crate) type Refusal<P> = (Op<Buf<P>>, Vec<u8>, EngineError);
+/// A request refused before it was queued: the operation and what it carried back, and why.
+pub(crate) type Refusal<P, E> = (Op<Buf<P>>, E, EngineError);
 
 impl<P: Provider> std::fmt::Debug for Cx<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -219,9 +219,9 @@ impl<P: Provider> Cx<P> {
         if usize::from(class) >= CLASSES {
             return Err((op, EngineError::NoSuchClass { class, classes: CLASSES }));
         }
-        self.accept_with(conn, op, token, Origin::Handler, Vec::new(), Some(class))
+        self.accept_with(conn, op, token, Origin::Handler, (), Some(class))
             .map(|_| ())
-            .map_err(|(op, _, e)| (op, e))
+            .map_err(|(op, (), e)| (op, e))
     }
 
     /// The flat path: posts the request now, on its own doorbell, signalled, bypassing the
@@ -272,7 +272,7 @@ impl<P: Provider> Cx<P> {
         token: u64,
         origin: Origin,
     ) -> Result<ReqId, (Op<Buf<P>>, EngineError)> {
-        self.accept_with(conn, op, token, origin, Vec::new(), None).map_err(|(op, _, e)| (op, e))
+        self.accept_with(conn, op, token, origin, (), None).map_err(|(op, (), e)| (op, e))
     }
 
     /// Checks `conn` and makes `op` a request (with an external client's vector `ext`, given
@@ -281,48 +281,34 @@ impl<P: Provider> Cx<P> {
     /// nothing).
     #[allow(clippy::result_large_err)]
     #[inline(always)]
-    pub(crate) fn accept_with(
+    pub(crate) fn accept_with<E: Carried>(
         &mut self,
         conn: ConnId,
         op: Op<Buf<P>>,
         token: u64,
         origin: Origin,
-        ext: Vec<u8>,
+        ext: E,
         class: Option<u8>,
-    ) -> Result<ReqId, Refusal<P>> {
+    ) -> Result<ReqId, Refusal<P, E>> {
         let Cx { conns, reqs, pool, cfg, stopping, .. } = self;
         let c = match conns.taking(conn, *stopping) {
             Ok(c) => c,
             Err(e) => return Err((op, ext, e)),
         };
-        let peer_recv_size = c.info.peer_recv_size;
-        let kind = op.kind();
-        if let (Op::Send { buf, .. }, Some(max)) = (&op, peer_recv_size) {
+        if let (Op::Send { buf, .. }, Some(max)) = (&op, c.info.peer_recv_size) {
             if buf.len() > max as usize {
                 let len = buf.len();
                 return Err((op, ext, EngineError::MessageTooLarge { conn, len, max }));
             }
         }
-        // Atomics get an 8-byte buffer for the old value (taken here, in their own arm, so that
-        // other requests carry no buffer to drop).
-        let (buf, remote, imm, arg, swap) = match op {
-            Op::Send { buf, imm } => (buf, RemoteAddr::default(), imm, 0, 0),
-            Op::Write { buf, remote, imm } => (buf, remote, imm, 0, 0),
-            Op::Read { buf, remote } => (buf, remote, None, 0, 0),
-            Op::FetchAdd { remote, add } => match pool.get(8) {
-                Ok(b) => (b, remote, None, add, 0),
-                Err(e) => return Err((Op::FetchAdd { remote, add }, ext, e)),
-            },
-            Op::CompareSwap { remote, compare, swap } => match pool.get(8) {
-                Ok(b) => (b, remote, None, compare, swap),
-                Err(e) => return Err((Op::CompareSwap { remote, compare, swap }, ext, e)),
-            },
-        };
-        let len = match kind {
-            OpKind::FetchAdd | OpKind::CompareSwap => 8,
-            _ => buf.len() as u32,
-        };
-        let r = Req {
+        if reqs.is_full() {
+            let limit = reqs.len();
+            return Err((op, ext, EngineError::TooManyRequests { limit }));
+        }
+        // Each arm builds the record whole (written once, into its slot). Atomics get an
+        // 8-byte buffer for the old value (taken in their own arms, so that other requests
+        // carry no buffer to drop).
+        let req = |kind, buf: Buf<P>, remote, len, imm, arg, swap| Req {
             conn,
             lane: 0,
             kind,
@@ -336,15 +322,30 @@ impl<P: Provider> Cx<P> {
             origin,
             next: None,
             merge_epoch: None,
-            link: 0,
         };
-        let id = match reqs.insert(r, ext) {
-            Ok(id) => id,
-            Err((r, ext)) => {
-                let limit = reqs.len();
-                return Err((r.into_op(), ext, EngineError::TooManyRequests { limit }));
+        let r = match op {
+            Op::Write { buf, remote, imm } => {
+                let len = buf.len() as u32;
+                req(OpKind::Write, buf, remote, len, imm, 0, 0)
             }
+            Op::Send { buf, imm } => {
+                let len = buf.len() as u32;
+                req(OpKind::Send, buf, RemoteAddr::default(), len, imm, 0, 0)
+            }
+            Op::Read { buf, remote } => {
+                let len = buf.len() as u32;
+                req(OpKind::Read, buf, remote, len, None, 0, 0)
+            }
+            Op::FetchAdd { remote, add } => match pool.get(8) {
+                Ok(b) => req(OpKind::FetchAdd, b, remote, 8, None, add, 0),
+                Err(e) => return Err((Op::FetchAdd { remote, add }, ext, e)),
+            },
+            Op::CompareSwap { remote, compare, swap } => match pool.get(8) {
+                Ok(b) => req(OpKind::CompareSwap, b, remote, 8, None, compare, swap),
+                Err(e) => return Err((Op::CompareSwap { remote, compare, swap }, ext, e)),
+            },
         };
+        let id = reqs.insert_vacant(r, ext);
         if let Some(class) = class {
             let k = if cfg.priorities { usize::from(class).min(CLASSES - 1) } else { 0 };
             c.waiting.queues[k].push(reqs.slab_mut(), id);

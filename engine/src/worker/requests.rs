@@ -70,6 +70,28 @@ impl<P: Provider> Retired<P> {
     }
 }
 
+/// What a request carries beside its record until it completes: nothing (the handler's
+/// requests, at no cost), or an external client's vector (kept by slot, given back in its
+/// completion).
+pub(crate) trait Carried: Sized {
+    /// Keeps it in the slot's place for a vector.
+    fn keep(self, place: &mut Vec<u8>);
+}
+
+impl Carried for () {
+    #[inline(always)]
+    fn keep(self, _: &mut Vec<u8>) {}
+}
+
+impl Carried for Vec<u8> {
+    #[inline(always)]
+    fn keep(self, place: &mut Vec<u8>) {
+        // (every client request's vector is taken when it leaves: the place is empty)
+        debug_assert_eq!(place.capacity(), 0);
+        *place = self;
+    }
+}
+
 /// The requests of one worker.
 pub(crate) struct Requests<P: Provider> {
     slab: Slab<Req<P>>,
@@ -92,23 +114,19 @@ impl<P: Provider> Requests<P> {
         }
     }
 
-    /// Stores a request (with an external client's vector, or an empty one); gives both back
-    /// when the slab is full (unboxed: a refusal allocates nothing).
-    #[allow(clippy::result_large_err)]
+    /// Whether every slot is taken (nothing can be inserted).
     #[inline(always)]
-    pub(crate) fn insert(&mut self, r: Req<P>, ext: Vec<u8>) -> Result<ReqId, (Req<P>, Vec<u8>)> {
-        let client = matches!(r.origin, Origin::Client(_));
-        match self.slab.insert(r) {
-            Ok(id) => {
-                if client {
-                    // (every client request's vector is taken when it leaves: the slot's is empty)
-                    debug_assert_eq!(self.ext[id.slot()].capacity(), 0);
-                    self.ext[id.slot()] = ext;
-                }
-                Ok(id)
-            }
-            Err(r) => Err((r, ext)),
-        }
+    pub(crate) fn is_full(&self) -> bool {
+        self.slab.is_full()
+    }
+
+    /// Stores a request with what it carries (an external client's vector, or nothing), in
+    /// a slab that is not full (checked first with [`Requests::is_full`]).
+    #[inline(always)]
+    pub(crate) fn insert_vacant<E: Carried>(&mut self, r: Req<P>, ext: E) -> ReqId {
+        let id = self.slab.insert_vacant(r);
+        ext.keep(&mut self.ext[id.slot()]);
+        id
     }
 
     /// The request `id`, if it is current.
@@ -149,7 +167,7 @@ impl<P: Provider> Requests<P> {
     pub(crate) fn take(&mut self, id: ReqId) -> Option<Req<P>> {
         let r = self.slab.remove(id)?;
         if let Some(epoch) = r.merge_epoch {
-            self.unmerge(&r, epoch, id);
+            self.unmerge_one(&r, epoch, id);
         }
         Some(r)
     }
@@ -159,12 +177,14 @@ impl<P: Provider> Requests<P> {
     /// leaving its vector as [`Requests::take`] does.
     #[inline(always)]
     pub(crate) fn pop_posted(&mut self, posted: &mut Fifo) -> Option<Retired<P>> {
-        let (id, r) = posted.pop_take(&mut self.slab)?;
-        if let Some(epoch) = r.merge_epoch {
-            self.unmerge(&r, epoch, id);
-        }
-        let Req { conn, kind, buf, len, token, origin, next, .. } = r;
-        Some(Retired { id, conn, kind, buf, len, token, origin, next })
+        let merges = &mut self.merges;
+        posted.pop_take(&mut self.slab, |id, r| {
+            if let Some(epoch) = r.merge_epoch {
+                unmerge(merges, &r, epoch, id);
+            }
+            let Req { conn, kind, buf, len, token, origin, next, .. } = r;
+            Retired { id, conn, kind, buf, len, token, origin, next }
+        })
     }
 
     /// The vector of request `id` (taken out, from `origin`): an external client's, or none.
@@ -176,12 +196,8 @@ impl<P: Provider> Requests<P> {
         }
     }
 
-    #[inline(never)]
-    fn unmerge(&mut self, r: &Req<P>, epoch: u32, id: ReqId) {
-        let key = r.merge_key(epoch);
-        if self.merges.get(&key) == Some(&id) {
-            self.merges.remove(&key);
-        }
+    fn unmerge_one(&mut self, r: &Req<P>, epoch: u32, id: ReqId) {
+        unmerge(&mut self.merges, r, epoch, id);
     }
 
     /// Whether a read with merge key `key` is in flight (an identical read would ride on it).
@@ -232,5 +248,15 @@ impl<P: Provider> Requests<P> {
     /// Lookups of queued requests that cannot fail and did (see `slab::Fifo`).
     pub(crate) fn misses(&self) -> u64 {
         self.slab.misses()
+    }
+}
+
+/// Takes read `r` (`id`, posted at write epoch `epoch`) out of the merge table, if it is the
+/// entry of its key.
+#[inline(never)]
+fn unmerge<P: Provider>(merges: &mut HashMap<MergeKey, ReqId>, r: &Req<P>, epoch: u32, id: ReqId) {
+    let key = r.merge_key(epoch);
+    if merges.get(&key) == Some(&id) {
+        merges.remove(&key);
     }
 }

@@ -476,9 +476,8 @@ mod tests {
                 origin: Origin::Handler,
                 next: None,
                 merge_epoch: None,
-                link: 0,
             };
-            let id = self.reqs.insert(r, Vec::new()).map_err(|_| ()).unwrap();
+            let id = self.reqs.insert_vacant(r, ());
             let k = usize::from(self.cfg.classes[kind.index()]);
             self.w.queues[k].push(self.reqs.slab_mut(), id);
             self.w.len += 1;

@@ -76,6 +76,8 @@ struct Steady {
     verb: Verb,
     remote: corelink_engine::verbs::RemoteAddr,
     flat: bool,
+    /// Requests to post in all (lowered to those posted once a timed run's deadline passed).
+    until: u64,
 }
 
 /// The token of background writes (`--bg-writes`).
@@ -201,7 +203,9 @@ impl<P: Provider> ClientPart<P> {
                     && (o.test.verb() != Verb::Read || o.sched.hot_records == 0) =>
             {
                 let (verb, flat) = (o.test.verb(), o.sched.flat);
-                Some(Steady { conn, token: self.token(), verb, remote: rg.at(0), flat })
+                // A timed run posts until `poll` sees its deadline pass.
+                let until = if o.duration.is_some() { u64::MAX } else { o.iters };
+                Some(Steady { conn, token: self.token(), verb, remote: rg.at(0), flat, until })
             }
             _ => None,
         };
@@ -325,7 +329,8 @@ impl<P: Provider> ClientPart<P> {
 
     /// Posts a bandwidth test's request again (its buffer back from the completion).
     #[inline(always)]
-    fn reissue(&mut self, cx: &mut Cx<P>, s: Steady, buf: Option<Buf<P>>) {
+    fn reissue(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
+        let Some(s) = &self.steady else { return };
         let op = match (s.verb, buf) {
             (Verb::Write, Some(buf)) => Op::Write { buf, remote: s.remote, imm: None },
             (Verb::Send, Some(buf)) => Op::Send { buf, imm: None },
@@ -389,6 +394,17 @@ impl<P: Provider> ClientPart<P> {
 
 impl<P: Provider> Handler<P> for ClientPart<P> {
     fn poll(&mut self, cx: &mut Cx<P>) {
+        if self.steady.is_some() {
+            // Once per loop iteration: the peak rate's sample, and a timed run's end.
+            let now = cx.now();
+            if now != self.last_now {
+                self.sample_peak(now);
+            }
+            let over = !self.more(now);
+            if let (Some(s), true) = (&mut self.steady, over) {
+                s.until = s.until.min(self.posted);
+            }
+        }
         if let Some(m) = self.expect {
             if region_byte(&self.mem, 2 * POLL_SLOT - 1) == m && self.error.is_none() {
                 self.expect = None;
@@ -453,17 +469,15 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         if self.error.is_some() {
             return;
         }
-        if let Some(s) = self.steady {
+        if let Some(s) = &self.steady {
             if done.token == s.token && done.status.is_success() {
+                // The clock is looked at once per loop iteration, in `poll` (peak rate and a
+                // timed run's end): nothing here but counting and posting again.
                 self.completed += 1;
-                let now = cx.now();
-                if now != self.last_now {
-                    self.sample_peak(now);
-                }
-                if self.more(now) {
-                    self.reissue(cx, s, done.buf);
+                if self.posted < s.until {
+                    self.reissue(cx, done.buf);
                 } else if self.completed == self.posted {
-                    self.finish_size(cx, now);
+                    self.finish_size(cx, cx.now());
                 }
                 return;
             }
