@@ -3,14 +3,14 @@
 # connect_time example (verbs-level Context::connect, the engine's Client::connect one at a
 # time, and 100 engine connects at once) against an engine server. Run it in the guest:
 #
-#   cargo build -p corelink-apps --examples
+#   cargo build --release -p corelink-apps --examples
 #   tests/rxe-guest/run --timeout 900 -- bash benches/connect-time.sh
 #
 # Prints cmtime's own step table and connect_time's cold / warm milliseconds; compare them
 # as ratios from the same boot only (the guest is emulated).
 set -u
 : "${CORELINK_IP:?run this inside tests/rxe-guest/run}"
-dir=${ENGINE_EXAMPLES:-${CARGO_TARGET_DIR:-target}/debug/examples}
+dir=${ENGINE_EXAMPLES:-${CARGO_TARGET_DIR:-target}/release/examples}
 ip=$CORELINK_IP
 map=$(mktemp --suffix .toml)
 cat > "$map" <<TOML

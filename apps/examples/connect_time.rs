@@ -8,10 +8,11 @@
 //! connect_time client ADDR --config MAP.toml [--count N] [--parallel P]
 //! ```
 //!
-//! The client prints one line per measurement: `verbs` (a QP and `Context::connect`, one at a
-//! time), `engine` (`Client::connect` until `Event::Connected`, one at a time), `engine xP`
-//! (P connects at once, until the last is up). Each line gives the first (cold) time and the
-//! median of the rest (warm) in milliseconds. The server accepts plain rdma_cm peers
+//! The client alternates one verbs connect (`Context::connect` on a fresh QP) and one engine
+//! connect (`Client::connect` until `Event::Connected`), `--count` of each, so that both see
+//! the same machine; then `engine xP` (P connects at once, until the last is up). It prints a
+//! line per kind and the median of the warm pairs' engine / verbs ratios. Each line gives the
+//! first (cold) time and the median of the rest (warm) in milliseconds. The server accepts plain rdma_cm peers
 //! (`accept_foreign = true`) so that the verbs connects land on the same listener.
 //! Exit status: 0 when every connect succeeded, 1 otherwise, 2 on bad usage.
 
@@ -22,9 +23,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use corelink_config::{parse, CoreMap, CoreSpec, MachineTopology, ProviderKind, Validated};
 use corelink_engine::{ConnId, Engine, Event, Handler, Placement};
-use corelink_verbs::{
-    chain, AccessFlags, Connection, Context, Pd, Provider, QpAttr, QpCap, QpInitAttr, QpType,
-};
+use corelink_verbs::{chain, Connection, Context, Pd, Provider, QpAttr, QpCap, QpInitAttr, QpType};
 
 #[derive(Parser, Debug)]
 #[command(name = "connect_time", about = "Connection set-up time: engine vs verbs")]
@@ -64,6 +63,9 @@ fn core_map(cli: &Cli, listen: Option<SocketAddr>, conns: u32) -> Result<Validat
     let want = (2 * conns + 2 * cli.count).max(map.worker.max_conns);
     map.worker.max_conns = want;
     map.worker.qps.max = map.worker.qps.max.max(want);
+    // QPs ready for a burst of `conns` connects at once (both ends): a service expecting such
+    // bursts sizes its pool so, and then no connect waits for a QP to be created.
+    map.worker.qps.pool = map.worker.qps.pool.max(conns + 2).min(map.worker.qps.max);
     map.worker.recvs_per_conn = map.worker.recvs_per_conn.min(8);
     // Every connection's completions must fit the CQ (receives and its send queue).
     map.worker.send_queue_depth = map.worker.send_queue_depth.min(32);
@@ -87,31 +89,42 @@ fn summary(name: &str, mut t: Vec<Duration>) -> String {
     )
 }
 
-/// `count` verbs-level connects to `addr`, each on a fresh QP, disconnected before the next.
-fn verbs<P: Provider>(device: &str, addr: SocketAddr, count: u32) -> Result<Vec<Duration>, String> {
-    let ctx = P::open(device).map_err(|e| chain(&e).to_string())?;
-    let pd = ctx.alloc_pd().map_err(|e| chain(&e).to_string())?;
-    let cq = ctx.create_cq(64).map_err(|e| chain(&e).to_string())?;
-    let _mr = pd.register(4096, AccessFlags::LOCAL_WRITE).map_err(|e| chain(&e).to_string())?;
-    let mut times = Vec::new();
-    for _ in 0..count {
+/// Verbs-level connects: a context, PD and CQ of their own, a fresh QP per connect.
+struct Verbs<P: Provider> {
+    ctx: P::Context,
+    pd: P::Pd,
+    cq: P::Cq,
+}
+
+impl<P: Provider> Verbs<P> {
+    fn open(device: &str) -> Result<Self, String> {
+        let ctx = P::open(device).map_err(|e| chain(&e).to_string())?;
+        let pd = ctx.alloc_pd().map_err(|e| chain(&e).to_string())?;
+        let cq = ctx.create_cq(64).map_err(|e| chain(&e).to_string())?;
+        Ok(Verbs { ctx, pd, cq })
+    }
+
+    /// One connect to `addr` on a fresh QP (created before the clock starts), disconnected
+    /// after it.
+    fn connect(&self, addr: SocketAddr) -> Result<Duration, String> {
         let attr = QpInitAttr::<P> {
             qp_type: QpType::Rc,
-            send_cq: &cq,
-            recv_cq: &cq,
+            send_cq: &self.cq,
+            recv_cq: &self.cq,
             srq: None,
             cap: QpCap::default(),
             sq_sig_all: true,
         };
-        let mut qp = pd.create_qp(&attr).map_err(|e| chain(&e).to_string())?;
+        let mut qp = self.pd.create_qp(&attr).map_err(|e| chain(&e).to_string())?;
         let t0 = Instant::now();
-        let mut c = ctx
+        let mut c = self
+            .ctx
             .connect(addr, &mut qp, &QpAttr::default(), b"", Duration::from_secs(10))
             .map_err(|e| format!("verbs connect: {}", chain(&e)))?;
-        times.push(t0.elapsed());
+        let t = t0.elapsed();
         let _ = c.disconnect();
+        Ok(t)
     }
-    Ok(times)
 }
 
 /// Waits for the event `pick` accepts (others are skipped), up to 30 s.
@@ -136,52 +149,97 @@ fn connected(e: &Event) -> Option<ConnId> {
     }
 }
 
-/// `count` engine connects, one at a time (each closed before the next), then `parallel` at
-/// once (the time until the last is up, per run, `count` runs).
-fn engine<P: Provider>(
+/// Engine connects through a `Client` on this thread.
+struct Engines<P: Provider> {
+    e: Engine<P>,
+    c: corelink_engine::Client,
+    token: u64,
+}
+
+impl<P: Provider> Engines<P> {
+    fn start(map: &Validated) -> Result<Self, String> {
+        let mut e = Engine::<P>::start(map, Placement::RoundRobin, |_| Accept)
+            .map_err(|e| chain(&e).to_string())?;
+        let c = e.client(0).map_err(|e| chain(&e).to_string())?;
+        Ok(Engines { e, c, token: 0 })
+    }
+
+    /// One connect to `addr` until `Event::Connected`, closed after it.
+    fn connect(&mut self, addr: SocketAddr) -> Result<Duration, String> {
+        self.token += 1;
+        let t0 = Instant::now();
+        self.c.connect(addr, b"", self.token).map_err(|e| chain(&e).to_string())?;
+        let ev = wait(&mut self.c, |e| connected(e).is_some())?;
+        let conn = connected(&ev).ok_or_else(|| format!("not a connection: {ev:?}"))?;
+        let t = t0.elapsed();
+        self.c.close(conn).map_err(|e| chain(&e).to_string())?;
+        wait(&mut self.c, |e| matches!(e, Event::Closed { conn: x, .. } if *x == conn))?;
+        Ok(t)
+    }
+
+    /// `n` connects at once: the time until the last is up (all closed after).
+    fn parallel(&mut self, addr: SocketAddr, n: u32) -> Result<Duration, String> {
+        let t0 = Instant::now();
+        for _ in 0..n {
+            self.token += 1;
+            self.c.connect(addr, b"", self.token).map_err(|e| chain(&e).to_string())?;
+        }
+        let mut conns = Vec::new();
+        while conns.len() < n as usize {
+            conns.extend(connected(&wait(&mut self.c, |e| connected(e).is_some())?));
+        }
+        let t = t0.elapsed();
+        for &conn in &conns {
+            self.c.close(conn).map_err(|e| chain(&e).to_string())?;
+        }
+        for _ in &conns {
+            wait(&mut self.c, |e| matches!(e, Event::Closed { .. }))?;
+        }
+        Ok(t)
+    }
+
+    fn shutdown(self) -> Result<(), String> {
+        drop(self.c);
+        self.e.shutdown().map(|_| ()).map_err(|e| chain(&e).to_string())
+    }
+}
+
+/// The median of `x` (sorted here).
+fn median(mut x: Vec<f64>) -> f64 {
+    x.sort_by(f64::total_cmp);
+    x.get(x.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// `count` verbs connects and `count` engine connects, alternating (one of each in turn, so
+/// that both see the same machine), then `parallel` engine connects at once, `count.min(5)`
+/// times. Returns the lines to print.
+fn measure<P: Provider>(
+    device: &str,
     map: &Validated,
     addr: SocketAddr,
     count: u32,
     parallel: u32,
 ) -> Result<Vec<String>, String> {
-    let mut e = Engine::<P>::start(map, Placement::RoundRobin, |_| Accept)
-        .map_err(|e| chain(&e).to_string())?;
-    let mut c = e.client(0).map_err(|e| chain(&e).to_string())?;
-    let mut one = Vec::new();
-    for t in 0..u64::from(count) {
-        let t0 = Instant::now();
-        c.connect(addr, b"", t).map_err(|e| chain(&e).to_string())?;
-        let ev = wait(&mut c, |e| connected(e).is_some())?;
-        let conn = connected(&ev).ok_or_else(|| format!("not a connection: {ev:?}"))?;
-        one.push(t0.elapsed());
-        c.close(conn).map_err(|e| chain(&e).to_string())?;
-        wait(&mut c, |e| matches!(e, Event::Closed { conn: x, .. } if *x == conn))?;
+    let verbs = Verbs::<P>::open(device)?;
+    let mut engine = Engines::<P>::start(map)?;
+    let (mut v, mut e) = (Vec::new(), Vec::new());
+    for _ in 0..count {
+        v.push(verbs.connect(addr)?);
+        e.push(engine.connect(addr)?);
     }
-    let mut lines = vec![summary("engine", one)];
+    // Warm pairs only: engine / verbs of each pair, and the median of those ratios.
+    let ratios = v.iter().zip(&e).skip(1).map(|(v, e)| e.as_secs_f64() / v.as_secs_f64());
+    let ratio = median(ratios.collect());
+    let mut lines = vec![summary("verbs", v), summary("engine", e)];
+    lines.push(format!("engine / verbs, warm: median of the pairs' ratios {ratio:.2}"));
     if parallel > 0 {
         let mut runs = Vec::new();
-        for run in 0..count.min(5) {
-            let t0 = Instant::now();
-            for i in 0..parallel {
-                let token = 1_000_000 + u64::from(run * parallel + i);
-                c.connect(addr, b"", token).map_err(|e| chain(&e).to_string())?;
-            }
-            let mut conns = Vec::new();
-            while conns.len() < parallel as usize {
-                conns.extend(connected(&wait(&mut c, |e| connected(e).is_some())?));
-            }
-            runs.push(t0.elapsed());
-            for &conn in &conns {
-                c.close(conn).map_err(|e| chain(&e).to_string())?;
-            }
-            for _ in &conns {
-                wait(&mut c, |e| matches!(e, Event::Closed { .. }))?;
-            }
+        for _ in 0..count.min(5) {
+            runs.push(engine.parallel(addr, parallel)?);
         }
         lines.push(summary(&format!("engine x{parallel}"), runs));
     }
-    drop(c);
-    e.shutdown().map_err(|e| chain(&e).to_string())?;
+    engine.shutdown()?;
     Ok(lines)
 }
 
@@ -220,8 +278,7 @@ fn run<P: Provider>(cli: &Cli) -> Result<(), String> {
                     .map(|d| d.name.clone())
                     .ok_or("no device")?,
             };
-            println!("{}", summary("verbs", verbs::<P>(&device, addr, cli.count)?));
-            for l in engine::<P>(&map, addr, cli.count, cli.parallel)? {
+            for l in measure::<P>(&device, &map, addr, cli.count, cli.parallel)? {
                 println!("{l}");
             }
             if let Some(e) = server {

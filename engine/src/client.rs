@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use arrayvec::ArrayVec;
 use crate::error::{EngineError, Result};
 use crate::request::{CloseReason, ConnId, ConnInfo, Done, Op};
 use crate::ring::{Consumer, Producer};
-use crate::tunables::{CLASSES, MAX_PRIVATE_DATA};
+use crate::tunables::{CLASSES, CLIENT_WAIT_SLICE, MAX_PRIVATE_DATA};
 
 /// What a client hears from its worker.
 #[derive(Debug)]
@@ -87,6 +88,29 @@ pub(crate) enum ClientRequest {
 /// only once the ring is empty and abandoned: they came after everything in it).
 pub(crate) type Overflow = Arc<Mutex<VecDeque<Event>>>;
 
+/// How a client waiting in [`Client::wait`] hears that an event came: it arms this before it
+/// parks, and the worker unparks it after giving it an event (a worker pays one load per event
+/// while nobody waits; a waiting client takes no core from the worker and the device).
+#[derive(Debug, Default)]
+pub(crate) struct Waiter {
+    armed: AtomicBool,
+    thread: Mutex<Option<std::thread::Thread>>,
+}
+
+impl Waiter {
+    /// Wakes the client if it waits (the worker calls it after each event it gives).
+    #[inline]
+    pub(crate) fn wake(&self) {
+        if self.armed.load(Ordering::SeqCst) {
+            if let Ok(t) = self.thread.lock() {
+                if let Some(t) = &*t {
+                    t.unpark();
+                }
+            }
+        }
+    }
+}
+
 /// An external client of one worker (from [`crate::Engine::client`]). It is `Send` (move it
 /// to the thread that uses it) but not `Clone`: its rings have one producer and one consumer.
 ///
@@ -151,6 +175,7 @@ pub struct Client {
     pub(crate) events: Consumer<Event>,
     pub(crate) overflow: Overflow,
     pub(crate) thread: std::thread::Thread,
+    pub(crate) waiter: Arc<Waiter>,
 }
 
 impl Client {
@@ -248,18 +273,31 @@ impl Client {
         self.overflow.lock().ok()?.pop_front()
     }
 
-    /// The next event, waiting up to `timeout` for one.
+    /// The next event, waiting up to `timeout` for one (parked: the worker wakes this thread
+    /// when it gives the client an event).
     pub fn wait(&mut self, timeout: Duration) -> Option<Event> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(e) = self.poll() {
-                return Some(e);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::yield_now();
+        if let Some(e) = self.poll() {
+            return Some(e);
         }
+        let deadline = Instant::now() + timeout;
+        if let Ok(mut t) = self.waiter.thread.lock() {
+            *t = Some(std::thread::current());
+        }
+        let got = loop {
+            // Armed before the last look: an event pushed after it finds the flag set.
+            self.waiter.armed.store(true, Ordering::SeqCst);
+            if let Some(e) = self.poll() {
+                break Some(e);
+            }
+            let now = Instant::now();
+            if now > deadline {
+                break None;
+            }
+            // (bounded, so that a wake that cannot come, a worker gone, costs one slice)
+            std::thread::park_timeout((deadline - now).min(CLIENT_WAIT_SLICE));
+        };
+        self.waiter.armed.store(false, Ordering::SeqCst);
+        got
     }
 }
 
@@ -277,6 +315,7 @@ mod tests {
             events,
             overflow: Overflow::default(),
             thread: std::thread::current(),
+            waiter: Arc::default(),
         };
         (c, worker_end, worker_events)
     }

@@ -283,11 +283,17 @@ impl<P: Provider> Engine<P> {
         let (submit, requests) = ring(CLIENT_RING);
         let (w_events, events) = ring(CLIENT_RING);
         let overflow = crate::client::Overflow::default();
-        let add = ToWorker::AddClient { requests, events: w_events, overflow: overflow.clone() };
+        let waiter = Arc::<crate::client::Waiter>::default();
+        let add = ToWorker::AddClient {
+            requests,
+            events: w_events,
+            overflow: overflow.clone(),
+            waiter: waiter.clone(),
+        };
         self.commands
             .send(Command::ToWorker(worker, add))
             .map_err(|_| EngineError::ShuttingDown)?;
-        Ok(Client { worker, submit, events, overflow, thread })
+        Ok(Client { worker, submit, events, overflow, thread, waiter })
     }
 
     /// Every worker's metrics, as last published (every few thousand iterations and at exit).

@@ -35,7 +35,12 @@ pub(crate) enum ToWorker<P: Provider> {
     PeerClosed { cm_key: u64 },
     /// A new external client: the worker's ends of its two rings, and where its events go
     /// that the ring could not take when the worker stops.
-    AddClient { requests: Consumer<ClientRequest>, events: Producer<Event>, overflow: Overflow },
+    AddClient {
+        requests: Consumer<ClientRequest>,
+        events: Producer<Event>,
+        overflow: Overflow,
+        waiter: std::sync::Arc<crate::client::Waiter>,
+    },
     /// Finish in-flight requests, close every connection, stop.
     Shutdown,
 }

@@ -45,6 +45,10 @@ pub const CONTROL_RING: usize = 256;
 /// Capacity of an external client's submission and completion rings.
 pub const CLIENT_RING: usize = 1024;
 
+/// Longest one park of [`crate::Client::wait`] (the worker wakes a waiting client as it
+/// gives it an event; this bounds the wait for a wake that cannot come, e.g. a stopped worker).
+pub const CLIENT_WAIT_SLICE: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// External clients one worker serves at most.
 pub const MAX_CLIENTS_PER_WORKER: usize = 64;
 

@@ -4,7 +4,9 @@
 
 use std::collections::VecDeque;
 
-use crate::client::{ClientRequest, Event, Overflow};
+use std::sync::Arc;
+
+use crate::client::{ClientRequest, Event, Overflow, Waiter};
 use crate::ring::{Consumer, Producer};
 use crate::tunables::CLIENT_RING;
 
@@ -15,6 +17,8 @@ struct End {
     /// Events waiting for room in `events` (everything after the first one waits too).
     backlog: VecDeque<Event>,
     overflow: Overflow,
+    /// Wakes the client if it waits for an event.
+    waiter: Arc<Waiter>,
 }
 
 impl Drop for End {
@@ -26,6 +30,7 @@ impl Drop for End {
                 o.extend(self.backlog.drain(..));
             }
         }
+        self.waiter.wake();
     }
 }
 
@@ -48,9 +53,10 @@ impl Clients {
         requests: Consumer<ClientRequest>,
         events: Producer<Event>,
         overflow: Overflow,
+        waiter: Arc<Waiter>,
     ) -> u16 {
         let backlog = VecDeque::with_capacity(CLIENT_RING);
-        self.ends.push(End { requests, events, backlog, overflow });
+        self.ends.push(End { requests, events, backlog, overflow, waiter });
         (self.ends.len() - 1) as u16
     }
 
@@ -74,7 +80,7 @@ impl Clients {
         let Some(end) = self.ends.get_mut(usize::from(n)) else { return };
         if end.backlog.is_empty() {
             match end.events.push(e) {
-                Ok(()) => return,
+                Ok(()) => return end.waiter.wake(),
                 Err(e) => end.backlog.push_back(e),
             }
         } else {
@@ -97,6 +103,7 @@ impl Clients {
                     break;
                 }
                 self.waiting -= 1;
+                end.waiter.wake();
             }
         }
     }
@@ -133,7 +140,7 @@ mod tests {
         let (events, mut client) = ring(2);
         let overflow = Overflow::default();
         let mut c = Clients::new(1);
-        let n = c.add(requests, events, overflow.clone());
+        let n = c.add(requests, events, overflow.clone(), Arc::default());
         for s in 1..=5 {
             c.tell(n, closed(s));
         }

@@ -386,8 +386,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                         let _ = self.cx.begin_close(id, CloseReason::Peer);
                     }
                 }
-                ToWorker::AddClient { requests, events, overflow } => {
-                    self.clients.add(requests, events, overflow);
+                ToWorker::AddClient { requests, events, overflow, waiter } => {
+                    self.clients.add(requests, events, overflow, waiter);
                 }
                 ToWorker::Shutdown => self.cx.begin_shutdown(),
             }
