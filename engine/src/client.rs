@@ -79,9 +79,20 @@ pub enum Event {
 /// What travels on a client's submission ring.
 #[derive(Debug)]
 pub(crate) enum ClientRequest {
-    Connect { addr: SocketAddr, private_data: ArrayVec<u8, MAX_PRIVATE_DATA>, token: u64 },
     Submit { conn: ConnId, op: Op<Vec<u8>>, token: u64, class: Option<u8> },
     Close { conn: ConnId },
+}
+
+/// A client's connect, sent straight to the control core (its outcome comes through the
+/// client's worker, which will own the connection).
+#[derive(Debug)]
+pub(crate) struct ConnectOrder {
+    pub(crate) worker: usize,
+    /// The client's number on its worker.
+    pub(crate) client: u16,
+    pub(crate) addr: SocketAddr,
+    pub(crate) private_data: ArrayVec<u8, MAX_PRIVATE_DATA>,
+    pub(crate) token: u64,
 }
 
 /// Events that did not fit the ring when the worker stopped, handed over at its exit (read
@@ -176,6 +187,12 @@ pub struct Client {
     pub(crate) overflow: Overflow,
     pub(crate) thread: std::thread::Thread,
     pub(crate) waiter: Arc<Waiter>,
+    /// Its number on its worker (its requests' origin).
+    pub(crate) number: u16,
+    /// Connects go to the control core directly (no hop through the worker), which `wake`
+    /// wakes.
+    pub(crate) connects: std::sync::mpsc::Sender<ConnectOrder>,
+    pub(crate) wake: corelink_verbs::Waker,
 }
 
 impl Client {
@@ -192,7 +209,16 @@ impl Client {
             .ok()
             .filter(|d: &ArrayVec<u8, MAX_PRIVATE_DATA>| d.len() <= max)
             .ok_or(EngineError::PrivateDataTooLong { len: private_data.len(), max })?;
-        self.send(ClientRequest::Connect { addr, private_data: data, token }).map_err(|(_, e)| e)
+        let order = ConnectOrder {
+            worker: self.worker,
+            client: self.number,
+            addr,
+            private_data: data,
+            token,
+        };
+        self.connects.send(order).map_err(|_| EngineError::ShuttingDown)?;
+        self.wake.wake();
+        Ok(())
     }
 
     /// Queues `op` on `conn` in its kind's default class, as [`crate::Cx::submit`] does; its
@@ -316,6 +342,9 @@ mod tests {
             overflow: Overflow::default(),
             thread: std::thread::current(),
             waiter: Arc::default(),
+            number: 0,
+            connects: std::sync::mpsc::channel().0,
+            wake: corelink_verbs::Waker::new(|| {}),
         };
         (c, worker_end, worker_events)
     }

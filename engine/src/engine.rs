@@ -21,6 +21,10 @@ use crate::worker::{Handler, Owned, Worker, WorkerCfg};
 /// A running engine.
 pub struct Engine<P: Provider> {
     commands: mpsc::Sender<Command<P>>,
+    /// Clients' connects, straight to the control core.
+    connects: mpsc::Sender<crate::client::ConnectOrder>,
+    /// Ends the control core's wait (after a command).
+    wake: corelink_verbs::Waker,
     control: Option<JoinHandle<()>>,
     workers: Vec<JoinHandle<()>>,
     threads: Vec<std::thread::Thread>,
@@ -115,20 +119,10 @@ impl<P: Provider> Engine<P> {
             None => None,
         };
         let listen_addr = listener.as_ref().map(corelink_verbs::Listener::local_addr);
-        // What ends the control core's wait when a worker tells it something: its listener's
-        // waker, or (with no listener, where it parks between passes) an unpark.
-        let control_thread = Arc::new(std::sync::OnceLock::<std::thread::Thread>::new());
-        let wake = match &listener {
-            Some(l) => corelink_verbs::Listener::waker(l),
-            None => {
-                let t = control_thread.clone();
-                corelink_verbs::Waker::new(move || {
-                    if let Some(t) = t.get() {
-                        t.unpark();
-                    }
-                })
-            }
-        };
+        // The control core sleeps until a connection-manager object of its own has an event,
+        // or a worker or the application tells it something (they wake it with `wake`).
+        let waiter = P::cm_waiter()?;
+        let wake = corelink_verbs::CmWaiter::waker(&waiter);
         let handler = Arc::new(handler);
         let wcfg = WorkerCfg::from_map(w, (w.poll_budget as usize).clamp(1, MAX_POLL_BATCH));
         let pin_policy = map.pin;
@@ -214,6 +208,7 @@ impl<P: Provider> Engine<P> {
             workers.push(jh);
         }
         let (tx, rx) = mpsc::channel();
+        let (connects, connects_rx) = mpsc::channel();
         let control_metrics = Arc::new(Mutex::new(ControlMetrics::default()));
         let cfg = ControlCfg {
             placement,
@@ -222,14 +217,21 @@ impl<P: Provider> Engine<P> {
             recv_size: w.recv_size,
             accept_foreign: map.accept_foreign,
         };
-        let control = Control::new(ctx, listener, links, rx, cfg, control_metrics.clone());
+        let control = Control::new(
+            ctx,
+            listener,
+            waiter,
+            links,
+            (rx, connects_rx),
+            cfg,
+            control_metrics.clone(),
+        );
         let control_core = map.control_core;
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let control = std::thread::Builder::new()
             .name("corelink-control".into())
             .spawn(move || match pin("the control core", control_core, pin_policy) {
                 Ok(_) => {
-                    let _ = control_thread.set(std::thread::current());
                     let _ = ready_tx.send(Ok(()));
                     control.run();
                 }
@@ -242,6 +244,8 @@ impl<P: Provider> Engine<P> {
         let n = workers.len();
         Ok(Engine {
             commands: tx,
+            connects,
+            wake,
             control: Some(control),
             workers,
             threads,
@@ -279,12 +283,14 @@ impl<P: Provider> Engine<P> {
                 need: 1,
             });
         }
+        let number = self.clients[worker] as u16;
         self.clients[worker] += 1;
         let (submit, requests) = ring(CLIENT_RING);
         let (w_events, events) = ring(CLIENT_RING);
         let overflow = crate::client::Overflow::default();
         let waiter = Arc::<crate::client::Waiter>::default();
         let add = ToWorker::AddClient {
+            number,
             requests,
             events: w_events,
             overflow: overflow.clone(),
@@ -293,7 +299,9 @@ impl<P: Provider> Engine<P> {
         self.commands
             .send(Command::ToWorker(worker, add))
             .map_err(|_| EngineError::ShuttingDown)?;
-        Ok(Client { worker, submit, events, overflow, thread, waiter })
+        self.wake.wake();
+        let (connects, wake) = (self.connects.clone(), self.wake.clone());
+        Ok(Client { worker, submit, events, overflow, thread, waiter, number, connects, wake })
     }
 
     /// Every worker's metrics, as last published (every few thousand iterations and at exit).
@@ -315,6 +323,7 @@ impl<P: Provider> Engine<P> {
 
     fn stop(&mut self) -> Result<Vec<Metrics>> {
         let _ = self.commands.send(Command::Shutdown);
+        self.wake.wake();
         if let Some(c) = self.control.take() {
             for t in &self.threads {
                 t.unpark();

@@ -36,6 +36,8 @@ pub(crate) enum ToWorker<P: Provider> {
     /// A new external client: the worker's ends of its two rings, and where its events go
     /// that the ring could not take when the worker stops.
     AddClient {
+        /// Its number (clients are numbered in the order they are made, from 0).
+        number: u16,
         requests: Consumer<ClientRequest>,
         events: Producer<Event>,
         overflow: Overflow,

@@ -229,6 +229,8 @@ pub struct ControlMetrics {
     /// Lanes accepted and waiting for their connectors' confirmation now (a half-open peer's
     /// stays here until it confirms or its accept times out; it delays no other).
     pub accepts_waiting: u64,
+    /// Waits for connection-manager events that failed (the loop slept a slice instead).
+    pub wait_errors: u64,
 }
 
 impl fmt::Display for ControlMetrics {
@@ -269,6 +271,9 @@ impl fmt::Display for ControlMetrics {
         if self.foreign_refused > 0 {
             write!(f, "\n  foreign requests refused: {}", self.foreign_refused)?;
         }
+        if self.wait_errors > 0 {
+            write!(f, "\n  failed waits for connection-manager events: {}", self.wait_errors)?;
+        }
         Ok(())
     }
 }
@@ -302,6 +307,7 @@ mod tests {
         let m = ControlMetrics {
             foreign_refused: 0,
             accepts_waiting: 0,
+            wait_errors: 0,
             workers: vec![WorkerCounts {
                 connections: 2,
                 qps_reused: 7,

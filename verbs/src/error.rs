@@ -170,6 +170,9 @@ pub enum Error {
     /// An argument was out of range (a bound check on the caller's side).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Waiting for connection-manager events failed.
+    #[error("cannot wait for connection-manager events")]
+    CmWait(#[source] io::Error),
     /// A connection-manager call failed.
     #[error("connection manager: {op} failed for {addr}")]
     Cm {

@@ -26,8 +26,8 @@ pub mod ibverbs;
 
 pub use error::{chain, Chain, Error, Result};
 pub use provider::{
-    Accepting, CmEvent, ConnRequest, Connecting, Connection, Context, Cq, Listener, Mr, Mw, Pd,
-    Progress, Provider, Qp, QpInitAttr, Srq, Waker, ACCEPT_WAIT,
+    Accepting, CmEvent, CmWaiter, ConnRequest, Connecting, Connection, Context, Cq, Listener, Mr,
+    Mw, Pd, Progress, Provider, Qp, QpInitAttr, Srq, Waker, Watch, ACCEPT_WAIT,
 };
 pub use types::*;
 pub use wr::{RecvWr, SendOp, SendWr, UdDest};

@@ -42,6 +42,8 @@ pub trait Provider: Sized + Send + Sync + 'static + Debug {
     type Connecting: Connecting<Self>;
     /// An established connection's connection-manager side.
     type Connection: Connection;
+    /// One thread's wait for the connection-manager events of many objects at once.
+    type CmWaiter: CmWaiter;
 
     /// The provider's name (`ibverbs`, `soft`).
     const NAME: &'static str;
@@ -51,6 +53,9 @@ pub trait Provider: Sized + Send + Sync + 'static + Debug {
 
     /// Opens the device called `name`.
     fn open(name: &str) -> Result<Self::Context>;
+
+    /// A new [`CmWaiter`] (for a thread that drives many connects, accepts and connections).
+    fn cm_waiter() -> Result<Self::CmWaiter>;
 }
 
 /// An open device.
@@ -358,7 +363,29 @@ pub trait Listener<P: Provider>: Send + Debug {
     /// What ends a [`Listener::get_request`] wait early, from any thread: so that a thread that
     /// waits for connection requests hears of other work at once.
     fn waker(&self) -> Waker;
+    /// What a [`CmWaiter`] watches for its connection requests.
+    fn watch(&self) -> Watch;
 }
+
+/// One thread's wait for the connection-manager events of many objects at once (a control
+/// core's loop): it sleeps until one of the objects it watches may have something to look at
+/// (a request, an answer, a disconnect), its [`Waker`] is woken, or the timeout passes, rather
+/// than waking at a fixed pace to look at each in turn. After a wait, poll each watched object
+/// with a zero timeout to see what came.
+pub trait CmWaiter: Send + Debug {
+    /// Ends the current wait early, or the next one at once, from any thread.
+    fn waker(&self) -> Waker;
+    /// Waits up to `timeout` until one of `watched` may have an event or the waker is woken;
+    /// it may also return early for no reason (spuriously), never later.
+    fn wait(&mut self, watched: &[Watch], timeout: Duration) -> Result<()>;
+}
+
+/// What a [`CmWaiter`] watches of one connection-manager object (from `watch` on a
+/// [`Listener`], [`Accepting`], [`Connecting`] or [`Connection`]): an event channel's
+/// descriptor on `ibverbs`, nothing on `soft` (whose waiter hears every change of the fabric's
+/// connection manager). Opaque; valid while its object lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Watch(pub(crate) Option<std::os::raw::c_int>);
 
 /// Ends a wait early (see [`Listener::waker`]); cheap to clone, callable from any thread.
 #[derive(Clone)]
@@ -433,6 +460,8 @@ pub trait Accepting<P: Provider>: Send + Debug + Sized {
     fn poll(self, qp: &mut P::Qp, timeout: Duration) -> Result<Progress<P, P::Accepting>>;
     /// Gives up (the QP `qp` moves to ERR); returns the error to report: a timeout.
     fn abandon(self, qp: &mut P::Qp) -> Error;
+    /// What a [`CmWaiter`] watches for the confirmation.
+    fn watch(&self) -> Watch;
 }
 
 /// A connect in progress (from [`Context::connect_start`]).
@@ -442,6 +471,8 @@ pub trait Connecting<P: Provider>: Send + Debug + Sized {
     /// else the connect back, still in progress. A rejected, unreachable or timed-out connect
     /// is an error.
     fn poll(self, qp: &mut P::Qp, timeout: Duration) -> Result<Progress<P, P::Connecting>>;
+    /// What a [`CmWaiter`] watches for its next step.
+    fn watch(&self) -> Watch;
 }
 
 /// What [`Accepting::poll`] or [`Connecting::poll`] found.
@@ -462,6 +493,8 @@ pub trait Connection: Send + Debug {
     fn poll_event(&mut self, timeout: Duration) -> Result<Option<CmEvent>>;
     /// Disconnects (the local QP moves to ERR and its outstanding requests flush).
     fn disconnect(&mut self) -> Result<()>;
+    /// What a [`CmWaiter`] watches for its events.
+    fn watch(&self) -> Watch;
 }
 
 /// A connection-manager event on an established connection.

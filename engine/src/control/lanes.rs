@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use corelink_verbs::{
     Accepting as _, CmEvent, ConnRequest, Connecting as _, Connection, Context, Listener, Progress,
-    Provider, ACCEPT_WAIT,
+    Provider, Watch, ACCEPT_WAIT,
 };
 
 use super::header::{nonce, reject_data, reject_reason, Header, MAX_APP_PRIVATE_DATA};
@@ -57,6 +57,11 @@ impl<T> Passes<T> {
     /// Items waiting.
     pub(super) fn len(&self) -> usize {
         self.items.len()
+    }
+
+    /// Items waiting, to look at.
+    fn iter(&self) -> std::slice::Iter<'_, T> {
+        self.items.iter()
     }
 
     fn push(&mut self, t: T) {
@@ -116,6 +121,11 @@ impl<P: Provider> Outgoing<P> {
     pub(super) fn connecting(&self) -> usize {
         self.lanes.len()
     }
+
+    /// Adds what a waiter watches of each lane connecting.
+    pub(super) fn watch(&self, out: &mut Vec<Watch>) {
+        out.extend(self.lanes.iter().map(|l| l.connecting.watch()));
+    }
 }
 
 /// An accepted connection waiting for its lanes (or, failed, rejecting its late ones).
@@ -158,6 +168,11 @@ impl<P: Provider> Incoming<P> {
     /// Accepts waiting for their connectors.
     pub(super) fn confirming(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Adds what a waiter watches of each accept waiting for its connector.
+    pub(super) fn watch(&self, out: &mut Vec<Watch>) {
+        out.extend(self.pending.iter().map(|p| p.accepting.watch()));
     }
 }
 
@@ -338,9 +353,9 @@ impl<P: Provider> Control<P> {
 
     /// Accepts one lane if a request is waiting; returns whether one was.
     pub(super) fn accept_one(&mut self) -> bool {
-        let slice = self.slice();
+        // (just a look: the loop's wait watches the listener)
         let Some(l) = self.listener.as_mut() else { return false };
-        let req = match l.get_request(slice) {
+        let req = match l.get_request(Duration::ZERO) {
             Ok(Some(r)) => r,
             _ => return false,
         };

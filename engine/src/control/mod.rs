@@ -24,8 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrayvec::ArrayVec;
-use corelink_verbs::{CmEvent, Connection, Provider, QpAttr};
+use corelink_verbs::{CmEvent, CmWaiter as _, Connection, Listener as _, Provider, QpAttr, Watch};
 
+use crate::client::ConnectOrder;
 use crate::handoff::{NewLane, Origin, ToControl, ToWorker};
 use crate::metrics::{ControlMetrics, WorkerCounts};
 use crate::request::ConnInfo;
@@ -37,12 +38,13 @@ use budget::Reservation;
 pub use header::{HEADER, MAX_APP_PRIVATE_DATA};
 pub(crate) use pool::QpPool;
 
-/// How long one look for a connection request waits (the control loop's pace when busy).
+/// How long the control loop sleeps at most when nothing happens (it wakes at once for an
+/// event of its connection manager, or a word from a worker or the application): the pace of
+/// its deadlines (accepts that wait too long) and of its idle work (refilling QP pools).
 const LISTEN_SLICE: Duration = Duration::from_millis(1);
 /// Idle iterations after which the control loop's slice doubles, up to
 /// `LISTEN_SLICE << MAX_SLICE_SHIFT` (8 ms): an idle control core wakes about 125 times a
-/// second instead of 1000, and takes that much less from the cores it shares (workers, the
-/// device's own work under Soft-RoCE); any activity brings it back to 1 ms.
+/// second instead of 1000; any activity brings it back to 1 ms.
 const SLOWER_AFTER: u32 = 16;
 const MAX_SLICE_SHIFT: u32 = 3;
 
@@ -117,8 +119,14 @@ struct Lane<P: Provider> {
 pub(crate) struct Control<P: Provider> {
     ctx: Arc<P::Context>,
     listener: Option<P::Listener>,
+    /// Where the loop sleeps between passes: until one of its objects has an event.
+    waiter: P::CmWaiter,
+    /// What it watches (rebuilt for each wait, kept to reuse its allocation).
+    watches: Vec<Watch>,
     workers: Vec<WorkerLink<P>>,
     commands: mpsc::Receiver<Command<P>>,
+    /// Clients' connects (each client sends its own, after its `AddClient` command).
+    connects: mpsc::Receiver<ConnectOrder>,
     cfg: ControlCfg,
     next_worker: usize,
     /// Lanes on workers, by cm key.
@@ -136,14 +144,17 @@ pub(crate) struct Control<P: Provider> {
     idle: u32,
     /// Requests without the engine's header rejected (`accept_foreign` off).
     foreign_refused: u64,
+    /// Waits for connection-manager events that failed.
+    wait_errors: u64,
 }
 
 impl<P: Provider> Control<P> {
     pub(crate) fn new(
         ctx: Arc<P::Context>,
         listener: Option<P::Listener>,
+        waiter: P::CmWaiter,
         workers: Vec<WorkerLink<P>>,
-        commands: mpsc::Receiver<Command<P>>,
+        (commands, connects): (mpsc::Receiver<Command<P>>, mpsc::Receiver<ConnectOrder>),
         cfg: ControlCfg,
         published: Arc<Mutex<ControlMetrics>>,
     ) -> Self {
@@ -151,8 +162,11 @@ impl<P: Provider> Control<P> {
         let mut c = Control {
             ctx,
             listener,
+            waiter,
+            watches: Vec::new(),
             workers,
             commands,
+            connects,
             cfg,
             next_worker: 0,
             lanes: HashMap::new(),
@@ -166,6 +180,7 @@ impl<P: Provider> Control<P> {
             shutting_down: false,
             idle: 0,
             foreign_refused: 0,
+            wait_errors: 0,
         };
         c.publish();
         c
@@ -195,9 +210,8 @@ impl<P: Provider> Control<P> {
             {
                 break;
             }
-            if self.listener.is_none() {
-                // (a worker that tells this core something unparks it)
-                std::thread::park_timeout(self.slice());
+            if !busy {
+                self.wait();
             }
         }
         self.drop_incoming();
@@ -208,11 +222,26 @@ impl<P: Provider> Control<P> {
 
     /// How long the loop waits for something to happen this iteration.
     pub(super) fn slice(&self) -> Duration {
-        if self.incoming.confirming() > 0 || self.outgoing.connecting() > 0 {
-            // Accepts and connects wait for their peers: look again soon.
-            return LISTEN_SLICE / 10;
-        }
         LISTEN_SLICE * (1 << (self.idle / SLOWER_AFTER).min(MAX_SLICE_SHIFT))
+    }
+
+    /// Sleeps until one of the control core's connection-manager objects (its listener, its
+    /// connects and accepts in progress, its connections' lanes) may have an event, a worker
+    /// or the application wakes it, or the slice passes.
+    fn wait(&mut self) {
+        let slice = self.slice();
+        let mut watches = std::mem::take(&mut self.watches);
+        watches.clear();
+        watches.extend(self.listener.as_ref().map(|l| l.watch()));
+        self.outgoing.watch(&mut watches);
+        self.incoming.watch(&mut watches);
+        watches.extend(self.lanes.values().map(|l| l.cm.watch()));
+        if self.waiter.wait(&watches, slice).is_err() {
+            // Counted; a slice's sleep instead, so that the loop does not spin.
+            self.wait_errors += 1;
+            std::thread::sleep(slice);
+        }
+        self.watches = watches;
     }
 
     /// Publishes the counters if they changed.
@@ -230,6 +259,7 @@ impl<P: Provider> Control<P> {
                 .collect(),
             foreign_refused: self.foreign_refused,
             accepts_waiting: self.incoming.confirming() as u64,
+            wait_errors: self.wait_errors,
         };
         if now != self.last_published {
             if let Ok(mut m) = self.published.lock() {
@@ -241,6 +271,9 @@ impl<P: Provider> Control<P> {
 
     fn send(&mut self, w: usize, m: ToWorker<P>) {
         let link = &mut self.workers[w];
+        if link.stopped {
+            return; // (it has exited: nobody would read it, and a full ring would never drain)
+        }
         let mut m = m;
         // The ring is sized for bursts; a full one means the worker is behind: wait for it.
         loop {
@@ -273,6 +306,12 @@ impl<P: Provider> Control<P> {
                 }
                 Command::ToWorker(w, m) => self.send(w, m),
             }
+        }
+        // After the commands: a client's `AddClient` reaches its worker before its connection.
+        while let Ok(o) = self.connects.try_recv() {
+            any = true;
+            let origin = Origin::Client(o.client);
+            self.start_connect(o.worker, o.addr, &o.private_data, o.token, origin);
         }
         any
     }

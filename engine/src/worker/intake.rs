@@ -45,10 +45,6 @@ impl<P: Provider> Cx<P> {
     pub(crate) fn client_request(&mut self, n: u16, req: ClientRequest) -> Option<Event> {
         let origin = Origin::Client(n);
         let (conn, op, token, class) = match req {
-            ClientRequest::Connect { addr, private_data, token } => {
-                let error = self.connect_from(addr, &private_data, token, origin).err()?;
-                return Some(Event::ConnectFailed { token, error });
-            }
             ClientRequest::Close { conn } => {
                 let error = self.begin_close(conn, CloseReason::Local).err()?;
                 return Some(Event::CloseFailed { conn, error });

@@ -386,8 +386,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                         let _ = self.cx.begin_close(id, CloseReason::Peer);
                     }
                 }
-                ToWorker::AddClient { requests, events, overflow, waiter } => {
-                    self.clients.add(requests, events, overflow, waiter);
+                ToWorker::AddClient { number, requests, events, overflow, waiter } => {
+                    // (in order, through one ring: a client's number is its place)
+                    if self.clients.add(requests, events, overflow, waiter) != number {
+                        self.cx.invariant_missed();
+                    }
                 }
                 ToWorker::Shutdown => self.cx.begin_shutdown(),
             }

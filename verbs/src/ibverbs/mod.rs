@@ -31,7 +31,9 @@ mod srq;
 use std::ffi::CStr;
 use std::io;
 
-pub use cm::{IbvAccepting, IbvConnRequest, IbvConnecting, IbvConnection, IbvListener};
+pub use cm::{
+    IbvAccepting, IbvCmWaiter, IbvConnRequest, IbvConnecting, IbvConnection, IbvListener,
+};
 pub use context::IbvContext;
 pub use cq::IbvCq;
 pub use pd::{IbvAh, IbvMr, IbvMw, IbvPd};
@@ -64,6 +66,7 @@ impl Provider for Ibverbs {
     type Accepting = IbvAccepting;
     type Connecting = IbvConnecting;
     type Connection = IbvConnection;
+    type CmWaiter = IbvCmWaiter;
 
     const NAME: &'static str = NAME;
 
@@ -74,6 +77,10 @@ impl Provider for Ibverbs {
             Listing::Unsupported(_) => Ok(Vec::new()),
             Listing::Devices(list) => Ok(list.infos()),
         }
+    }
+
+    fn cm_waiter() -> Result<IbvCmWaiter> {
+        IbvCmWaiter::new()
     }
 
     /// Opens `name`, through librdmacm's device list when it has it (so rdma_cm can be used on

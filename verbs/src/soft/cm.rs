@@ -51,7 +51,13 @@ struct Signal<T> {
 impl<T> Signal<T> {
     fn update(&self, f: impl FnOnce(&mut T)) {
         f(&mut lock(&self.value));
+        self.notify();
+    }
+
+    /// Wakes its waiters, and every [`SoftCmWaiter`] (the fabric's connection manager changed).
+    fn notify(&self) {
         self.cv.notify_all();
+        Activity::bump();
     }
 
     /// Waits until `ready` says yes or `deadline` passes; returns the guard either way.
@@ -69,6 +75,55 @@ impl<T> Signal<T> {
             g = self.cv.wait_timeout(g, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
         }
         g
+    }
+}
+
+/// Every change of the fabric's connection manager, counted: what a [`SoftCmWaiter`] waits on.
+struct Activity {
+    changes: Mutex<u64>,
+    cv: Condvar,
+}
+
+static ACTIVITY: Activity = Activity { changes: Mutex::new(0), cv: Condvar::new() };
+
+impl Activity {
+    fn bump() {
+        *lock(&ACTIVITY.changes) += 1;
+        ACTIVITY.cv.notify_all();
+    }
+}
+
+/// `soft`'s [`crate::CmWaiter`]: it returns once anything changed in the process's connection
+/// manager since its last wait returned (a request, an answer, an event, a waker), so that a
+/// change made while its caller looked at its objects ends the next wait at once.
+#[derive(Debug)]
+pub struct SoftCmWaiter {
+    seen: u64,
+}
+
+impl SoftCmWaiter {
+    pub(crate) fn new() -> SoftCmWaiter {
+        SoftCmWaiter { seen: *lock(&ACTIVITY.changes) }
+    }
+}
+
+impl crate::CmWaiter for SoftCmWaiter {
+    fn waker(&self) -> crate::Waker {
+        crate::Waker::new(Activity::bump)
+    }
+
+    fn wait(&mut self, _watched: &[crate::Watch], timeout: Duration) -> Result<()> {
+        let deadline = Instant::now().checked_add(timeout).unwrap_or_else(far_future);
+        let mut n = lock(&ACTIVITY.changes);
+        while *n == self.seen {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            n = ACTIVITY.cv.wait_timeout(n, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        self.seen = *n;
+        Ok(())
     }
 }
 
@@ -160,6 +215,10 @@ impl crate::Listener<Soft> for SoftListener {
         self.addr
     }
 
+    fn watch(&self) -> crate::Watch {
+        crate::Watch(None)
+    }
+
     fn waker(&self) -> crate::Waker {
         let shared = self.shared.clone();
         crate::Waker::new(move || {
@@ -200,7 +259,7 @@ impl Drop for SoftConnRequest {
         let mut answer = lock(&self.attempt.answer.value);
         if matches!(*answer, Answer::Waiting) {
             *answer = Answer::Rejected(Vec::new());
-            self.attempt.answer.cv.notify_all();
+            self.attempt.answer.notify();
         }
     }
 }
@@ -243,6 +302,10 @@ impl crate::Accepting<Soft> for SoftAccepting {
         self.attempt.answer.update(|s| *s = Answer::Abandoned);
         let _ = qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() });
         Error::CmTimeout { op: "rdma_accept", addr: self.attempt.from }
+    }
+
+    fn watch(&self) -> crate::Watch {
+        crate::Watch(None)
     }
 }
 
@@ -405,6 +468,10 @@ pub struct SoftConnecting {
 }
 
 impl crate::Connecting<Soft> for SoftConnecting {
+    fn watch(&self) -> crate::Watch {
+        crate::Watch(None)
+    }
+
     fn poll(self, qp: &mut SoftQp, timeout: Duration) -> Result<crate::Progress<Soft, Self>> {
         let until = Instant::now().checked_add(timeout).unwrap_or_else(far_future);
         let until = self.deadline.map_or(until, |d| d.min(until));
@@ -415,11 +482,11 @@ impl crate::Connecting<Soft> for SoftConnecting {
             Answer::Accepted { qpn, private_data, link } => {
                 if let Err(e) = bring_up(qp, &attr, qpn) {
                     *g = Answer::Abandoned;
-                    attempt.answer.cv.notify_all();
+                    attempt.answer.notify();
                     return Err(e);
                 }
                 *g = Answer::Ready;
-                attempt.answer.cv.notify_all();
+                attempt.answer.notify();
                 Ok(crate::Progress::Ready(SoftConnection::new(link, 0, private_data, &qp.shared)))
             }
             Answer::Rejected(private_data) => Err(Error::Rejected { addr, private_data }),
@@ -464,6 +531,10 @@ impl SoftConnection {
 }
 
 impl crate::Connection for SoftConnection {
+    fn watch(&self) -> crate::Watch {
+        crate::Watch(None)
+    }
+
     fn peer_private_data(&self) -> &[u8] {
         &self.peer_private_data
     }

@@ -21,8 +21,8 @@ mod qp;
 mod req;
 
 pub use cm::{
-    HalfOpen, SoftAccepting, SoftConnRequest, SoftConnecting, SoftConnection, SoftListener,
-    MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
+    HalfOpen, SoftAccepting, SoftCmWaiter, SoftConnRequest, SoftConnecting, SoftConnection,
+    SoftListener, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
 pub use context::SoftContext;
 pub use cq::SoftCq;
@@ -83,11 +83,16 @@ impl Provider for Soft {
     type Accepting = SoftAccepting;
     type Connecting = SoftConnecting;
     type Connection = SoftConnection;
+    type CmWaiter = SoftCmWaiter;
 
     const NAME: &'static str = "soft";
 
     fn devices() -> Result<Vec<DeviceInfo>> {
         Ok(vec![DeviceInfo { name: DEVICE_NAME.to_owned(), guid: 0x50f7 }])
+    }
+
+    fn cm_waiter() -> Result<SoftCmWaiter> {
+        Ok(SoftCmWaiter::new())
     }
 
     fn open(name: &str) -> Result<SoftContext> {

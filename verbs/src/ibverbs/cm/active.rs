@@ -186,6 +186,10 @@ impl IbvConnecting {
 }
 
 impl crate::provider::Connecting<Ibverbs> for IbvConnecting {
+    fn watch(&self) -> crate::Watch {
+        self.ch.watch()
+    }
+
     fn poll(mut self, qp: &mut IbvQp, timeout: Duration) -> Result<Progress<Ibverbs, Self>> {
         let until = Instant::now().checked_add(timeout);
         let until = match (until, self.deadline) {

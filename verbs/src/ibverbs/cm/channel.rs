@@ -31,6 +31,11 @@ impl Channel {
         Ok(ch)
     }
 
+    /// What a [`crate::CmWaiter`] watches of it.
+    pub(super) fn watch(&self) -> crate::Watch {
+        crate::Watch(Some(self.fd()))
+    }
+
     fn fd(&self) -> c_int {
         // SAFETY: a live channel.
         unsafe { (*self.0).fd }

@@ -48,6 +48,10 @@ impl IbvConnection {
 }
 
 impl Connection for IbvConnection {
+    fn watch(&self) -> crate::Watch {
+        self.ch.watch()
+    }
+
     fn peer_private_data(&self) -> &[u8] {
         &self.peer_private
     }

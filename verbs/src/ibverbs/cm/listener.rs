@@ -90,6 +90,10 @@ impl IbvListener {
 }
 
 impl Listener<Ibverbs> for IbvListener {
+    fn watch(&self) -> crate::Watch {
+        self.ch.watch()
+    }
+
     fn local_addr(&self) -> SocketAddr {
         self.local
     }

@@ -48,6 +48,7 @@ mod connection;
 mod listener;
 mod qp_state;
 mod request;
+mod waiter;
 
 use std::io;
 use std::net::SocketAddr;
@@ -60,6 +61,7 @@ pub use connection::IbvConnection;
 pub(crate) use listener::listen;
 pub use listener::IbvListener;
 pub use request::{IbvAccepting, IbvConnRequest};
+pub use waiter::IbvCmWaiter;
 
 use super::context::CtxInner;
 use super::qp::IbvQp;

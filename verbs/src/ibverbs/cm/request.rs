@@ -35,6 +35,10 @@ impl std::fmt::Debug for IbvAccepting {
 }
 
 impl Accepting<Ibverbs> for IbvAccepting {
+    fn watch(&self) -> crate::Watch {
+        self.ch.watch()
+    }
+
     fn poll(
         self,
         qp: &mut IbvQp,

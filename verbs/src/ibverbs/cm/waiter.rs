@@ -1,0 +1,76 @@
+//! The control core's wait on many event channels at once: `ppoll` over the channels' descriptors
+//! and an eventfd that the waker writes.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::ibverbs::convert::last_err;
+use crate::provider::{CmWaiter, Waker, Watch};
+
+/// `ibverbs`' [`CmWaiter`]: `ppoll` over the watched event channels and its waker's eventfd.
+#[derive(Debug)]
+pub struct IbvCmWaiter {
+    wake: Arc<OwnedFd>,
+    /// The descriptors of one wait (kept: a wait allocates only when the set grows).
+    fds: Vec<libc::pollfd>,
+}
+
+impl IbvCmWaiter {
+    pub(crate) fn new() -> Result<IbvCmWaiter> {
+        // SAFETY: no pointers; a new non-blocking eventfd, or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::CmWait(last_err()));
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        Ok(IbvCmWaiter { wake, fds: Vec::new() })
+    }
+}
+
+impl CmWaiter for IbvCmWaiter {
+    fn waker(&self) -> Waker {
+        let fd = self.wake.clone();
+        Waker::new(move || {
+            let one = 1u64;
+            // SAFETY: an eventfd kept open by `fd`; writing its 8-byte increment (non-blocking:
+            // a full counter, which cannot happen here, only drops this wake).
+            let _ = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        })
+    }
+
+    fn wait(&mut self, watched: &[Watch], timeout: Duration) -> Result<()> {
+        let wake = self.wake.as_raw_fd();
+        self.fds.clear();
+        self.fds.push(libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 });
+        let fds = watched.iter().filter_map(|w| w.0);
+        self.fds.extend(fds.map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+        };
+        // SAFETY: `fds` holds `len` valid pollfds; `ts` is a valid timespec; no signal mask.
+        let rc = unsafe {
+            libc::ppoll(
+                self.fds.as_mut_ptr(),
+                self.fds.len() as libc::nfds_t,
+                &ts,
+                std::ptr::null(),
+            )
+        };
+        if rc < 0 {
+            let e = last_err();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(Error::CmWait(e));
+            }
+        }
+        if self.fds[0].revents & libc::POLLIN != 0 {
+            let mut count = 0u64;
+            // SAFETY: an eventfd; reading its 8-byte counter into `count` (non-blocking).
+            let _ = unsafe { libc::read(wake, (&mut count as *mut u64).cast(), 8) };
+        }
+        Ok(())
+    }
+}
