@@ -110,22 +110,19 @@ impl<T> Slab<T> {
         Ok(Id::new(slot.generation, i))
     }
 
-    /// Whether every slot is taken.
+    /// Stores the value `make` builds, written straight into a free slot (never built
+    /// elsewhere and copied), if the slab is not full; else gives `make` back.
     #[inline(always)]
-    pub fn is_full(&self) -> bool {
-        self.free.is_empty()
-    }
-
-    /// Stores `v` in a slab that is not full (checked first with [`Slab::is_full`]); panics
-    /// if it is.
-    #[inline(always)]
-    pub fn insert_vacant(&mut self, v: T) -> Id {
-        let i = self.free.pop().expect("a vacant slot (checked with is_full)");
-        let slot = &mut self.slots[i as usize];
+    pub fn insert_with<F: FnOnce() -> T>(&mut self, make: F) -> Result<Id, F> {
+        let Some(&i) = self.free.last() else { return Err(make) };
+        let Some(slot) = self.slots.get_mut(i as usize) else { return Err(make) };
         debug_assert!(!slot.full());
+        // SAFETY: the slot is free (on the free list): nothing in it to drop or read; `make`
+        // writes a whole value through the pointer, which the generation then marks full.
+        unsafe { slot.value.as_mut_ptr().write(make()) };
+        self.free.pop();
         slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK;
-        slot.value.write(v);
-        Id::new(slot.generation, i)
+        Ok(Id::new(slot.generation, i))
     }
 
     /// The slot of `id` if `id` is current (a current id's slot holds a value: its generation

@@ -61,6 +61,22 @@ impl<P: Provider> Req<P> {
         }
     }
 
+    /// The operation back, for a request refused before it was stored.
+    pub(crate) fn into_op(self) -> crate::request::Op<Buf<P>> {
+        use crate::request::Op;
+        let buf = self.buf;
+        match self.kind {
+            OpKind::Send => Op::Send { buf, imm: self.imm },
+            OpKind::Write => Op::Write { buf, remote: self.remote, imm: self.imm },
+            OpKind::Read => Op::Read { buf, remote: self.remote },
+            // (the old-value buffer goes back to the pool)
+            OpKind::CompareSwap => {
+                Op::CompareSwap { remote: self.remote, compare: self.arg, swap: self.swap }
+            }
+            OpKind::FetchAdd => Op::FetchAdd { remote: self.remote, add: self.arg },
+        }
+    }
+
     /// Whether it counts against the QP's outstanding reads and atomics.
     pub(crate) fn is_rd_atomic(&self) -> bool {
         self.kind.is_rd_atomic()

@@ -62,6 +62,21 @@ pub struct Cx<P: Provider> {
 /// A request refused before it was queued: the operation and what it carried back, and why.
 pub(crate) type Refusal<P, E> = (Op<Buf<P>>, E, EngineError);
 
+/// Stores the request `make` builds with what it carries; when the slab is full, everything
+/// comes back (the record built and undone) with [`EngineError::TooManyRequests`].
+#[allow(clippy::result_large_err)]
+#[inline(always)]
+fn store<P: Provider, E: Carried>(
+    reqs: &mut Requests<P>,
+    ext: E,
+    make: impl FnOnce() -> Req<P>,
+) -> Result<ReqId, Refusal<P, E>> {
+    reqs.insert_with(ext, make).map_err(|(make, ext)| {
+        let limit = reqs.len();
+        (make().into_op(), ext, EngineError::TooManyRequests { limit })
+    })
+}
+
 impl<P: Provider> std::fmt::Debug for Cx<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cx")
@@ -301,11 +316,7 @@ impl<P: Provider> Cx<P> {
                 return Err((op, ext, EngineError::MessageTooLarge { conn, len, max }));
             }
         }
-        if reqs.is_full() {
-            let limit = reqs.len();
-            return Err((op, ext, EngineError::TooManyRequests { limit }));
-        }
-        // Each arm builds the record whole (written once, into its slot). Atomics get an
+        // Each arm has its record built straight into its slot (never copied). Atomics get an
         // 8-byte buffer for the old value (taken in their own arms, so that other requests
         // carry no buffer to drop).
         let req = |kind, buf: Buf<P>, remote, len, imm, arg, swap| Req {
@@ -323,29 +334,34 @@ impl<P: Provider> Cx<P> {
             next: None,
             merge_epoch: None,
         };
-        let r = match op {
+        let stored = match op {
             Op::Write { buf, remote, imm } => {
                 let len = buf.len() as u32;
-                req(OpKind::Write, buf, remote, len, imm, 0, 0)
+                store(reqs, ext, move || req(OpKind::Write, buf, remote, len, imm, 0, 0))
             }
             Op::Send { buf, imm } => {
                 let len = buf.len() as u32;
-                req(OpKind::Send, buf, RemoteAddr::default(), len, imm, 0, 0)
+                let remote = RemoteAddr::default();
+                store(reqs, ext, move || req(OpKind::Send, buf, remote, len, imm, 0, 0))
             }
             Op::Read { buf, remote } => {
                 let len = buf.len() as u32;
-                req(OpKind::Read, buf, remote, len, None, 0, 0)
+                store(reqs, ext, move || req(OpKind::Read, buf, remote, len, None, 0, 0))
             }
             Op::FetchAdd { remote, add } => match pool.get(8) {
-                Ok(b) => req(OpKind::FetchAdd, b, remote, 8, None, add, 0),
+                Ok(b) => {
+                    store(reqs, ext, move || req(OpKind::FetchAdd, b, remote, 8, None, add, 0))
+                }
                 Err(e) => return Err((Op::FetchAdd { remote, add }, ext, e)),
             },
             Op::CompareSwap { remote, compare, swap } => match pool.get(8) {
-                Ok(b) => req(OpKind::CompareSwap, b, remote, 8, None, compare, swap),
+                Ok(b) => store(reqs, ext, move || {
+                    req(OpKind::CompareSwap, b, remote, 8, None, compare, swap)
+                }),
                 Err(e) => return Err((Op::CompareSwap { remote, compare, swap }, ext, e)),
             },
         };
-        let id = reqs.insert_vacant(r, ext);
+        let id = stored?;
         if let Some(class) = class {
             let k = if cfg.priorities { usize::from(class).min(CLASSES - 1) } else { 0 };
             c.waiting.queues[k].push(reqs.slab_mut(), id);

@@ -114,19 +114,21 @@ impl<P: Provider> Requests<P> {
         }
     }
 
-    /// Whether every slot is taken (nothing can be inserted).
+    /// Stores the request `make` builds (in its slot), with what it carries (an external
+    /// client's vector, or nothing); gives both back when the slab is full.
     #[inline(always)]
-    pub(crate) fn is_full(&self) -> bool {
-        self.slab.is_full()
-    }
-
-    /// Stores a request with what it carries (an external client's vector, or nothing), in
-    /// a slab that is not full (checked first with [`Requests::is_full`]).
-    #[inline(always)]
-    pub(crate) fn insert_vacant<E: Carried>(&mut self, r: Req<P>, ext: E) -> ReqId {
-        let id = self.slab.insert_vacant(r);
-        ext.keep(&mut self.ext[id.slot()]);
-        id
+    pub(crate) fn insert_with<E: Carried, F: FnOnce() -> Req<P>>(
+        &mut self,
+        ext: E,
+        make: F,
+    ) -> Result<ReqId, (F, E)> {
+        match self.slab.insert_with(make) {
+            Ok(id) => {
+                ext.keep(&mut self.ext[id.slot()]);
+                Ok(id)
+            }
+            Err(make) => Err((make, ext)),
+        }
     }
 
     /// The request `id`, if it is current.

@@ -477,7 +477,7 @@ mod tests {
                 next: None,
                 merge_epoch: None,
             };
-            let id = self.reqs.insert_vacant(r, ());
+            let id = self.reqs.insert_with((), || r).map_err(|_| ()).unwrap();
             let k = usize::from(self.cfg.classes[kind.index()]);
             self.w.queues[k].push(self.reqs.slab_mut(), id);
             self.w.len += 1;
