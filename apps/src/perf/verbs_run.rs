@@ -318,13 +318,15 @@ fn run_on<P: Provider>(
             Event::Size { index, bytes, m, received } => {
                 let rep = report(o, P::NAME, bytes, m);
                 if o.test == Test::SendBw && received < rep.iterations {
+                    let (sent, lost) = (rep.iterations, rep.iterations - received);
+                    let pct = 100.0 * lost as f64 / sent as f64;
                     eprintln!(
-                        "corelink-perf: send_bw {bytes} B: the receiver got {received} of {} \
-                         messages ({})",
-                        rep.iterations,
+                        "corelink-perf: send_bw {bytes} B: {lost} of {sent} messages lost \
+                         ({pct:.1} %; the receiver got {received}): {}",
                         match o.transport {
-                            Transport::Rc => "RC: unexpected",
-                            _ => "UC/UD drop messages that find no receive posted",
+                            Transport::Rc => "RC retransmits, so this is unexpected",
+                            _ => "UC and UD do not retransmit: a message dropped on the wire, \
+                                  or arriving when no receive was posted, is gone",
                         }
                     );
                 }
