@@ -1,0 +1,797 @@
+//! The endpoint: one per worker, on its thread. Sessions over engine connections, the call
+//! table with its deadlines, the request handlers, and the flow control between them.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use corelink_config::WorkerResources;
+use corelink_engine::verbs::Provider;
+use corelink_engine::{Buf, ConnId, ConnInfo, Cx, Done, EngineError};
+
+use crate::config::{recvs_per_session, EndpointConfig};
+use crate::error::{Malformed, Result, RpcError};
+use crate::ids::{CallId, ReqType, SessionId};
+use crate::metrics::RpcMetrics;
+use crate::service::{Reject, Request, Response, SessionEvent};
+use crate::wire::{self, Header, Kind, Status, ERROR_PAYLOAD, HEADER};
+
+/// What runs when a call ends: on the worker, with the response's payload (in place in the
+/// receive buffer) or why there is none.
+pub type Continuation<P> = Box<dyn FnOnce(&mut Rpc<'_, P>, Result<&[u8], RpcError>)>;
+
+/// A registered request handler.
+type HandlerFn<P> = Box<dyn FnMut(&Request<'_>, &mut Response<'_, P>) -> Result<(), Reject>>;
+
+/// Bit 63 of an engine token: the send of a response (else of a call's request).
+const RESPONSE_TOKEN: u64 = 1 << 63;
+/// The sequence bits a response's token keeps (enough to tell its slot's last from older).
+const TOKEN_SEQ_MASK: u64 = 0x7fff;
+
+/// An endpoint and the worker's `Cx`, as services and continuations use them: make calls,
+/// open and close sessions, reach the engine.
+pub struct Rpc<'a, P: Provider> {
+    pub(crate) ep: &'a mut Endpoint<P>,
+    pub(crate) cx: &'a mut Cx<P>,
+}
+
+impl<P: Provider> std::fmt::Debug for Rpc<'_, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rpc").field("endpoint", &self.ep).finish()
+    }
+}
+
+impl<P: Provider> Rpc<'_, P> {
+    /// Opens a session to the endpoint at `addr` (an engine connection). Calls on it may be
+    /// made at once: they wait until it is open. The service hears
+    /// [`SessionEvent::Connected`], or [`SessionEvent::Closed`] if the connect fails.
+    pub fn connect(&mut self, addr: SocketAddr) -> Result<SessionId> {
+        self.ep.connect(self.cx, addr)
+    }
+
+    /// Calls `ty` on `session` with `request`; `then` runs on this worker exactly once, with
+    /// the response or why there is none, by `timeout` at the latest. A call beyond the
+    /// session's credits waits in the endpoint for one. Refused here (and `then` dropped
+    /// unrun) when the session is not open or connecting, the request cannot fit in one
+    /// message, or the call table or the pools are full.
+    pub fn call(
+        &mut self,
+        session: SessionId,
+        ty: ReqType,
+        request: &[u8],
+        timeout: Duration,
+        then: impl FnOnce(&mut Rpc<'_, P>, Result<&[u8], RpcError>) + 'static,
+    ) -> Result<CallId> {
+        self.ep.call(self.cx, session, ty, request, timeout, Box::new(then))
+    }
+
+    /// Closes `session`: its calls end with [`RpcError::SessionClosed`] (those in flight once
+    /// the connection is down).
+    pub fn close(&mut self, session: SessionId) -> Result<()> {
+        self.ep.close(self.cx, session)
+    }
+
+    /// The endpoint.
+    pub fn endpoint(&self) -> &Endpoint<P> {
+        self.ep
+    }
+
+    /// The worker's engine context (buffers, timers, metrics, other requests).
+    pub fn cx(&mut self) -> &mut Cx<P> {
+        self.cx
+    }
+}
+
+/// An RPC endpoint: a worker's sessions, calls and request handlers. It lives in the worker's
+/// handler ([`crate::RpcHandler`]) and never leaves the worker's thread (it is not `Send`):
+///
+/// ```compile_fail,E0277
+/// fn is_send<T: Send>() {}
+/// is_send::<corelink_rpc::Endpoint<corelink_engine::verbs::soft::Soft>>();
+/// ```
+pub struct Endpoint<P: Provider> {
+    cfg: EndpointConfig,
+    /// Receives a connection keeps posted per lane: the most credits a client may ask for.
+    recvs: u32,
+    sessions: Vec<SessionEntry<P>>,
+    free_sessions: Vec<u16>,
+    by_conn: HashMap<ConnId, SessionId>,
+    calls: Vec<CallEntry<P>>,
+    free_calls: Vec<u32>,
+    live_calls: usize,
+    /// `(deadline, call)`, soonest first; entries of calls that ended stay until they come up
+    /// or the heap is compacted (when it reaches twice `max_calls`).
+    deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    handlers: Vec<Option<HandlerFn<P>>>,
+    metrics: RpcMetrics,
+    _thread_bound: PhantomData<Rc<()>>,
+}
+
+impl<P: Provider> std::fmt::Debug for Endpoint<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("sessions", &self.by_conn.len())
+            .field("calls", &self.live_calls)
+            .field("metrics", &self.metrics)
+            .finish()
+    }
+}
+
+struct SessionEntry<P: Provider> {
+    generation: u16,
+    session: Option<Session<P>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Connecting,
+    Open,
+    /// Closed by this side; the connection is going down.
+    Closing,
+}
+
+struct Session<P: Provider> {
+    conn: Option<ConnId>,
+    phase: Phase,
+    /// Payload bytes a message to the peer may carry (its receive size less the header).
+    peer_max: usize,
+    /// A client's slots (empty on a server session).
+    slots: Vec<ClientSlot>,
+    free_slots: Vec<u16>,
+    /// Calls waiting for a credit, oldest first (ids of calls that ended meanwhile are
+    /// skipped).
+    waiting: VecDeque<CallId>,
+    /// A server's slots (empty on a client session).
+    served: Vec<ServedSlot<P>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotUse {
+    Free,
+    Call(CallId),
+    /// Its call timed out; the slot is held until the response comes (the credit stays spent
+    /// until then: the request may still be in the server's receive queue).
+    Abandoned,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ClientSlot {
+    seq: u64,
+    used: SlotUse,
+}
+
+struct ServedSlot<P: Provider> {
+    /// The last request's sequence number executed (0: none yet).
+    seq: u64,
+    /// Its response, kept until the client's next request on the slot acknowledges it (none
+    /// while its send is on the device).
+    stored: Option<Buf<P>>,
+}
+
+struct Call<P: Provider> {
+    session: SessionId,
+    slot: Option<u16>,
+    /// The request (header and payload) until it goes.
+    request: Option<Buf<P>>,
+    then: Continuation<P>,
+}
+
+struct CallEntry<P: Provider> {
+    generation: u32,
+    call: Option<Call<P>>,
+}
+
+impl<P: Provider> Endpoint<P> {
+    /// An endpoint for a worker with resources `res` (the core map's `worker` table), with
+    /// `cfg` checked against them.
+    pub fn new(cfg: EndpointConfig, res: &WorkerResources) -> Result<Self> {
+        cfg.check(res)?;
+        let sessions = usize::from(cfg.max_sessions);
+        let calls = cfg.max_calls as usize;
+        Ok(Endpoint {
+            recvs: recvs_per_session(res),
+            sessions: Vec::with_capacity(sessions),
+            free_sessions: Vec::with_capacity(sessions),
+            by_conn: HashMap::with_capacity(sessions),
+            calls: Vec::with_capacity(calls),
+            free_calls: Vec::with_capacity(calls),
+            live_calls: 0,
+            deadlines: BinaryHeap::with_capacity(2 * calls + 1),
+            handlers: (0..cfg.max_types).map(|_| None).collect(),
+            metrics: RpcMetrics::default(),
+            cfg,
+            _thread_bound: PhantomData,
+        })
+    }
+
+    /// Registers `handler` for requests of type `ty`: it gets each request in place and writes
+    /// its response into a registered buffer ([`Response::alloc`]), or rejects it.
+    pub fn register(
+        &mut self,
+        ty: ReqType,
+        handler: impl FnMut(&Request<'_>, &mut Response<'_, P>) -> Result<(), Reject> + 'static,
+    ) -> Result<()> {
+        match self.handlers.get_mut(usize::from(ty.0)) {
+            Some(h @ None) => {
+                *h = Some(Box::new(handler));
+                Ok(())
+            }
+            _ => Err(RpcError::BadType { ty }),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.cfg
+    }
+
+    /// The counters so far.
+    pub fn metrics(&self) -> &RpcMetrics {
+        &self.metrics
+    }
+
+    /// Calls in flight and waiting.
+    pub fn calls(&self) -> usize {
+        self.live_calls
+    }
+
+    /// Requests of client session `session` on the wire (credits spent), if it exists.
+    pub fn in_flight(&self, session: SessionId) -> Option<usize> {
+        let s = self.session(session)?;
+        Some(s.slots.len() - s.free_slots.len())
+    }
+
+    /// Calls of client session `session` waiting for a credit, if it exists (ended ones still
+    /// queued included).
+    pub fn waiting(&self, session: SessionId) -> Option<usize> {
+        Some(self.session(session)?.waiting.len())
+    }
+
+    /// Open sessions (client and server).
+    pub fn sessions(&self) -> usize {
+        self.by_conn.len()
+    }
+
+    fn session(&self, id: SessionId) -> Option<&Session<P>> {
+        let e = self.sessions.get(id.index())?;
+        (e.generation == id.generation()).then_some(())?;
+        e.session.as_ref()
+    }
+
+    fn session_mut(&mut self, id: SessionId) -> Option<&mut Session<P>> {
+        let e = self.sessions.get_mut(id.index())?;
+        (e.generation == id.generation()).then_some(())?;
+        e.session.as_mut()
+    }
+
+    fn new_session(&mut self, s: Session<P>) -> Result<SessionId> {
+        let index = match self.free_sessions.pop() {
+            Some(i) => i,
+            None if self.sessions.len() < usize::from(self.cfg.max_sessions) => {
+                self.sessions.push(SessionEntry { generation: 0, session: None });
+                (self.sessions.len() - 1) as u16
+            }
+            None => {
+                return Err(RpcError::TooManySessions { max: usize::from(self.cfg.max_sessions) })
+            }
+        };
+        let e = &mut self.sessions[usize::from(index)];
+        e.session = Some(s);
+        Ok(SessionId::new(index, e.generation))
+    }
+
+    /// Takes session `id` out of the table (its entry's next session gets a new generation).
+    fn remove_session(&mut self, id: SessionId) -> Option<Session<P>> {
+        let e = self.sessions.get_mut(id.index())?;
+        if e.generation != id.generation() {
+            return None;
+        }
+        let s = e.session.take()?;
+        e.generation = e.generation.wrapping_add(1);
+        self.free_sessions.push(id.index() as u16);
+        if let Some(conn) = s.conn {
+            self.by_conn.remove(&conn);
+        }
+        Some(s)
+    }
+
+    fn call_live(&self, id: CallId) -> bool {
+        self.calls
+            .get(id.index())
+            .is_some_and(|e| e.generation == id.generation() && e.call.is_some())
+    }
+
+    fn take_call(&mut self, id: CallId) -> Option<Call<P>> {
+        let e = self.calls.get_mut(id.index())?;
+        if e.generation != id.generation() {
+            return None;
+        }
+        let c = e.call.take()?;
+        e.generation = e.generation.wrapping_add(1) & CallId::GENERATION_MASK;
+        self.free_calls.push(id.index() as u32);
+        self.live_calls -= 1;
+        Some(c)
+    }
+
+    fn insert_call(&mut self, call: Call<P>) -> Result<CallId, Call<P>> {
+        let index = match self.free_calls.pop() {
+            Some(i) => i,
+            None if self.calls.len() < self.cfg.max_calls as usize => {
+                self.calls.push(CallEntry { generation: 0, call: None });
+                (self.calls.len() - 1) as u32
+            }
+            None => return Err(call),
+        };
+        let e = &mut self.calls[index as usize];
+        e.call = Some(call);
+        self.live_calls += 1;
+        Ok(CallId::new(index, e.generation))
+    }
+
+    /// Runs a call's continuation with its outcome, counting it.
+    fn finish(&mut self, cx: &mut Cx<P>, then: Continuation<P>, outcome: Result<&[u8], RpcError>) {
+        match &outcome {
+            Ok(_) => self.metrics.responses += 1,
+            Err(e) => {
+                self.metrics.errors += 1;
+                if matches!(e, RpcError::Timeout) {
+                    self.metrics.timeouts += 1;
+                }
+            }
+        }
+        then(&mut Rpc { ep: self, cx }, outcome);
+    }
+
+    pub(crate) fn connect(&mut self, cx: &mut Cx<P>, addr: SocketAddr) -> Result<SessionId> {
+        let credits = self.cfg.credits;
+        let s = Session {
+            conn: None,
+            phase: Phase::Connecting,
+            peer_max: 0,
+            slots: vec![ClientSlot { seq: 0, used: SlotUse::Free }; usize::from(credits)],
+            // Popped from the back: slot 0 goes first.
+            free_slots: (0..credits).rev().collect(),
+            waiting: VecDeque::with_capacity(usize::from(credits)),
+            served: Vec::new(),
+        };
+        let id = self.new_session(s)?;
+        if let Err(e) = cx.connect(addr, &wire::hello(credits), u64::from(id.to_wire())) {
+            self.remove_session(id);
+            return Err(e.into());
+        }
+        Ok(id)
+    }
+
+    pub(crate) fn close(&mut self, cx: &mut Cx<P>, id: SessionId) -> Result<()> {
+        let s = self.session_mut(id).ok_or(RpcError::NoSuchSession(id))?;
+        let conn = s.conn;
+        s.phase = Phase::Closing;
+        match conn {
+            Some(conn) => {
+                // Its calls end when the connection is down (`on_closed`).
+                let _ = cx.close(conn);
+            }
+            // Still connecting: its calls end now; the connection, when it comes, is closed.
+            None => self.end_session(cx, id),
+        }
+        Ok(())
+    }
+
+    pub(crate) fn call(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        ty: ReqType,
+        request: &[u8],
+        timeout: Duration,
+        then: Continuation<P>,
+    ) -> Result<CallId> {
+        let s = self.session(session).ok_or(RpcError::NoSuchSession(session))?;
+        if !s.served.is_empty() {
+            return Err(RpcError::NoSuchSession(session));
+        }
+        if s.phase == Phase::Closing {
+            return Err(RpcError::SessionClosed);
+        }
+        if s.phase == Phase::Open && request.len() > s.peer_max {
+            return Err(RpcError::TooLarge { len: request.len(), max: s.peer_max });
+        }
+        if self.live_calls >= self.cfg.max_calls as usize {
+            return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
+        }
+        let mut buf = cx.alloc(HEADER + request.len())?;
+        buf.as_mut_slice()[HEADER..].copy_from_slice(request);
+        let header = Header {
+            kind: Kind::Request,
+            ty,
+            slot: 0,
+            session,
+            seq: 1,
+            len: request.len() as u32,
+            status: Status::Ok,
+        };
+        header.write_to(buf.as_mut_slice());
+        let call = Call { session, slot: None, request: Some(buf), then };
+        let Ok(id) = self.insert_call(call) else {
+            return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
+        };
+        self.metrics.calls += 1;
+        if self.deadlines.len() + 1 >= self.deadlines.capacity() {
+            self.compact_deadlines();
+        }
+        self.deadlines.push(Reverse((cx.now() + timeout, id.0)));
+        let Some(s) = self.session_mut(session) else { return Ok(id) };
+        if s.phase == Phase::Open && s.waiting.is_empty() && !s.free_slots.is_empty() {
+            self.send_call(cx, session, id);
+        } else {
+            s.waiting.push_back(id);
+            self.metrics.waited += 1;
+        }
+        Ok(id)
+    }
+
+    /// Keeps only the deadlines of calls still live (each has one).
+    fn compact_deadlines(&mut self) {
+        let mut heap = std::mem::take(&mut self.deadlines);
+        heap.retain(|Reverse((_, id))| self.call_live(CallId(*id)));
+        self.deadlines = heap;
+    }
+
+    /// Sends call `id` on a free slot of open session `session` (both checked by the caller).
+    fn send_call(&mut self, cx: &mut Cx<P>, session: SessionId, id: CallId) {
+        let Some(s) = self.session_mut(session) else { return };
+        let (Some(conn), Some(slot)) = (s.conn, s.free_slots.pop()) else { return };
+        let cs = &mut s.slots[usize::from(slot)];
+        cs.seq += 1;
+        cs.used = SlotUse::Call(id);
+        let seq = cs.seq;
+        let Some(call) = self.calls.get_mut(id.index()).and_then(|e| e.call.as_mut()) else {
+            return;
+        };
+        call.slot = Some(slot);
+        let Some(mut buf) = call.request.take() else { return };
+        let m = buf.as_mut_slice();
+        // The slot and sequence number, now known (header bytes 6..8 and 12..20).
+        m[6..8].copy_from_slice(&slot.to_le_bytes());
+        m[12..20].copy_from_slice(&seq.to_le_bytes());
+        if let Err((_, e)) = cx.send(conn, buf, None, id.0) {
+            let why = match e {
+                EngineError::MessageTooLarge { len, max, .. } => {
+                    RpcError::TooLarge { len: len.saturating_sub(HEADER), max: max as usize }
+                }
+                EngineError::ConnectionClosing(_) | EngineError::NoSuchConnection(_) => {
+                    RpcError::SessionClosed
+                }
+                e => RpcError::Engine(e),
+            };
+            self.free_slot(session, slot);
+            if let Some(call) = self.take_call(id) {
+                self.finish(cx, call.then, Err(why));
+            }
+        }
+    }
+
+    fn free_slot(&mut self, session: SessionId, slot: u16) {
+        if let Some(s) = self.session_mut(session) {
+            if let Some(cs) = s.slots.get_mut(usize::from(slot)) {
+                if cs.used != SlotUse::Free {
+                    cs.used = SlotUse::Free;
+                    s.free_slots.push(slot);
+                }
+            }
+        }
+    }
+
+    /// Sends waiting calls of `session` while it has credits.
+    fn dispatch_waiting(&mut self, cx: &mut Cx<P>, session: SessionId) {
+        loop {
+            let Some(s) = self.session_mut(session) else { return };
+            if s.phase != Phase::Open || s.free_slots.is_empty() {
+                return;
+            }
+            let Some(id) = s.waiting.pop_front() else { return };
+            if self.call_live(id) {
+                self.send_call(cx, session, id);
+            }
+        }
+    }
+
+    /// Ends the calls whose deadline passed (once per loop iteration).
+    pub(crate) fn expire(&mut self, cx: &mut Cx<P>) {
+        if self.deadlines.is_empty() {
+            return;
+        }
+        let now = cx.now();
+        while let Some(&Reverse((due, id))) = self.deadlines.peek() {
+            if due > now {
+                return;
+            }
+            self.deadlines.pop();
+            let id = CallId(id);
+            let Some(call) = self.take_call(id) else { continue };
+            if let Some(slot) = call.slot {
+                if let Some(cs) =
+                    self.session_mut(call.session).and_then(|s| s.slots.get_mut(usize::from(slot)))
+                {
+                    if cs.used == SlotUse::Call(id) {
+                        cs.used = SlotUse::Abandoned;
+                    }
+                }
+            }
+            self.finish(cx, call.then, Err(RpcError::Timeout));
+        }
+    }
+
+    /// A connection of this worker opened: a client session's, or a peer's new session.
+    pub(crate) fn on_connected(
+        &mut self,
+        cx: &mut Cx<P>,
+        conn: ConnId,
+        info: &ConnInfo,
+    ) -> Option<(SessionId, SessionEvent)> {
+        let peer_recv = info.peer_recv_size.map_or(cx.recv_size(), |n| n as usize);
+        let peer_max = peer_recv.saturating_sub(HEADER);
+        if info.initiated {
+            let id = SessionId::from_wire(info.token as u32);
+            let Some(s) = self.session_mut(id).filter(|s| s.phase == Phase::Connecting) else {
+                // Closed while connecting.
+                let _ = cx.close(conn);
+                return None;
+            };
+            s.conn = Some(conn);
+            s.phase = Phase::Open;
+            s.peer_max = peer_max;
+            self.by_conn.insert(conn, id);
+            self.dispatch_waiting(cx, id);
+            return Some((id, SessionEvent::Connected));
+        }
+        let credits = match wire::decode_hello(&info.private_data) {
+            Ok(c) if c >= 1 && u32::from(c) <= self.recvs => c,
+            _ => {
+                self.metrics.refused += 1;
+                let _ = cx.close(conn);
+                return None;
+            }
+        };
+        let s = Session {
+            conn: Some(conn),
+            phase: Phase::Open,
+            peer_max,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            waiting: VecDeque::new(),
+            served: (0..credits).map(|_| ServedSlot { seq: 0, stored: None }).collect(),
+        };
+        match self.new_session(s) {
+            Ok(id) => {
+                self.by_conn.insert(conn, id);
+                Some((id, SessionEvent::Accepted))
+            }
+            Err(_) => {
+                self.metrics.refused += 1;
+                let _ = cx.close(conn);
+                None
+            }
+        }
+    }
+
+    /// A client session's connect failed.
+    pub(crate) fn on_connect_failed(
+        &mut self,
+        cx: &mut Cx<P>,
+        token: u64,
+    ) -> Option<(SessionId, SessionEvent)> {
+        let id = SessionId::from_wire(token as u32);
+        self.session(id)?;
+        self.end_session(cx, id);
+        Some((id, SessionEvent::Closed))
+    }
+
+    /// A connection closed: its session's calls end.
+    pub(crate) fn on_closed(
+        &mut self,
+        cx: &mut Cx<P>,
+        conn: ConnId,
+    ) -> Option<(SessionId, SessionEvent)> {
+        let id = *self.by_conn.get(&conn)?;
+        self.end_session(cx, id);
+        Some((id, SessionEvent::Closed))
+    }
+
+    /// Takes session `id` out and ends every call of it with `SessionClosed`.
+    fn end_session(&mut self, cx: &mut Cx<P>, id: SessionId) {
+        let Some(s) = self.remove_session(id) else { return };
+        let on_slots = s.slots.iter().filter_map(|cs| match cs.used {
+            SlotUse::Call(c) => Some(c),
+            _ => None,
+        });
+        // In flight first (they were made first), then the waiting ones in order.
+        for c in on_slots.chain(s.waiting.iter().copied()) {
+            if let Some(call) = self.take_call(c) {
+                self.finish(cx, call.then, Err(RpcError::SessionClosed));
+            }
+        }
+    }
+
+    /// A send of this worker completed: a response's buffer is kept for its slot.
+    pub(crate) fn on_completion(&mut self, done: Done<Buf<P>>) {
+        if done.token & RESPONSE_TOKEN == 0 || !done.status.is_success() {
+            // A request went (its buffer goes back to the pool), or a send failed (the
+            // connection closes, and its calls end then).
+            return;
+        }
+        let session = SessionId::from_wire((done.token >> 16) as u32);
+        let (slot, seq) = (done.token as u16, (done.token >> 48) & TOKEN_SEQ_MASK);
+        let Some(ss) = self.session_mut(session).and_then(|s| s.served.get_mut(usize::from(slot)))
+        else {
+            return;
+        };
+        if ss.seq & TOKEN_SEQ_MASK == seq && ss.stored.is_none() {
+            ss.stored = done.buf;
+        }
+    }
+
+    /// A message arrived on `conn`.
+    pub(crate) fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, data: &[u8]) {
+        let Some(&session) = self.by_conn.get(&conn) else {
+            self.metrics.stale += 1;
+            return;
+        };
+        let (h, payload) = match wire::decode(data) {
+            Ok(m) => m,
+            Err(_) => {
+                self.metrics.malformed += 1;
+                return;
+            }
+        };
+        let client = self.session(session).is_some_and(|s| s.served.is_empty());
+        let checked = match (client, h.kind) {
+            (true, Kind::Response | Kind::Error) => self.on_response(cx, session, &h, payload),
+            (false, Kind::Request) => self.on_request(cx, session, &h, payload),
+            _ => Err(Malformed::Direction),
+        };
+        if checked.is_err() {
+            self.metrics.malformed += 1;
+        }
+    }
+
+    fn on_response(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<(), Malformed> {
+        if h.session != session {
+            return Err(Malformed::Session(h.session.to_wire()));
+        }
+        let Some(s) = self.session_mut(session) else { return Ok(()) };
+        let cs = s.slots.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
+        if cs.seq != h.seq || cs.used == SlotUse::Free {
+            self.metrics.stale += 1;
+            return Ok(());
+        }
+        let used = cs.used;
+        self.free_slot(session, h.slot);
+        // Waiting calls go before anything the continuation calls (the session's order).
+        self.dispatch_waiting(cx, session);
+        let SlotUse::Call(id) = used else {
+            // The answer to a call that timed out: its credit is back.
+            self.metrics.stale += 1;
+            return Ok(());
+        };
+        let Some(call) = self.take_call(id) else { return Ok(()) };
+        let outcome = match h.kind {
+            Kind::Error => Err(error_of(h.status, payload)),
+            _ => Ok(payload),
+        };
+        self.finish(cx, call.then, outcome);
+        Ok(())
+    }
+
+    fn on_request(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<(), Malformed> {
+        let Some(s) = self.session_mut(session) else { return Ok(()) };
+        let (conn, peer_max) = (s.conn, s.peer_max);
+        let ss = s.served.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
+        let Some(conn) = conn else { return Ok(()) };
+        let token = RESPONSE_TOKEN
+            | (h.seq & TOKEN_SEQ_MASK) << 48
+            | u64::from(session.to_wire()) << 16
+            | u64::from(h.slot);
+        if h.seq < ss.seq {
+            self.metrics.stale += 1;
+            return Ok(());
+        }
+        if h.seq == ss.seq {
+            // Seen before: answered again from the stored response (if its first send is
+            // still on the device, that one answers it).
+            let stored = ss.stored.take();
+            self.metrics.duplicates += 1;
+            if let Some(buf) = stored {
+                let _ = cx.send(conn, buf, None, token);
+            }
+            return Ok(());
+        }
+        // A new request acknowledges the slot's last response.
+        ss.stored = None;
+        ss.seq = h.seq;
+        let Some((mut buf, status)) = self.run_handler(cx, session, h, payload, peer_max) else {
+            self.metrics.no_buffer += 1;
+            return Ok(());
+        };
+        let kind = if status == Status::Ok { Kind::Response } else { Kind::Error };
+        let len = (buf.len() - HEADER) as u32;
+        let header =
+            Header { kind, ty: h.ty, slot: h.slot, session: h.session, seq: h.seq, len, status };
+        header.write_to(buf.as_mut_slice());
+        let _ = cx.send(conn, buf, None, token);
+        Ok(())
+    }
+
+    /// The reply to a new request (header room, then the payload) and its status: its
+    /// handler's response, or an error message; `None` when no buffer was free even for an
+    /// error.
+    fn run_handler(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        h: &Header,
+        payload: &[u8],
+        peer_max: usize,
+    ) -> Option<(Buf<P>, Status)> {
+        let Some(handler) = self.handlers.get_mut(usize::from(h.ty.0)).and_then(Option::as_mut)
+        else {
+            return error_reply(cx, Status::NoSuchType, u32::from(h.ty.0), 0);
+        };
+        self.metrics.handled += 1;
+        let request = Request { ty: h.ty, session, data: payload };
+        let mut response = Response::new(cx, peer_max);
+        let outcome = handler(&request, &mut response);
+        match (outcome, response.refused.take(), response.buf.take()) {
+            (_, Some(RpcError::TooLarge { len, max }), _) => {
+                error_reply(cx, Status::TooLarge, len as u32, max as u32)
+            }
+            (_, Some(_), _) => error_reply(cx, Status::Busy, 0, 0),
+            (Err(Reject(code)), None, _) => error_reply(cx, Status::Rejected, code, 0),
+            (Ok(()), None, Some(buf)) => Some((buf, Status::Ok)),
+            (Ok(()), None, None) => match cx.alloc(HEADER) {
+                Ok(buf) => Some((buf, Status::Ok)),
+                Err(_) => error_reply(cx, Status::Busy, 0, 0),
+            },
+        }
+    }
+}
+
+/// An error message's buffer (header room, then the two arguments) and its status.
+fn error_reply<P: Provider>(
+    cx: &Cx<P>,
+    status: Status,
+    a: u32,
+    b: u32,
+) -> Option<(Buf<P>, Status)> {
+    let mut buf = cx.alloc(HEADER + ERROR_PAYLOAD).ok()?;
+    let m = buf.as_mut_slice();
+    m[HEADER..HEADER + 4].copy_from_slice(&a.to_le_bytes());
+    m[HEADER + 4..].copy_from_slice(&b.to_le_bytes());
+    Some((buf, status))
+}
+
+/// The error an error message names.
+fn error_of(status: Status, payload: &[u8]) -> RpcError {
+    let (a, b) = wire::error_args(payload);
+    match status {
+        Status::NoSuchType => RpcError::NoSuchType(ReqType(a as u16)),
+        Status::TooLarge => RpcError::TooLarge { len: a as usize, max: b as usize },
+        Status::Rejected => RpcError::Rejected { code: a },
+        Status::Busy | Status::Ok => RpcError::PeerBusy,
+    }
+}
