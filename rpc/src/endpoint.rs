@@ -169,6 +169,9 @@ struct ServedSlot<P: Provider> {
     /// Its response, kept until the client's next request on the slot acknowledges it (none
     /// while its send is on the device).
     stored: Option<Buf<P>>,
+    /// The request came again while its response's send was on the device: that response
+    /// goes again when its buffer is back.
+    resend: bool,
 }
 
 struct Call<P: Provider> {
@@ -563,7 +566,9 @@ impl<P: Provider> Endpoint<P> {
             slots: Vec::new(),
             free_slots: Vec::new(),
             waiting: VecDeque::new(),
-            served: (0..credits).map(|_| ServedSlot { seq: 0, stored: None }).collect(),
+            served: (0..credits)
+                .map(|_| ServedSlot { seq: 0, stored: None, resend: false })
+                .collect(),
         };
         match self.new_session(s) {
             Ok(id) => {
@@ -616,8 +621,9 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
-    /// A send of this worker completed: a response's buffer is kept for its slot.
-    pub(crate) fn on_completion(&mut self, done: Done<Buf<P>>) {
+    /// A send of this worker completed: a response's buffer is kept for its slot (or sent
+    /// again, when its request came again meanwhile).
+    pub(crate) fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         if done.token & RESPONSE_TOKEN == 0 || !done.status.is_success() {
             // A request went (its buffer goes back to the pool), or a send failed (the
             // connection closes, and its calls end then).
@@ -625,12 +631,17 @@ impl<P: Provider> Endpoint<P> {
         }
         let session = SessionId::from_wire((done.token >> 16) as u32);
         let (slot, seq) = (done.token as u16, (done.token >> 48) & TOKEN_SEQ_MASK);
-        let Some(ss) = self.session_mut(session).and_then(|s| s.served.get_mut(usize::from(slot)))
-        else {
-            return;
-        };
-        if ss.seq & TOKEN_SEQ_MASK == seq && ss.stored.is_none() {
-            ss.stored = done.buf;
+        let Some(s) = self.session_mut(session) else { return };
+        let conn = s.conn;
+        let Some(ss) = s.served.get_mut(usize::from(slot)) else { return };
+        if ss.seq & TOKEN_SEQ_MASK != seq || ss.stored.is_some() {
+            return; // an older response (acknowledged since), or a second copy
+        }
+        match (std::mem::take(&mut ss.resend), conn, done.buf) {
+            (true, Some(conn), Some(buf)) => {
+                let _ = cx.send(conn, buf, None, done.token);
+            }
+            (_, _, buf) => ss.stored = buf,
         }
     }
 
@@ -712,9 +723,10 @@ impl<P: Provider> Endpoint<P> {
             return Ok(());
         }
         if h.seq == ss.seq {
-            // Seen before: answered again from the stored response (if its first send is
-            // still on the device, that one answers it).
+            // Seen before: answered again from the stored response (once it is back, if its
+            // first send is still on the device).
             let stored = ss.stored.take();
+            ss.resend = stored.is_none();
             self.metrics.duplicates += 1;
             if let Some(buf) = stored {
                 let _ = cx.send(conn, buf, None, token);
@@ -723,6 +735,7 @@ impl<P: Provider> Endpoint<P> {
         }
         // A new request acknowledges the slot's last response.
         ss.stored = None;
+        ss.resend = false;
         ss.seq = h.seq;
         let Some((mut buf, status)) = self.run_handler(cx, session, h, payload, peer_max) else {
             self.metrics.no_buffer += 1;

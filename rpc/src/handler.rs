@@ -57,8 +57,8 @@ impl<P: Provider, S: Service<P>> Handler<P> for RpcHandler<P, S> {
         self.endpoint.on_message(cx, conn, msg.data);
     }
 
-    fn on_completion(&mut self, _cx: &mut Cx<P>, done: Done<Buf<P>>) {
-        self.endpoint.on_completion(done);
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
+        self.endpoint.on_completion(cx, done);
     }
 
     fn on_closed(&mut self, cx: &mut Cx<P>, conn: ConnId, _reason: &CloseReason) {
