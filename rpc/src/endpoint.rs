@@ -469,7 +469,9 @@ impl<P: Provider> Endpoint<P> {
         if let Err((_, e)) = cx.send(conn, buf, None, id.0) {
             let why = match e {
                 EngineError::MessageTooLarge { len, max, .. } => {
-                    RpcError::TooLarge { len: len.saturating_sub(HEADER), max: max as usize }
+                    let (len, max) =
+                        (len.saturating_sub(HEADER), (max as usize).saturating_sub(HEADER));
+                    RpcError::TooLarge { len, max }
                 }
                 EngineError::ConnectionClosing(_) | EngineError::NoSuchConnection(_) => {
                     RpcError::SessionClosed
@@ -645,7 +647,9 @@ impl<P: Provider> Endpoint<P> {
         }
         match (std::mem::take(&mut ss.resend), conn, done.buf) {
             (true, Some(conn), Some(buf)) => {
-                let _ = cx.send(conn, buf, None, done.token);
+                if cx.send(conn, buf, None, done.token).is_err() {
+                    self.metrics.send_refused += 1;
+                }
             }
             (_, _, buf) => ss.stored = buf,
         }
@@ -735,7 +739,9 @@ impl<P: Provider> Endpoint<P> {
             ss.resend = stored.is_none();
             self.metrics.duplicates += 1;
             if let Some(buf) = stored {
-                let _ = cx.send(conn, buf, None, token);
+                if cx.send(conn, buf, None, token).is_err() {
+                    self.metrics.send_refused += 1;
+                }
             }
             return Ok(());
         }
@@ -752,7 +758,11 @@ impl<P: Provider> Endpoint<P> {
         let header =
             Header { kind, ty: h.ty, slot: h.slot, session: h.session, seq: h.seq, len, status };
         header.write_to(buf.as_mut_slice());
-        let _ = cx.send(conn, buf, None, token);
+        if cx.send(conn, buf, None, token).is_err() {
+            // The connection is closing (the client's calls end with it), or the worker's
+            // request table is full: the call times out.
+            self.metrics.send_refused += 1;
+        }
         Ok(())
     }
 

@@ -26,4 +26,6 @@ pub struct RpcMetrics {
     pub refused: u64,
     /// Messages dropped because no buffer was free for the answer.
     pub no_buffer: u64,
+    /// Answers the engine refused to send (the connection closing, its request table full).
+    pub send_refused: u64,
 }
