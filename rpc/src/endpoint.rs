@@ -451,17 +451,23 @@ impl<P: Provider> Endpoint<P> {
 
     /// Sends call `id` on a free slot of open session `session` (both checked by the caller).
     fn send_call(&mut self, cx: &mut Cx<P>, session: SessionId, id: CallId) {
+        let Some(mut buf) = self.calls.get_mut(id.index()).and_then(|e| match &mut e.call {
+            Some(c) if e.generation == id.generation() => c.request.take(),
+            _ => None,
+        }) else {
+            return self.missed();
+        };
         let Some(s) = self.session_mut(session) else { return };
-        let (Some(conn), Some(slot)) = (s.conn, s.free_slots.pop()) else { return };
+        let (Some(conn), Some(slot)) = (s.conn, s.free_slots.pop()) else {
+            return self.missed();
+        };
         let cs = &mut s.slots[usize::from(slot)];
         cs.seq += 1;
         cs.used = SlotUse::Call(id);
         let seq = cs.seq;
-        let Some(call) = self.calls.get_mut(id.index()).and_then(|e| e.call.as_mut()) else {
-            return;
-        };
-        call.slot = Some(slot);
-        let Some(mut buf) = call.request.take() else { return };
+        if let Some(call) = self.calls.get_mut(id.index()).and_then(|e| e.call.as_mut()) {
+            call.slot = Some(slot);
+        }
         let m = buf.as_mut_slice();
         // The slot and sequence number, now known (header bytes 6..8 and 12..20).
         m[6..8].copy_from_slice(&slot.to_le_bytes());
@@ -483,6 +489,14 @@ impl<P: Provider> Endpoint<P> {
                 self.finish(cx, call.then, Err(why));
             }
         }
+    }
+
+    /// A state the endpoint's own bookkeeping rules out was met: counted (and a debug
+    /// assertion).
+    #[cold]
+    fn missed(&mut self) {
+        self.metrics.invariant_misses += 1;
+        debug_assert!(false, "the endpoint's bookkeeping missed");
     }
 
     fn free_slot(&mut self, session: SessionId, slot: u16) {

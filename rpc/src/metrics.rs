@@ -28,4 +28,6 @@ pub struct RpcMetrics {
     pub no_buffer: u64,
     /// Answers the engine refused to send (the connection closing, its request table full).
     pub send_refused: u64,
+    /// States the endpoint's bookkeeping rules out, met (0 unless there is a bug).
+    pub invariant_misses: u64,
 }

@@ -78,7 +78,7 @@ fn a_duplicated_request_runs_once_and_is_answered_again() {
     assert_eq!(count(&a, 2, 1), 3, "the dropped ones never ran");
     assert_eq!(a, b);
     let m = rig.metrics_when(|m| m.handled == 3 && m.duplicates == 2);
-    assert_eq!((m.stale, m.malformed), (1, 2), "{m:?}");
+    assert_eq!((m.stale, m.malformed, m.invariant_misses), (1, 2, 0), "{m:?}");
     drop(c);
     rig.engine.shutdown().unwrap();
 }

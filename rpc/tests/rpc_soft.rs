@@ -67,7 +67,7 @@ fn calls_beyond_the_credits_wait_and_all_succeed() {
         assert_eq!(r.unwrap(), (i as u64).to_le_bytes(), "call {i}");
     }
     let m = rig.metrics_when(|m| m.responses == 100);
-    assert_eq!((m.calls, m.waited, m.errors), (100, 100, 0), "{m:?}");
+    assert_eq!((m.calls, m.waited, m.errors, m.invariant_misses), (100, 100, 0, 0), "{m:?}");
     rig.engine.shutdown().unwrap();
 }
 
