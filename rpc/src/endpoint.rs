@@ -259,6 +259,12 @@ impl<P: Provider> Endpoint<P> {
         Some(self.session(session)?.waiting.len())
     }
 
+    /// Deadline entries held: one per live call, and those of ended calls not yet dropped
+    /// (at most twice [`EndpointConfig::max_calls`] and one).
+    pub fn deadlines_held(&self) -> usize {
+        self.deadlines.len()
+    }
+
     /// Open sessions (client and server).
     pub fn sessions(&self) -> usize {
         self.by_conn.len()
@@ -428,7 +434,8 @@ impl<P: Provider> Endpoint<P> {
             return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
         };
         self.metrics.calls += 1;
-        if self.deadlines.len() + 1 >= self.deadlines.capacity() {
+        if self.deadlines.len() >= 2 * self.cfg.max_calls as usize {
+            // Within the capacity reserved at start: the live calls' entries are at most half.
             self.compact_deadlines();
         }
         self.deadlines.push(Reverse((cx.now() + timeout, id.0)));

@@ -285,3 +285,55 @@ fn a_hundred_sessions_on_one_server() {
     assert_eq!(accepted.load(Ordering::Relaxed), 100);
     rig.engine.shutdown().unwrap();
 }
+
+#[test]
+fn a_full_call_table_refuses_and_its_deadlines_stay_bounded() {
+    let at = addr("10.98.13.10");
+    let (tx, rx) = outcomes();
+    let rig = Rig::start_with(
+        &map("10.98.13.10:7000", ""),
+        |cfg| corelink_rpc::EndpointConfig { max_calls: 8, ..cfg.with_credits(4) },
+        move || {
+            let tx = tx.clone();
+            move |rpc, ev| {
+                if let Ev::Start = ev {
+                    let s = rpc.connect(at).unwrap();
+                    // The first call's end starts 2,000 more, one after another: each call's
+                    // deadline entry outlives the call, and the heap of them is compacted (it
+                    // holds at most 17).
+                    let first = tx.clone();
+                    rpc.call(s, ECHO, b"x", LONG, move |rpc, r| {
+                        let _ = first.send((0, r.map(<[u8]>::to_vec)));
+                        again(rpc, s, 8, first);
+                    })
+                    .unwrap();
+                    for i in 1..8u64 {
+                        call(rpc, s, ECHO, b"x", i, &tx);
+                    }
+                    let r = rpc.call(s, ECHO, b"one too many", LONG, |_, _| unreachable!());
+                    assert!(matches!(r, Err(RpcError::TooManyCalls { max: 8 })), "{r:?}");
+                }
+            }
+        },
+    );
+    let got = take(&rx, 2008);
+    assert!(got.iter().all(|(_, r)| r.as_ref().is_ok_and(|b| b == b"x")));
+    rig.engine.shutdown().unwrap();
+}
+
+/// Calls ECHO on `s` under tag `tag`, and again from its continuation up to tag 2,007.
+fn again(
+    rpc: &mut corelink_rpc::Rpc<'_, Soft>,
+    s: corelink_rpc::SessionId,
+    tag: u64,
+    tx: std::sync::mpsc::Sender<Outcome>,
+) {
+    rpc.call(s, ECHO, b"x", LONG, move |rpc, r| {
+        assert!(rpc.endpoint().deadlines_held() <= 17, "{}", rpc.endpoint().deadlines_held());
+        let _ = tx.send((tag, r.map(<[u8]>::to_vec)));
+        if tag < 2007 {
+            again(rpc, s, tag + 1, tx);
+        }
+    })
+    .unwrap();
+}

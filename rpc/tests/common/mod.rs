@@ -105,11 +105,24 @@ impl Rig {
         F: FnMut(&mut Rpc<'_, Soft>, Ev) + 'static,
         M: Fn() -> F + Send + Sync + 'static,
     {
+        Rig::start_with(map, move |cfg| cfg.with_credits(credits), make)
+    }
+
+    /// Starts it on `map` with the worker's default endpoint settings as `tune` makes them.
+    pub fn start_with<F, M>(
+        map: &Validated,
+        tune: impl Fn(EndpointConfig) -> EndpointConfig + Send + Sync + 'static,
+        make: M,
+    ) -> Rig
+    where
+        F: FnMut(&mut Rpc<'_, Soft>, Ev) + 'static,
+        M: Fn() -> F + Send + Sync + 'static,
+    {
         let res = map.map.worker.clone();
         let metrics = Arc::new(Mutex::new(RpcMetrics::default()));
         let published = metrics.clone();
         let engine = Engine::<Soft>::start(map, Placement::RoundRobin, move |_| {
-            let cfg = EndpointConfig::for_worker(&res).with_credits(credits);
+            let cfg = tune(EndpointConfig::for_worker(&res));
             let mut ep = Endpoint::new(cfg, &res).unwrap();
             serve(&mut ep);
             let driver = Driver { f: make(), started: false, metrics: published.clone() };
