@@ -44,6 +44,15 @@ pub fn map(listen: &str, worker: &str) -> Validated {
     parse(&text).unwrap().validate(&StaticTopology::uniform(4)).unwrap()
 }
 
+/// The same with two workers (cores 1 and 2).
+pub fn map2(listen: &str, worker: &str) -> Validated {
+    let text = format!(
+        "provider = \"soft\"\ncontrol_core = 0\nworkers = [1, 2]\nlisten = \"{listen}\"\n\
+         [worker]\nidle_after_us = 1000\n{worker}"
+    );
+    parse(&text).unwrap().validate(&StaticTopology::uniform(4)).unwrap()
+}
+
 /// Registers the standard types on `ep`.
 pub fn serve(ep: &mut Endpoint<Soft>) {
     ep.register(ECHO, |req, resp| resp.write(req.data).map_err(|_| Reject(1))).unwrap();
