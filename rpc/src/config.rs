@@ -20,6 +20,15 @@ pub struct EndpointConfig {
     pub max_calls: u32,
     /// Request types are `0..max_types`.
     pub max_types: u16,
+    /// Payload bytes a large message (one beyond the peer's receive) may have; 0: none (such
+    /// a call fails with [`RpcError::TooLarge`]). A large payload is read by its receiver
+    /// into a buffer of its pools: a pool class must hold this many bytes.
+    pub large_max: usize,
+    /// Large messages this endpoint's sessions may have out at once (slots of `large_max`
+    /// bytes in one registered arena, granted to each session's peer for reads): a large
+    /// request holds one until its response comes, a large response until the client's next
+    /// request on its slot acknowledges it.
+    pub large_slots: u16,
 }
 
 impl EndpointConfig {
@@ -33,7 +42,14 @@ impl EndpointConfig {
             max_sessions: res.max_conns.min(u32::from(u16::MAX)) as u16,
             max_calls: 1 << 16,
             max_types: 256,
+            large_max: 0,
+            large_slots: 0,
         }
+    }
+
+    /// The same with large messages of up to `max` payload bytes, `slots` of them out at once.
+    pub fn with_large(self, max: usize, slots: u16) -> Self {
+        EndpointConfig { large_max: max, large_slots: slots, ..self }
     }
 
     /// The same with `credits` credits per session.
@@ -47,6 +63,12 @@ impl EndpointConfig {
         let recvs = recvs_per_session(res);
         if self.credits == 0 || u32::from(self.credits) > recvs {
             return Err(RpcError::TooManyCredits { credits: u32::from(self.credits), recvs });
+        }
+        if self.large_max > 0 {
+            let fits = res.pools.iter().any(|c| c.size >= self.large_max);
+            if !fits || self.large_slots == 0 || self.large_max > u32::MAX as usize {
+                return Err(RpcError::NoLargeBuffers { len: self.large_max });
+            }
         }
         Ok(())
     }
@@ -73,6 +95,11 @@ mod tests {
         assert_eq!(cfg.credits, 8);
         let err = cfg.clone().with_credits(9).check(&res).unwrap_err();
         assert!(matches!(err, RpcError::TooManyCredits { credits: 9, recvs: 8 }), "{err}");
-        assert!(cfg.with_credits(0).check(&res).is_err());
+        assert!(cfg.clone().with_credits(0).check(&res).is_err());
+        // Large messages need a pool class to read them into.
+        assert!(cfg.clone().with_large(65536, 2).check(&res).is_ok());
+        let err = cfg.clone().with_large(65537, 2).check(&res).unwrap_err();
+        assert!(matches!(err, RpcError::NoLargeBuffers { len: 65537 }), "{err}");
+        assert!(cfg.with_large(4096, 0).check(&res).is_err());
     }
 }

@@ -9,27 +9,50 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use corelink_config::WorkerResources;
-use corelink_engine::verbs::Provider;
+use corelink_engine::verbs::{Provider, RemoteAddr, RemoteRegion};
 use corelink_engine::{Buf, ConnId, ConnInfo, Cx, Done, EngineError};
 
 use crate::config::{recvs_per_session, EndpointConfig};
 use crate::error::{Malformed, Result, RpcError};
 use crate::ids::{CallId, ReqType, SessionId};
+use crate::large::{Arena, ArenaSlot};
 use crate::metrics::RpcMetrics;
 use crate::service::{Reject, Request, Response, SessionEvent};
-use crate::wire::{self, Header, Kind, Status, ERROR_PAYLOAD, HEADER};
+use crate::wire::{self, Descriptor, Header, Kind, Status, DESCRIPTOR, ERROR_PAYLOAD, HEADER};
 
 /// What runs when a call ends: on the worker, with the response's payload (in place in the
 /// receive buffer) or why there is none.
 pub type Continuation<P> = Box<dyn FnOnce(&mut Rpc<'_, P>, Result<&[u8], RpcError>)>;
 
+/// An answer to send: its buffer (header room, then the payload or a large one's
+/// descriptor), its status, and a large payload's arena slot.
+type Reply<P> = (Buf<P>, Status, Option<ArenaSlot>);
+
 /// A registered request handler.
 type HandlerFn<P> = Box<dyn FnMut(&Request<'_>, &mut Response<'_, P>) -> Result<(), Reject>>;
 
-/// Bit 63 of an engine token: the send of a response (else of a call's request).
-const RESPONSE_TOKEN: u64 = 1 << 63;
-/// The sequence bits a response's token keeps (enough to tell its slot's last from older).
-const TOKEN_SEQ_MASK: u64 = 0x7fff;
+/// Bits 62 and 63 of an engine token: what the request is. 0: a call's request (the rest is
+/// its `CallId`); the others name a session's slot (bits 0..16 the slot, 16..48 the session,
+/// 48..62 the low bits of the slot's sequence number).
+const TOKEN_KIND: u64 = 3 << 62;
+/// A server's answer.
+const RESPONSE_TOKEN: u64 = 2 << 62;
+/// A server's read of a large request's payload.
+const SERVER_READ: u64 = 1 << 62;
+/// A client's read of a large response's payload.
+const CLIENT_READ: u64 = 3 << 62;
+/// The sequence bits a slot's token keeps (enough to tell its slot's last from older).
+const TOKEN_SEQ_MASK: u64 = 0x3fff;
+
+/// The token of a request of kind `kind` for `session`'s `slot` at sequence number `seq`.
+fn slot_token(kind: u64, session: SessionId, slot: u16, seq: u64) -> u64 {
+    kind | (seq & TOKEN_SEQ_MASK) << 48 | u64::from(session.to_wire()) << 16 | u64::from(slot)
+}
+
+/// The session, slot and sequence bits of a slot's token.
+fn token_slot(token: u64) -> (SessionId, u16, u64) {
+    (SessionId::from_wire((token >> 16) as u32), token as u16, (token >> 48) & TOKEN_SEQ_MASK)
+}
 
 /// An endpoint and the worker's `Cx`, as services and continuations use them: make calls,
 /// open and close sessions, reach the engine.
@@ -112,6 +135,8 @@ pub struct Endpoint<P: Provider> {
     /// or the heap is compacted (when it reaches twice `max_calls`).
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
     handlers: Vec<Option<HandlerFn<P>>>,
+    /// Registered on first need when large messages are on (`EndpointConfig::large_max`).
+    arena: Option<Arena<P>>,
     metrics: RpcMetrics,
     _thread_bound: PhantomData<Rc<()>>,
 }
@@ -144,6 +169,9 @@ struct Session<P: Provider> {
     phase: Phase,
     /// Payload bytes a message to the peer may carry (its receive size less the header).
     peer_max: usize,
+    /// The endpoint's arena as this session's peer addresses it (a read-only grant), when
+    /// large messages are on.
+    region: Option<RemoteRegion>,
     /// A client's slots (empty on a server session).
     slots: Vec<ClientSlot>,
     free_slots: Vec<u16>,
@@ -163,10 +191,13 @@ enum SlotUse {
     Abandoned,
 }
 
-#[derive(Clone, Copy, Debug)]
 struct ClientSlot {
     seq: u64,
     used: SlotUse,
+    /// A large request's payload, held until its response comes.
+    arena: Option<ArenaSlot>,
+    /// A large response's payload is being read.
+    reading: bool,
 }
 
 struct ServedSlot<P: Provider> {
@@ -178,13 +209,21 @@ struct ServedSlot<P: Provider> {
     /// The request came again while its response's send was on the device: that response
     /// goes again when its buffer is back.
     resend: bool,
+    /// A large response's payload, held until the client acknowledges the response.
+    arena: Option<ArenaSlot>,
+    /// A large request whose payload is being read: its type and the client's session id.
+    pending: Option<(ReqType, SessionId)>,
 }
 
 struct Call<P: Provider> {
     session: SessionId,
     slot: Option<u16>,
-    /// The request (header and payload) until it goes.
+    /// The request (header and payload, or a large one's descriptor) until it goes.
     request: Option<Buf<P>>,
+    /// A large request's payload (until it goes; then its slot holds it).
+    arena: Option<ArenaSlot>,
+    /// Payload bytes.
+    len: u32,
     then: Continuation<P>,
 }
 
@@ -210,6 +249,7 @@ impl<P: Provider> Endpoint<P> {
             live_calls: 0,
             deadlines: BinaryHeap::with_capacity(2 * calls + 1),
             handlers: (0..cfg.max_types).map(|_| None).collect(),
+            arena: None,
             metrics: RpcMetrics::default(),
             cfg,
             _thread_bound: PhantomData,
@@ -366,7 +406,10 @@ impl<P: Provider> Endpoint<P> {
             conn: None,
             phase: Phase::Connecting,
             peer_max: 0,
-            slots: vec![ClientSlot { seq: 0, used: SlotUse::Free }; usize::from(credits)],
+            region: None,
+            slots: (0..credits)
+                .map(|_| ClientSlot { seq: 0, used: SlotUse::Free, arena: None, reading: false })
+                .collect(),
             // Popped from the back: slot 0 goes first.
             free_slots: (0..credits).rev().collect(),
             waiting: VecDeque::with_capacity(usize::from(credits)),
@@ -411,25 +454,48 @@ impl<P: Provider> Endpoint<P> {
         if s.phase == Phase::Closing {
             return Err(RpcError::SessionClosed);
         }
-        if s.phase == Phase::Open && request.len() > s.peer_max {
-            return Err(RpcError::TooLarge { len: request.len(), max: s.peer_max });
+        // While connecting, the peer's receive is taken to be this worker's (the engine
+        // refuses the send if it is smaller).
+        let small = match s.phase {
+            Phase::Open => s.peer_max,
+            _ => cx.recv_size().saturating_sub(HEADER),
+        };
+        let large = request.len() > small;
+        if large && request.len() > self.cfg.large_max {
+            return Err(RpcError::TooLarge {
+                len: request.len(),
+                max: small.max(self.cfg.large_max),
+            });
         }
         if self.live_calls >= self.cfg.max_calls as usize {
             return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
         }
-        let mut buf = cx.alloc(HEADER + request.len())?;
-        buf.as_mut_slice()[HEADER..].copy_from_slice(request);
+        let (mut buf, arena) = if large {
+            self.ensure_arena(cx)?;
+            let Some(arena) = &self.arena else {
+                return Err(RpcError::NoLargeBuffers { len: request.len() });
+            };
+            let slot = arena.take().ok_or(RpcError::LargeSlotsBusy { slots: arena.slots() })?;
+            arena.fill(&slot, request)?;
+            (cx.alloc(HEADER + DESCRIPTOR)?, Some(slot))
+        } else {
+            let mut buf = cx.alloc(HEADER + request.len())?;
+            buf.as_mut_slice()[HEADER..].copy_from_slice(request);
+            (buf, None)
+        };
         let header = Header {
             kind: Kind::Request,
             ty,
             slot: 0,
             session,
             seq: 1,
-            len: request.len() as u32,
+            len: if large { DESCRIPTOR as u32 } else { request.len() as u32 },
             status: Status::Ok,
+            large,
         };
         header.write_to(buf.as_mut_slice());
-        let call = Call { session, slot: None, request: Some(buf), then };
+        let len = request.len() as u32;
+        let call = Call { session, slot: None, request: Some(buf), arena, len, then };
         let Ok(id) = self.insert_call(call) else {
             return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
         };
@@ -449,6 +515,14 @@ impl<P: Provider> Endpoint<P> {
         Ok(id)
     }
 
+    /// Registers the arena for large messages, if they are on and it is not there yet.
+    fn ensure_arena(&mut self, cx: &mut Cx<P>) -> Result<()> {
+        if self.cfg.large_max > 0 && self.arena.is_none() {
+            self.arena = Some(Arena::new(cx, self.cfg.large_max, self.cfg.large_slots)?);
+        }
+        Ok(())
+    }
+
     /// Keeps only the deadlines of calls still live (each has one).
     fn compact_deadlines(&mut self) {
         let mut heap = std::mem::take(&mut self.deadlines);
@@ -458,12 +532,27 @@ impl<P: Provider> Endpoint<P> {
 
     /// Sends call `id` on a free slot of open session `session` (both checked by the caller).
     fn send_call(&mut self, cx: &mut Cx<P>, session: SessionId, id: CallId) {
-        let Some(mut buf) = self.calls.get_mut(id.index()).and_then(|e| match &mut e.call {
-            Some(c) if e.generation == id.generation() => c.request.take(),
+        let taken = self.calls.get_mut(id.index()).and_then(|e| match &mut e.call {
+            Some(c) if e.generation == id.generation() => {
+                c.request.take().map(|buf| (buf, c.arena.take(), c.len))
+            }
             _ => None,
-        }) else {
-            return self.missed();
-        };
+        });
+        let Some((mut buf, arena_slot, len)) = taken else { return self.missed() };
+        let Some(region) = self.session(session).map(|s| s.region) else { return };
+        if let Some(a) = &arena_slot {
+            // A large request: its descriptor, where this session's peer reads the payload.
+            let (Some(region), Some(arena)) = (region, &self.arena) else {
+                if let Some(call) = self.take_call(id) {
+                    let why = RpcError::NoLargeBuffers { len: len as usize };
+                    self.finish(cx, call.then, Err(why));
+                }
+                return;
+            };
+            let addr = region.addr + arena.offset(a) as u64;
+            let d = Descriptor { addr, rkey: region.rkey, len };
+            buf.as_mut_slice()[HEADER..HEADER + DESCRIPTOR].copy_from_slice(&d.encode());
+        }
         let Some(s) = self.session_mut(session) else { return };
         let (Some(conn), Some(slot)) = (s.conn, s.free_slots.pop()) else {
             return self.missed();
@@ -471,6 +560,7 @@ impl<P: Provider> Endpoint<P> {
         let cs = &mut s.slots[usize::from(slot)];
         cs.seq += 1;
         cs.used = SlotUse::Call(id);
+        cs.arena = arena_slot;
         let seq = cs.seq;
         if let Some(call) = self.calls.get_mut(id.index()).and_then(|e| e.call.as_mut()) {
             call.slot = Some(slot);
@@ -511,6 +601,8 @@ impl<P: Provider> Endpoint<P> {
             if let Some(cs) = s.slots.get_mut(usize::from(slot)) {
                 if cs.used != SlotUse::Free {
                     cs.used = SlotUse::Free;
+                    cs.arena = None;
+                    cs.reading = false;
                     s.free_slots.push(slot);
                 }
             }
@@ -566,6 +658,12 @@ impl<P: Provider> Endpoint<P> {
     ) -> Option<(SessionId, SessionEvent)> {
         let peer_recv = info.peer_recv_size.map_or(cx.recv_size(), |n| n as usize);
         let peer_max = peer_recv.saturating_sub(HEADER);
+        // Large messages: the arena, readable by this session's peer (without it, large
+        // messages on the session fail with `NoLargeBuffers`).
+        let region = match self.ensure_arena(cx) {
+            Ok(()) => self.arena.as_ref().and_then(|a| a.grant(cx, conn).ok()),
+            Err(_) => None,
+        };
         if info.initiated {
             let id = SessionId::from_wire(info.token as u32);
             let Some(s) = self.session_mut(id).filter(|s| s.phase == Phase::Connecting) else {
@@ -576,6 +674,7 @@ impl<P: Provider> Endpoint<P> {
             s.conn = Some(conn);
             s.phase = Phase::Open;
             s.peer_max = peer_max;
+            s.region = region;
             self.by_conn.insert(conn, id);
             self.dispatch_waiting(cx, id);
             return Some((id, SessionEvent::Connected));
@@ -592,11 +691,18 @@ impl<P: Provider> Endpoint<P> {
             conn: Some(conn),
             phase: Phase::Open,
             peer_max,
+            region,
             slots: Vec::new(),
             free_slots: Vec::new(),
             waiting: VecDeque::new(),
             served: (0..credits)
-                .map(|_| ServedSlot { seq: 0, stored: None, resend: false })
+                .map(|_| ServedSlot {
+                    seq: 0,
+                    stored: None,
+                    resend: false,
+                    arena: None,
+                    pending: None,
+                })
                 .collect(),
         };
         match self.new_session(s) {
@@ -650,16 +756,24 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
-    /// A send of this worker completed: a response's buffer is kept for its slot (or sent
-    /// again, when its request came again meanwhile).
+    /// A request of this worker completed: a response's buffer is kept for its slot (or sent
+    /// again, when its request came again meanwhile); a large payload read is handled.
     pub(crate) fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
-        if done.token & RESPONSE_TOKEN == 0 || !done.status.is_success() {
-            // A request went (its buffer goes back to the pool), or a send failed (the
-            // connection closes, and its calls end then).
+        if !done.status.is_success() {
+            // The connection closes, and its calls end then.
             return;
         }
-        let session = SessionId::from_wire((done.token >> 16) as u32);
-        let (slot, seq) = (done.token as u16, (done.token >> 48) & TOKEN_SEQ_MASK);
+        match done.token & TOKEN_KIND {
+            RESPONSE_TOKEN => self.answer_sent(cx, done),
+            SERVER_READ => self.request_read(cx, done),
+            CLIENT_READ => self.response_read(cx, done),
+            // A request went (its buffer goes back to the pool).
+            _ => {}
+        }
+    }
+
+    fn answer_sent(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
+        let (session, slot, seq) = token_slot(done.token);
         let Some(s) = self.session_mut(session) else { return };
         let conn = s.conn;
         let Some(ss) = s.served.get_mut(usize::from(slot)) else { return };
@@ -674,6 +788,36 @@ impl<P: Provider> Endpoint<P> {
             }
             (_, _, buf) => ss.stored = buf,
         }
+    }
+
+    /// A large request's payload is here: its handler runs.
+    fn request_read(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
+        let (session, slot, seq) = token_slot(done.token);
+        let Some(ss) = self.session_mut(session).and_then(|s| s.served.get_mut(usize::from(slot)))
+        else {
+            return;
+        };
+        if ss.seq & TOKEN_SEQ_MASK != seq {
+            return;
+        }
+        let (Some((ty, client)), Some(buf)) = (ss.pending.take(), done.buf) else { return };
+        let seq = ss.seq;
+        self.answer(cx, session, ty, slot, client, seq, buf.as_slice());
+    }
+
+    /// A large response's payload is here: its call ends.
+    fn response_read(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
+        let (session, slot, seq) = token_slot(done.token);
+        let Some(cs) = self.session_mut(session).and_then(|s| s.slots.get_mut(usize::from(slot)))
+        else {
+            return;
+        };
+        if cs.seq & TOKEN_SEQ_MASK != seq || !cs.reading {
+            return;
+        }
+        cs.reading = false;
+        let Some(buf) = done.buf else { return self.missed() };
+        self.end_slot(cx, session, slot, Ok(buf.as_slice()));
     }
 
     /// A message arrived on `conn`.
@@ -710,28 +854,70 @@ impl<P: Provider> Endpoint<P> {
         if h.session != session {
             return Err(Malformed::Session(h.session.to_wire()));
         }
+        let large_max = self.cfg.large_max;
         let Some(s) = self.session_mut(session) else { return Ok(()) };
+        let conn = s.conn;
         let cs = s.slots.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
-        if cs.seq != h.seq || cs.used == SlotUse::Free {
+        if cs.seq != h.seq || cs.used == SlotUse::Free || cs.reading {
             self.metrics.stale += 1;
             return Ok(());
         }
-        let used = cs.used;
-        self.free_slot(session, h.slot);
+        if h.large {
+            // The payload is the server's to read: the call ends when it is here.
+            let d = Descriptor::decode(payload)?;
+            let (len, Some(conn)) = (d.len as usize, conn) else { return Ok(()) };
+            if len > large_max {
+                let why = RpcError::TooLarge { len, max: large_max };
+                self.end_slot(cx, session, h.slot, Err(why));
+                return Ok(());
+            }
+            let buf = match cx.alloc(len) {
+                Ok(b) => b,
+                Err(e) => {
+                    self.end_slot(cx, session, h.slot, Err(e.into()));
+                    return Ok(());
+                }
+            };
+            cs.reading = true;
+            let remote = RemoteAddr { addr: d.addr, rkey: d.rkey };
+            let token = slot_token(CLIENT_READ, session, h.slot, h.seq);
+            if let Err((_, e)) = cx.read(conn, buf, remote, token) {
+                self.end_slot(cx, session, h.slot, Err(e.into()));
+            }
+            return Ok(());
+        }
+        let outcome = match h.kind {
+            Kind::Error => Err(error_of(h.status, payload)),
+            _ => Ok(payload),
+        };
+        self.end_slot(cx, session, h.slot, outcome);
+        Ok(())
+    }
+
+    /// The answer to `session`'s `slot` is here: the slot is free again, the waiting calls go,
+    /// and the slot's call (if it did not time out) ends with `outcome`.
+    fn end_slot(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        slot: u16,
+        outcome: Result<&[u8], RpcError>,
+    ) {
+        let used = self
+            .session(session)
+            .and_then(|s| s.slots.get(usize::from(slot)))
+            .map_or(SlotUse::Free, |cs| cs.used);
+        self.free_slot(session, slot);
         // Waiting calls go before anything the continuation calls (the session's order).
         self.dispatch_waiting(cx, session);
         let SlotUse::Call(id) = used else {
             // The answer to a call that timed out: its credit is back.
             self.metrics.stale += 1;
-            return Ok(());
+            return;
         };
-        let Some(call) = self.take_call(id) else { return Ok(()) };
-        let outcome = match h.kind {
-            Kind::Error => Err(error_of(h.status, payload)),
-            _ => Ok(payload),
-        };
-        self.finish(cx, call.then, outcome);
-        Ok(())
+        if let Some(call) = self.take_call(id) {
+            self.finish(cx, call.then, outcome);
+        }
     }
 
     fn on_request(
@@ -741,24 +927,22 @@ impl<P: Provider> Endpoint<P> {
         h: &Header,
         payload: &[u8],
     ) -> Result<(), Malformed> {
+        let large_max = self.cfg.large_max;
         let Some(s) = self.session_mut(session) else { return Ok(()) };
-        let (conn, peer_max) = (s.conn, s.peer_max);
+        let conn = s.conn;
         let ss = s.served.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
         let Some(conn) = conn else { return Ok(()) };
-        let token = RESPONSE_TOKEN
-            | (h.seq & TOKEN_SEQ_MASK) << 48
-            | u64::from(session.to_wire()) << 16
-            | u64::from(h.slot);
         if h.seq < ss.seq {
             self.metrics.stale += 1;
             return Ok(());
         }
         if h.seq == ss.seq {
             // Seen before: answered again from the stored response (once it is back, if its
-            // first send is still on the device).
+            // first send is still on the device or its request is still being read).
             let stored = ss.stored.take();
             ss.resend = stored.is_none();
             self.metrics.duplicates += 1;
+            let token = slot_token(RESPONSE_TOKEN, session, h.slot, h.seq);
             if let Some(buf) = stored {
                 if cx.send(conn, buf, None, token).is_err() {
                     self.metrics.send_refused += 1;
@@ -769,70 +953,149 @@ impl<P: Provider> Endpoint<P> {
         // A new request acknowledges the slot's last response.
         ss.stored = None;
         ss.resend = false;
+        ss.arena = None;
+        ss.pending = None;
         ss.seq = h.seq;
-        let Some((mut buf, status)) = self.run_handler(cx, session, h, payload, peer_max) else {
-            self.metrics.no_buffer += 1;
+        if !h.large {
+            self.answer(cx, session, h.ty, h.slot, h.session, h.seq, payload);
             return Ok(());
+        }
+        // A large request: its payload is read first, then its handler runs.
+        let d = Descriptor::decode(payload)?;
+        let len = d.len as usize;
+        let refusal = if len > large_max {
+            Some((Status::TooLarge, d.len, large_max as u32))
+        } else {
+            match cx.alloc(len) {
+                Ok(buf) => {
+                    ss.pending = Some((h.ty, h.session));
+                    let remote = RemoteAddr { addr: d.addr, rkey: d.rkey };
+                    let token = slot_token(SERVER_READ, session, h.slot, h.seq);
+                    if cx.read(conn, buf, remote, token).is_err() {
+                        ss.pending = None;
+                        self.metrics.send_refused += 1;
+                    }
+                    None
+                }
+                Err(_) => Some((Status::Busy, 0, 0)),
+            }
+        };
+        if let Some((status, a, b)) = refusal {
+            let reply = error_reply(cx, status, a, b);
+            self.send_answer(cx, session, h.ty, h.slot, h.session, h.seq, reply);
+        }
+        Ok(())
+    }
+
+    /// Runs the handler of `ty` on a new request's payload and sends its answer.
+    #[allow(clippy::too_many_arguments)]
+    fn answer(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        ty: ReqType,
+        slot: u16,
+        client: SessionId,
+        seq: u64,
+        payload: &[u8],
+    ) {
+        let Some(s) = self.session(session) else { return };
+        let (peer_max, region) = (s.peer_max, s.region);
+        let reply = self.run_handler(cx, session, ty, payload, peer_max, region);
+        self.send_answer(cx, session, ty, slot, client, seq, reply);
+    }
+
+    /// Sends `reply` (header room, then the payload or a large one's descriptor) as the answer
+    /// to `session`'s request on `slot`; a large one's arena slot is kept with the slot.
+    #[allow(clippy::too_many_arguments)]
+    fn send_answer(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        ty: ReqType,
+        slot: u16,
+        client: SessionId,
+        seq: u64,
+        reply: Option<Reply<P>>,
+    ) {
+        let Some((mut buf, status, arena)) = reply else {
+            self.metrics.no_buffer += 1;
+            return;
         };
         let kind = if status == Status::Ok { Kind::Response } else { Kind::Error };
         let len = (buf.len() - HEADER) as u32;
-        let header =
-            Header { kind, ty: h.ty, slot: h.slot, session: h.session, seq: h.seq, len, status };
+        let large = arena.is_some();
+        let header = Header { kind, ty, slot, session: client, seq, len, status, large };
         header.write_to(buf.as_mut_slice());
+        let Some(s) = self.session_mut(session) else { return };
+        let Some(conn) = s.conn else { return };
+        if let Some(ss) = s.served.get_mut(usize::from(slot)) {
+            ss.arena = arena;
+        }
+        let token = slot_token(RESPONSE_TOKEN, session, slot, seq);
         if cx.send(conn, buf, None, token).is_err() {
             // The connection is closing (the client's calls end with it), or the worker's
             // request table is full: the call times out.
             self.metrics.send_refused += 1;
         }
-        Ok(())
     }
 
-    /// The reply to a new request (header room, then the payload) and its status: its
-    /// handler's response, or an error message; `None` when no buffer was free even for an
-    /// error.
+    /// The reply to a new request (header room, then the payload or a large one's
+    /// descriptor), its status and a large payload's arena slot: its handler's response, or
+    /// an error message; `None` when no buffer was free even for an error.
     fn run_handler(
         &mut self,
         cx: &mut Cx<P>,
         session: SessionId,
-        h: &Header,
+        ty: ReqType,
         payload: &[u8],
         peer_max: usize,
-    ) -> Option<(Buf<P>, Status)> {
-        let Some(handler) = self.handlers.get_mut(usize::from(h.ty.0)).and_then(Option::as_mut)
-        else {
-            return error_reply(cx, Status::NoSuchType, u32::from(h.ty.0), 0);
+        region: Option<RemoteRegion>,
+    ) -> Option<Reply<P>> {
+        let Endpoint { handlers, arena, metrics, .. } = self;
+        let Some(handler) = handlers.get_mut(usize::from(ty.0)).and_then(Option::as_mut) else {
+            return error_reply(cx, Status::NoSuchType, u32::from(ty.0), 0);
         };
-        self.metrics.handled += 1;
-        let request = Request { ty: h.ty, session, data: payload };
-        let mut response = Response::new(cx, peer_max);
+        metrics.handled += 1;
+        let request = Request { ty, session, data: payload };
+        let arena = arena.as_ref().filter(|_| region.is_some());
+        let mut response = Response::new(cx, peer_max, arena);
         let outcome = handler(&request, &mut response);
-        match (outcome, response.refused.take(), response.buf.take()) {
-            (_, Some(RpcError::TooLarge { len, max }), _) => {
+        let (refused, buf, large) =
+            (response.refused.take(), response.buf.take(), response.large.take());
+        match (outcome, refused) {
+            (_, Some(RpcError::TooLarge { len, max })) => {
                 error_reply(cx, Status::TooLarge, len as u32, max as u32)
             }
-            (_, Some(_), _) => error_reply(cx, Status::Busy, 0, 0),
-            (Err(Reject(code)), None, _) => error_reply(cx, Status::Rejected, code, 0),
-            (Ok(()), None, Some(buf)) => Some((buf, Status::Ok)),
-            (Ok(()), None, None) => match cx.alloc(HEADER) {
-                Ok(buf) => Some((buf, Status::Ok)),
-                Err(_) => error_reply(cx, Status::Busy, 0, 0),
+            (_, Some(_)) => error_reply(cx, Status::Busy, 0, 0),
+            (Err(Reject(code)), None) => error_reply(cx, Status::Rejected, code, 0),
+            (Ok(()), None) => match (large, buf, arena.zip(region)) {
+                (Some((slot, len)), _, Some((arena, region))) => {
+                    let Ok(mut buf) = cx.alloc(HEADER + DESCRIPTOR) else {
+                        return error_reply(cx, Status::Busy, 0, 0);
+                    };
+                    let addr = region.addr + arena.offset(&slot) as u64;
+                    let d = Descriptor { addr, rkey: region.rkey, len: len as u32 };
+                    buf.as_mut_slice()[HEADER..].copy_from_slice(&d.encode());
+                    Some((buf, Status::Ok, Some(slot)))
+                }
+                (_, Some(buf), _) => Some((buf, Status::Ok, None)),
+                _ => match cx.alloc(HEADER) {
+                    Ok(buf) => Some((buf, Status::Ok, None)),
+                    Err(_) => error_reply(cx, Status::Busy, 0, 0),
+                },
             },
         }
     }
 }
 
 /// An error message's buffer (header room, then the two arguments) and its status.
-fn error_reply<P: Provider>(
-    cx: &Cx<P>,
-    status: Status,
-    a: u32,
-    b: u32,
-) -> Option<(Buf<P>, Status)> {
+fn error_reply<P: Provider>(cx: &Cx<P>, status: Status, a: u32, b: u32) -> Option<Reply<P>> {
     let mut buf = cx.alloc(HEADER + ERROR_PAYLOAD).ok()?;
     let m = buf.as_mut_slice();
     m[HEADER..HEADER + 4].copy_from_slice(&a.to_le_bytes());
     m[HEADER + 4..].copy_from_slice(&b.to_le_bytes());
-    Some((buf, status))
+    Some((buf, status, None))
 }
 
 /// The error an error message names.

@@ -69,6 +69,23 @@ pub enum RpcError {
         /// The type.
         ty: ReqType,
     },
+    /// Large messages of `len` bytes cannot be: no pool class of the worker holds them (the
+    /// receiver reads a large payload into one), or no slots were configured.
+    #[error(
+        "large messages of {len} bytes need a pool class that holds them (worker.pools) and at \
+         least one EndpointConfig::large_slots"
+    )]
+    NoLargeBuffers {
+        /// Payload bytes.
+        len: usize,
+    },
+    /// Every slot for large messages is out (`EndpointConfig::large_slots`): the call was not
+    /// made.
+    #[error("all {slots} slots for large messages are out (EndpointConfig::large_slots)")]
+    LargeSlotsBusy {
+        /// Slots.
+        slots: usize,
+    },
     /// A message that breaks the wire format (counted in the endpoint's metrics).
     #[error("malformed message: {0}")]
     Malformed(Malformed),
@@ -91,8 +108,10 @@ pub enum Malformed {
     Version(u8),
     /// A message kind that does not exist.
     Kind(u8),
-    /// The reserved field is not zero.
+    /// A reserved byte is not zero (the hello's last).
     Reserved(u16),
+    /// Flags that do not exist, or [`crate::wire::LARGE`] on an error message.
+    Flags(u16),
     /// The header's payload length disagrees with the bytes that came.
     Length {
         /// What the header says.
@@ -124,6 +143,7 @@ impl fmt::Display for Malformed {
             Malformed::Version(v) => write!(f, "version {v} is not spoken here"),
             Malformed::Kind(k) => write!(f, "no message kind {k}"),
             Malformed::Reserved(r) => write!(f, "reserved field {r:#06x} is not zero"),
+            Malformed::Flags(x) => write!(f, "flags {x:#06x} are not the format's"),
             Malformed::Length { said, got } => {
                 write!(f, "the header says {said} payload bytes, {got} came")
             }

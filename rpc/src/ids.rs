@@ -52,8 +52,9 @@ impl fmt::Display for SessionId {
 pub struct CallId(pub(crate) u64);
 
 impl CallId {
-    /// Generations keep to 31 bits: bit 63 of an engine token marks a response's send.
-    pub(crate) const GENERATION_MASK: u32 = 0x7fff_ffff;
+    /// Generations keep to 30 bits: bits 62 and 63 of an engine token tell the other kinds
+    /// of request (a response's send, the reads of large payloads).
+    pub(crate) const GENERATION_MASK: u32 = 0x3fff_ffff;
 
     pub(crate) fn new(index: u32, generation: u32) -> Self {
         CallId(u64::from(generation & Self::GENERATION_MASK) << 32 | u64::from(index))
@@ -85,6 +86,6 @@ mod tests {
         assert_eq!(SessionId::from_wire(s.to_wire()), s);
         let c = CallId::new(u32::MAX, u32::MAX);
         assert_eq!((c.index(), c.generation()), (u32::MAX as usize, CallId::GENERATION_MASK));
-        assert_eq!(c.0 >> 63, 0, "bit 63 stays clear for responses' tokens");
+        assert_eq!(c.0 >> 62, 0, "bits 62 and 63 stay clear for the other tokens");
     }
 }

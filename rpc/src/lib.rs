@@ -31,7 +31,9 @@
 //!   without running the handler, and drops older ones ([`RpcMetrics::duplicates`],
 //!   [`RpcMetrics::stale`]).
 //! - Per session, responses come in the order of the calls (one connection, one lane, and a
-//!   server that answers in arrival order), and continuations run in that order.
+//!   server that answers in arrival order), and continuations run in that order; a large
+//!   request (below) is answered once its payload is read, so small calls made after it may
+//!   end first.
 //!
 //! # Wire format
 //! Every message is one send: a fixed 28-byte little-endian header ([`wire::Header`]), then
@@ -48,7 +50,7 @@
 //! | 12 | 8 | sequence number of the slot, from 1 (a response echoes it) |
 //! | 20 | 4 | payload length: exactly the bytes after the header |
 //! | 24 | 2 | status: 0 in requests and responses; an error's reason ([`wire::Status`]) |
-//! | 26 | 2 | reserved, 0 |
+//! | 26 | 2 | flags: bit 0 ([`wire::LARGE`]) the payload is a [`wire::Descriptor`]; others 0 |
 //!
 //! An error message's payload is two `u32` arguments (the unknown type; a response's length
 //! and the most that fits; the handler's code). [`wire::decode`] refuses every message that is
@@ -57,15 +59,34 @@
 //! slot or session field is not its session's. The connect's private data carries a 6-byte
 //! hello ([`wire::hello`]: magic, version, credits, a zero byte).
 //!
-//! A message travels in one send, so request and response payloads are at most the peer's
-//! receive size (`worker.recv_size`) less the header; a larger request is refused at the call
-//! and a larger response is answered with [`RpcError::TooLarge`].
+//! # Large messages
+//! A payload that fits in the peer's receive (`worker.recv_size` less the header) goes in the
+//! send. A larger one, up to [`EndpointConfig::large_max`] (0, off, by default), goes in a
+//! slot of the endpoint's arena (registered memory, [`EndpointConfig::large_slots`] slots of
+//! `large_max` bytes, granted read-only to each session's peer), and the send carries its
+//! 16-byte [`wire::Descriptor`] (address, key, length) with the [`wire::LARGE`] flag; the
+//! receiver reads the payload with one RDMA read into a buffer of its pools (a pool class
+//! must hold `large_max` bytes) and hands it to the handler or continuation in place. The
+//! receiver reads, rather than the sender writing into memory the receiver granted: the
+//! receiver decides when it has a buffer for the payload, no round trip asks for one, and
+//! the sender's memory is exposed for reads only. A large request holds its slot until its
+//! response comes; a large response until the client's next request on that slot
+//! acknowledges it (a client reuses its most recently freed slot first, so that comes soon
+//! when it keeps calling). A large call with every slot out is refused
+//! ([`RpcError::LargeSlotsBusy`]); beyond `large_max`, or with large messages off, a call is
+//! refused with [`RpcError::TooLarge`], and a response is answered with it.
 //!
-//! TODO (issue 12, next steps): large messages without copying through the receive buffers
-//! (the receiver reads the payload from the sender's granted buffer with one RDMA read, so
-//! the receiver decides when it has memory for it); a `Send` handle for other threads with a
-//! blocking call and a `Future`; the typed (serde) codec; merging, load balancing and
-//! priority classes; sessions surviving a reconnect (the at-most-once table is per session).
+//! Limits of this first version: the whole arena is granted to every session's peer (the
+//! engine's grant is a registration of its own; one per message would cost a registration
+//! each), so a peer could read other sessions' large payloads while they are there; and a
+//! large call takes its slot when it is made (its payload is copied in then), so calls
+//! waiting for a credit hold slots too, and one made with every slot out is refused rather
+//! than waiting.
+//!
+//! TODO (issue 12, next steps): a `Send` handle for other threads with a blocking call and a
+//! `Future`; the typed (serde) codec; merging, load balancing and priority classes; sessions
+//! surviving a reconnect (the at-most-once table is per session); large calls that wait for
+//! an arena slot instead of being refused; per-session order kept across large requests.
 //!
 //! # Examples
 //!
@@ -121,6 +142,7 @@ mod endpoint;
 mod error;
 mod handler;
 mod ids;
+mod large;
 mod metrics;
 mod service;
 pub mod wire;

@@ -8,6 +8,7 @@ use corelink_engine::{Buf, Cx};
 use crate::endpoint::Rpc;
 use crate::error::{Result, RpcError};
 use crate::ids::{ReqType, SessionId};
+use crate::large::{Arena, ArenaSlot};
 use crate::wire::HEADER;
 
 /// A request, as its handler sees it: the bytes in place in the receive buffer.
@@ -29,6 +30,10 @@ pub struct Response<'a, P: Provider> {
     pub(crate) max: usize,
     /// A response asked for that did not fit, or a pool that had no buffer.
     pub(crate) refused: Option<RpcError>,
+    /// The endpoint's arena, when large responses can go to this session's client.
+    pub(crate) arena: Option<&'a Arena<P>>,
+    /// A large response: its arena slot and length.
+    pub(crate) large: Option<(ArenaSlot, usize)>,
 }
 
 impl<P: Provider> std::fmt::Debug for Response<'_, P> {
@@ -38,18 +43,22 @@ impl<P: Provider> std::fmt::Debug for Response<'_, P> {
 }
 
 impl<'a, P: Provider> Response<'a, P> {
-    pub(crate) fn new(cx: &'a Cx<P>, max: usize) -> Self {
-        Response { cx, buf: None, max, refused: None }
+    pub(crate) fn new(cx: &'a Cx<P>, max: usize, arena: Option<&'a Arena<P>>) -> Self {
+        Response { cx, buf: None, max, refused: None, arena, large: None }
     }
 
-    /// Payload bytes the response may have (what fits in the client's receive).
+    /// Payload bytes the response may have: what fits in the client's receive, or a large
+    /// message's most (`EndpointConfig::large_max`) when large messages are on.
     pub fn max(&self) -> usize {
-        self.max
+        self.arena.map_or(self.max, |a| a.size().max(self.max))
     }
 
     /// Payload bytes taken so far.
     pub fn len(&self) -> usize {
-        self.buf.as_ref().map_or(0, |b| b.len() - HEADER)
+        match (&self.large, &self.buf) {
+            (Some((_, len)), _) => *len,
+            (None, b) => b.as_ref().map_or(0, |b| b.len() - HEADER),
+        }
     }
 
     /// Whether no payload was taken.
@@ -57,15 +66,29 @@ impl<'a, P: Provider> Response<'a, P> {
         self.len() == 0
     }
 
-    /// `len` bytes of response payload in a registered buffer, to write in place (it goes as
-    /// it is when the handler returns). Refused when `len` exceeds [`Response::max`] or the
-    /// worker's pools have no buffer; the client then gets that error, whatever the handler
-    /// returns.
+    /// `len` bytes of response payload in registered memory, to write in place (it goes as
+    /// it is when the handler returns): a buffer of the worker's pools, or beyond the
+    /// client's receive a slot of the endpoint's arena for large messages, which the client
+    /// reads. Refused when `len` exceeds [`Response::max`] or no buffer or slot is free; the
+    /// client then gets that error, whatever the handler returns.
     pub fn alloc(&mut self, len: usize) -> Result<&mut [u8]> {
         self.buf = None;
+        self.large = None;
+        if len > self.max() {
+            self.refused = Some(RpcError::TooLarge { len, max: self.max() });
+            return Err(RpcError::TooLarge { len, max: self.max() });
+        }
         if len > self.max {
-            self.refused = Some(RpcError::TooLarge { len, max: self.max });
-            return Err(RpcError::TooLarge { len, max: self.max });
+            let Some(arena) = self.arena else {
+                return Err(RpcError::TooLarge { len, max: self.max });
+            };
+            let Some(slot) = arena.take() else {
+                self.refused = Some(RpcError::PeerBusy);
+                return Err(RpcError::LargeSlotsBusy { slots: arena.slots() });
+            };
+            self.refused = None;
+            let (slot, _) = self.large.insert((slot, len));
+            return Ok(arena.bytes_mut(slot, len));
         }
         match self.cx.alloc(HEADER + len) {
             Ok(b) => {

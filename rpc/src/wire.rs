@@ -14,6 +14,10 @@ pub const VERSION: u8 = 1;
 pub const ERROR_PAYLOAD: usize = 8;
 /// Bytes of the hello a session's connect carries in its private data.
 pub const HELLO: usize = 6;
+/// Flag: the payload is a [`Descriptor`] of the message's payload, for the receiver to read.
+pub const LARGE: u16 = 1;
+/// Bytes of a [`Descriptor`].
+pub const DESCRIPTOR: usize = 16;
 
 /// What a message is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +75,9 @@ pub struct Header {
     pub len: u32,
     /// An error message's reason; [`Status::Ok`] otherwise.
     pub status: Status,
+    /// The payload is a [`Descriptor`] (flag [`LARGE`]): the message's payload is in the
+    /// sender's memory, for the receiver to read.
+    pub large: bool,
 }
 
 impl Header {
@@ -86,7 +93,8 @@ impl Header {
         b[12..20].copy_from_slice(&self.seq.to_le_bytes());
         b[20..24].copy_from_slice(&self.len.to_le_bytes());
         b[24..26].copy_from_slice(&(self.status as u16).to_le_bytes());
-        // 26..28: reserved, zero.
+        let flags = if self.large { LARGE } else { 0 };
+        b[26..28].copy_from_slice(&flags.to_le_bytes());
         b
     }
 
@@ -130,6 +138,7 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 ///     seq: 1,
 ///     len: 2,
 ///     status: Status::Ok,
+///     large: false,
 /// };
 /// let mut msg = h.encode().to_vec();
 /// msg.extend_from_slice(b"hi");
@@ -153,10 +162,11 @@ pub fn decode(msg: &[u8]) -> Result<(Header, &[u8]), Malformed> {
         3 => Kind::Error,
         k => return Err(Malformed::Kind(k)),
     };
-    let reserved = u16_at(head, 26);
-    if reserved != 0 {
-        return Err(Malformed::Reserved(reserved));
+    let flags = u16_at(head, 26);
+    if flags & !LARGE != 0 {
+        return Err(Malformed::Flags(flags));
     }
+    let large = flags & LARGE != 0;
     let len = u32_at(head, 20);
     if len as usize != payload.len() {
         return Err(Malformed::Length { said: len, got: payload.len() });
@@ -170,7 +180,15 @@ pub fn decode(msg: &[u8]) -> Result<(Header, &[u8]), Malformed> {
     if !fits {
         return Err(Malformed::Status(raw_status));
     }
-    if kind == Kind::Error && payload.len() != ERROR_PAYLOAD {
+    if kind == Kind::Error && large {
+        return Err(Malformed::Flags(flags));
+    }
+    let want = match (kind, large) {
+        (Kind::Error, _) => Some(ERROR_PAYLOAD),
+        (_, true) => Some(DESCRIPTOR),
+        _ => None,
+    };
+    if want.is_some_and(|n| n != payload.len()) {
         return Err(Malformed::Length { said: len, got: payload.len() });
     }
     let seq = u64::from(u32_at(head, 12)) | u64::from(u32_at(head, 16)) << 32;
@@ -185,8 +203,41 @@ pub fn decode(msg: &[u8]) -> Result<(Header, &[u8]), Malformed> {
         seq,
         len,
         status,
+        large,
     };
     Ok((header, payload))
+}
+
+/// Where a large message's payload is: `len` bytes at `addr` of the sender's memory, under
+/// `rkey` (granted to the receiver for reads). Little-endian: address, key, length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Descriptor {
+    /// Address of the payload's first byte, in the sender's address space.
+    pub addr: u64,
+    /// The remote key of the sender's grant.
+    pub rkey: u32,
+    /// Payload bytes.
+    pub len: u32,
+}
+
+impl Descriptor {
+    /// Its bytes.
+    pub fn encode(&self) -> [u8; DESCRIPTOR] {
+        let mut b = [0u8; DESCRIPTOR];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        b[12..16].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// The descriptor in `b` (a large message's payload, checked by [`decode`]).
+    pub fn decode(b: &[u8]) -> Result<Descriptor, Malformed> {
+        let Some(b) = b.first_chunk::<DESCRIPTOR>().filter(|_| b.len() == DESCRIPTOR) else {
+            return Err(Malformed::Length { said: DESCRIPTOR as u32, got: b.len() });
+        };
+        let addr = u64::from(u32_at(b, 0)) | u64::from(u32_at(b, 4)) << 32;
+        Ok(Descriptor { addr, rkey: u32_at(b, 8), len: u32_at(b, 12) })
+    }
 }
 
 /// An error message's two arguments (see [`Status`]).
@@ -239,6 +290,7 @@ mod tests {
             seq: 0x0102_0304_0506_0708,
             len,
             status,
+            large: false,
         }
     }
 
@@ -311,7 +363,12 @@ mod tests {
         for k in [0u8, 4, 255] {
             assert_eq!(with(3, &[k]), Err(Malformed::Kind(k)));
         }
-        assert_eq!(with(26, &[1, 0]), Err(Malformed::Reserved(1)));
+        assert_eq!(with(26, &[2, 0]), Err(Malformed::Flags(2)));
+        assert_eq!(with(27, &[0x80]), Err(Malformed::Flags(0x8000)));
+        // Large: the payload must be a descriptor, and an error is never large.
+        assert_eq!(with(26, &[1, 0]), Err(Malformed::Length { said: 4, got: 4 }));
+        let large_error = Header { large: true, ..sample(Kind::Error, Status::Busy, 8) };
+        assert_eq!(decode(&message(&large_error)), Err(Malformed::Flags(1)));
         assert_eq!(with(20, &[9, 0, 0, 0]), Err(Malformed::Length { said: 9, got: 4 }));
         assert_eq!(
             with(20, &[0xff, 0xff, 0xff, 0xff]),
@@ -341,6 +398,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn large_messages_carry_a_descriptor() {
+        let d = Descriptor { addr: 0x1122_3344_5566_7788, rkey: 0xaabb_ccdd, len: 8 << 20 };
+        for kind in [Kind::Request, Kind::Response] {
+            let h = Header { large: true, ..sample(kind, Status::Ok, DESCRIPTOR as u32) };
+            let mut m = h.encode().to_vec();
+            m.extend_from_slice(&d.encode());
+            let (got, payload) = decode(&m).unwrap();
+            assert_eq!(got, h);
+            assert_eq!(Descriptor::decode(payload), Ok(d));
+            for cut in HEADER..m.len() {
+                assert!(decode(&m[..cut]).is_err());
+            }
+        }
+        assert!(Descriptor::decode(&[0; 15]).is_err());
+        assert!(Descriptor::decode(&[0; 17]).is_err());
     }
 
     #[test]

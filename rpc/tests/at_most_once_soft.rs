@@ -18,6 +18,7 @@ fn request(slot: u16, seq: u64, ty: ReqType) -> Vec<u8> {
         seq,
         len: 0,
         status: Status::Ok,
+        large: false,
     };
     h.encode().to_vec()
 }
