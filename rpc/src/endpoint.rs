@@ -862,6 +862,12 @@ impl<P: Provider> Endpoint<P> {
             self.metrics.stale += 1;
             return Ok(());
         }
+        if h.large && cs.used == SlotUse::Abandoned {
+            // Its call timed out: nothing to read for; the slot is free again.
+            Descriptor::decode(payload)?;
+            self.end_slot(cx, session, h.slot, Err(RpcError::Timeout));
+            return Ok(());
+        }
         if h.large {
             // The payload is the server's to read: the call ends when it is here.
             let d = Descriptor::decode(payload)?;
