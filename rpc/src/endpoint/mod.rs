@@ -1,5 +1,10 @@
-//! The endpoint: one per worker, on its thread. Sessions over engine connections, the call
-//! table with its deadlines, the request handlers, and the flow control between them.
+//! The endpoint: one per worker, on its thread. Here its tables (sessions over engine
+//! connections, calls with their deadlines, request handlers) and the engine's events; the
+//! client side (calls, credits, deadlines, answers) is in `client.rs`, the server side
+//! (requests, handlers, stored answers) in `server.rs`.
+
+mod client;
+mod server;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -9,8 +14,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use corelink_config::WorkerResources;
-use corelink_engine::verbs::{Provider, RemoteAddr, RemoteRegion};
-use corelink_engine::{Buf, ConnId, ConnInfo, Cx, Done, EngineError};
+use corelink_engine::verbs::{Provider, RemoteRegion};
+use corelink_engine::{Buf, ConnId, ConnInfo, Cx, Done};
 
 use crate::config::{recvs_per_session, EndpointConfig};
 use crate::error::{Malformed, Result, RpcError};
@@ -18,7 +23,7 @@ use crate::ids::{CallId, ReqType, SessionId};
 use crate::large::{Arena, ArenaSlot};
 use crate::metrics::RpcMetrics;
 use crate::service::{Reject, Request, Response, SessionEvent};
-use crate::wire::{self, Descriptor, Header, Kind, Status, DESCRIPTOR, ERROR_PAYLOAD, HEADER};
+use crate::wire::{self, Kind, Status, HEADER};
 
 /// What runs when a call ends: on the worker, with the response's payload (in place in the
 /// receive buffer) or why there is none.
@@ -438,83 +443,6 @@ impl<P: Provider> Endpoint<P> {
         Ok(())
     }
 
-    pub(crate) fn call(
-        &mut self,
-        cx: &mut Cx<P>,
-        session: SessionId,
-        ty: ReqType,
-        request: &[u8],
-        timeout: Duration,
-        then: Continuation<P>,
-    ) -> Result<CallId> {
-        let s = self.session(session).ok_or(RpcError::NoSuchSession(session))?;
-        if !s.served.is_empty() {
-            return Err(RpcError::NoSuchSession(session));
-        }
-        if s.phase == Phase::Closing {
-            return Err(RpcError::SessionClosed);
-        }
-        // While connecting, the peer's receive is taken to be this worker's (the engine
-        // refuses the send if it is smaller).
-        let small = match s.phase {
-            Phase::Open => s.peer_max,
-            _ => cx.recv_size().saturating_sub(HEADER),
-        };
-        let large = request.len() > small;
-        if large && request.len() > self.cfg.large_max {
-            return Err(RpcError::TooLarge {
-                len: request.len(),
-                max: small.max(self.cfg.large_max),
-            });
-        }
-        if self.live_calls >= self.cfg.max_calls as usize {
-            return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
-        }
-        let (mut buf, arena) = if large {
-            self.ensure_arena(cx)?;
-            let Some(arena) = &self.arena else {
-                return Err(RpcError::NoLargeBuffers { len: request.len() });
-            };
-            let slot = arena.take().ok_or(RpcError::LargeSlotsBusy { slots: arena.slots() })?;
-            arena.fill(&slot, request)?;
-            (cx.alloc(HEADER + DESCRIPTOR)?, Some(slot))
-        } else {
-            let mut buf = cx.alloc(HEADER + request.len())?;
-            buf.as_mut_slice()[HEADER..].copy_from_slice(request);
-            (buf, None)
-        };
-        let header = Header {
-            kind: Kind::Request,
-            ty,
-            slot: 0,
-            session,
-            seq: 1,
-            len: if large { DESCRIPTOR as u32 } else { request.len() as u32 },
-            status: Status::Ok,
-            large,
-        };
-        header.write_to(buf.as_mut_slice());
-        let len = request.len() as u32;
-        let call = Call { session, slot: None, request: Some(buf), arena, len, then };
-        let Ok(id) = self.insert_call(call) else {
-            return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
-        };
-        self.metrics.calls += 1;
-        if self.deadlines.len() >= 2 * self.cfg.max_calls as usize {
-            // Within the capacity reserved at start: the live calls' entries are at most half.
-            self.compact_deadlines();
-        }
-        self.deadlines.push(Reverse((cx.now() + timeout, id.0)));
-        let Some(s) = self.session_mut(session) else { return Ok(id) };
-        if s.phase == Phase::Open && s.waiting.is_empty() && !s.free_slots.is_empty() {
-            self.send_call(cx, session, id);
-        } else {
-            s.waiting.push_back(id);
-            self.metrics.waited += 1;
-        }
-        Ok(id)
-    }
-
     /// Registers the arena for large messages, if they are on and it is not there yet.
     fn ensure_arena(&mut self, cx: &mut Cx<P>) -> Result<()> {
         if self.cfg.large_max > 0 && self.arena.is_none() {
@@ -523,130 +451,12 @@ impl<P: Provider> Endpoint<P> {
         Ok(())
     }
 
-    /// Keeps only the deadlines of calls still live (each has one).
-    fn compact_deadlines(&mut self) {
-        let mut heap = std::mem::take(&mut self.deadlines);
-        heap.retain(|Reverse((_, id))| self.call_live(CallId(*id)));
-        self.deadlines = heap;
-    }
-
-    /// Sends call `id` on a free slot of open session `session` (both checked by the caller).
-    fn send_call(&mut self, cx: &mut Cx<P>, session: SessionId, id: CallId) {
-        let taken = self.calls.get_mut(id.index()).and_then(|e| match &mut e.call {
-            Some(c) if e.generation == id.generation() => {
-                c.request.take().map(|buf| (buf, c.arena.take(), c.len))
-            }
-            _ => None,
-        });
-        let Some((mut buf, arena_slot, len)) = taken else { return self.missed() };
-        let Some(region) = self.session(session).map(|s| s.region) else { return };
-        if let Some(a) = &arena_slot {
-            // A large request: its descriptor, where this session's peer reads the payload.
-            let (Some(region), Some(arena)) = (region, &self.arena) else {
-                if let Some(call) = self.take_call(id) {
-                    let why = RpcError::NoLargeBuffers { len: len as usize };
-                    self.finish(cx, call.then, Err(why));
-                }
-                return;
-            };
-            let addr = region.addr + arena.offset(a) as u64;
-            let d = Descriptor { addr, rkey: region.rkey, len };
-            buf.as_mut_slice()[HEADER..HEADER + DESCRIPTOR].copy_from_slice(&d.encode());
-        }
-        let Some(s) = self.session_mut(session) else { return };
-        let (Some(conn), Some(slot)) = (s.conn, s.free_slots.pop()) else {
-            return self.missed();
-        };
-        let cs = &mut s.slots[usize::from(slot)];
-        cs.seq += 1;
-        cs.used = SlotUse::Call(id);
-        cs.arena = arena_slot;
-        let seq = cs.seq;
-        if let Some(call) = self.calls.get_mut(id.index()).and_then(|e| e.call.as_mut()) {
-            call.slot = Some(slot);
-        }
-        let m = buf.as_mut_slice();
-        // The slot and sequence number, now known (header bytes 6..8 and 12..20).
-        m[6..8].copy_from_slice(&slot.to_le_bytes());
-        m[12..20].copy_from_slice(&seq.to_le_bytes());
-        if let Err((_, e)) = cx.send(conn, buf, None, id.0) {
-            let why = match e {
-                EngineError::MessageTooLarge { len, max, .. } => {
-                    let (len, max) =
-                        (len.saturating_sub(HEADER), (max as usize).saturating_sub(HEADER));
-                    RpcError::TooLarge { len, max }
-                }
-                EngineError::ConnectionClosing(_) | EngineError::NoSuchConnection(_) => {
-                    RpcError::SessionClosed
-                }
-                e => RpcError::Engine(e),
-            };
-            self.free_slot(session, slot);
-            if let Some(call) = self.take_call(id) {
-                self.finish(cx, call.then, Err(why));
-            }
-        }
-    }
-
     /// A state the endpoint's own bookkeeping rules out was met: counted (and a debug
     /// assertion).
     #[cold]
     fn missed(&mut self) {
         self.metrics.invariant_misses += 1;
         debug_assert!(false, "the endpoint's bookkeeping missed");
-    }
-
-    fn free_slot(&mut self, session: SessionId, slot: u16) {
-        if let Some(s) = self.session_mut(session) {
-            if let Some(cs) = s.slots.get_mut(usize::from(slot)) {
-                if cs.used != SlotUse::Free {
-                    cs.used = SlotUse::Free;
-                    cs.arena = None;
-                    cs.reading = false;
-                    s.free_slots.push(slot);
-                }
-            }
-        }
-    }
-
-    /// Sends waiting calls of `session` while it has credits.
-    fn dispatch_waiting(&mut self, cx: &mut Cx<P>, session: SessionId) {
-        loop {
-            let Some(s) = self.session_mut(session) else { return };
-            if s.phase != Phase::Open || s.free_slots.is_empty() {
-                return;
-            }
-            let Some(id) = s.waiting.pop_front() else { return };
-            if self.call_live(id) {
-                self.send_call(cx, session, id);
-            }
-        }
-    }
-
-    /// Ends the calls whose deadline passed (once per loop iteration).
-    pub(crate) fn expire(&mut self, cx: &mut Cx<P>) {
-        if self.deadlines.is_empty() {
-            return;
-        }
-        let now = cx.now();
-        while let Some(&Reverse((due, id))) = self.deadlines.peek() {
-            if due > now {
-                return;
-            }
-            self.deadlines.pop();
-            let id = CallId(id);
-            let Some(call) = self.take_call(id) else { continue };
-            if let Some(slot) = call.slot {
-                if let Some(cs) =
-                    self.session_mut(call.session).and_then(|s| s.slots.get_mut(usize::from(slot)))
-                {
-                    if cs.used == SlotUse::Call(id) {
-                        cs.used = SlotUse::Abandoned;
-                    }
-                }
-            }
-            self.finish(cx, call.then, Err(RpcError::Timeout));
-        }
     }
 
     /// A connection of this worker opened: a client session's, or a peer's new session.
@@ -772,54 +582,6 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
-    fn answer_sent(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
-        let (session, slot, seq) = token_slot(done.token);
-        let Some(s) = self.session_mut(session) else { return };
-        let conn = s.conn;
-        let Some(ss) = s.served.get_mut(usize::from(slot)) else { return };
-        if ss.seq & TOKEN_SEQ_MASK != seq || ss.stored.is_some() {
-            return; // an older response (acknowledged since), or a second copy
-        }
-        match (std::mem::take(&mut ss.resend), conn, done.buf) {
-            (true, Some(conn), Some(buf)) => {
-                if cx.send(conn, buf, None, done.token).is_err() {
-                    self.metrics.send_refused += 1;
-                }
-            }
-            (_, _, buf) => ss.stored = buf,
-        }
-    }
-
-    /// A large request's payload is here: its handler runs.
-    fn request_read(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
-        let (session, slot, seq) = token_slot(done.token);
-        let Some(ss) = self.session_mut(session).and_then(|s| s.served.get_mut(usize::from(slot)))
-        else {
-            return;
-        };
-        if ss.seq & TOKEN_SEQ_MASK != seq {
-            return;
-        }
-        let (Some((ty, client)), Some(buf)) = (ss.pending.take(), done.buf) else { return };
-        let seq = ss.seq;
-        self.answer(cx, session, ty, slot, client, seq, buf.as_slice());
-    }
-
-    /// A large response's payload is here: its call ends.
-    fn response_read(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
-        let (session, slot, seq) = token_slot(done.token);
-        let Some(cs) = self.session_mut(session).and_then(|s| s.slots.get_mut(usize::from(slot)))
-        else {
-            return;
-        };
-        if cs.seq & TOKEN_SEQ_MASK != seq || !cs.reading {
-            return;
-        }
-        cs.reading = false;
-        let Some(buf) = done.buf else { return self.missed() };
-        self.end_slot(cx, session, slot, Ok(buf.as_slice()));
-    }
-
     /// A message arrived on `conn`.
     pub(crate) fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, data: &[u8]) {
         let Some(&session) = self.by_conn.get(&conn) else {
@@ -842,275 +604,5 @@ impl<P: Provider> Endpoint<P> {
         if checked.is_err() {
             self.metrics.malformed += 1;
         }
-    }
-
-    fn on_response(
-        &mut self,
-        cx: &mut Cx<P>,
-        session: SessionId,
-        h: &Header,
-        payload: &[u8],
-    ) -> Result<(), Malformed> {
-        if h.session != session {
-            return Err(Malformed::Session(h.session.to_wire()));
-        }
-        let large_max = self.cfg.large_max;
-        let Some(s) = self.session_mut(session) else { return Ok(()) };
-        let conn = s.conn;
-        let cs = s.slots.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
-        if cs.seq != h.seq || cs.used == SlotUse::Free || cs.reading {
-            self.metrics.stale += 1;
-            return Ok(());
-        }
-        if h.large && cs.used == SlotUse::Abandoned {
-            // Its call timed out: nothing to read for; the slot is free again.
-            Descriptor::decode(payload)?;
-            self.end_slot(cx, session, h.slot, Err(RpcError::Timeout));
-            return Ok(());
-        }
-        if h.large {
-            // The payload is the server's to read: the call ends when it is here.
-            let d = Descriptor::decode(payload)?;
-            let (len, Some(conn)) = (d.len as usize, conn) else { return Ok(()) };
-            if len > large_max {
-                let why = RpcError::TooLarge { len, max: large_max };
-                self.end_slot(cx, session, h.slot, Err(why));
-                return Ok(());
-            }
-            let buf = match cx.alloc(len) {
-                Ok(b) => b,
-                Err(e) => {
-                    self.end_slot(cx, session, h.slot, Err(e.into()));
-                    return Ok(());
-                }
-            };
-            cs.reading = true;
-            let remote = RemoteAddr { addr: d.addr, rkey: d.rkey };
-            let token = slot_token(CLIENT_READ, session, h.slot, h.seq);
-            if let Err((_, e)) = cx.read(conn, buf, remote, token) {
-                self.end_slot(cx, session, h.slot, Err(e.into()));
-            }
-            return Ok(());
-        }
-        let outcome = match h.kind {
-            Kind::Error => Err(error_of(h.status, payload)),
-            _ => Ok(payload),
-        };
-        self.end_slot(cx, session, h.slot, outcome);
-        Ok(())
-    }
-
-    /// The answer to `session`'s `slot` is here: the slot is free again, the waiting calls go,
-    /// and the slot's call (if it did not time out) ends with `outcome`.
-    fn end_slot(
-        &mut self,
-        cx: &mut Cx<P>,
-        session: SessionId,
-        slot: u16,
-        outcome: Result<&[u8], RpcError>,
-    ) {
-        let used = self
-            .session(session)
-            .and_then(|s| s.slots.get(usize::from(slot)))
-            .map_or(SlotUse::Free, |cs| cs.used);
-        self.free_slot(session, slot);
-        // Waiting calls go before anything the continuation calls (the session's order).
-        self.dispatch_waiting(cx, session);
-        let SlotUse::Call(id) = used else {
-            // The answer to a call that timed out: its credit is back.
-            self.metrics.stale += 1;
-            return;
-        };
-        if let Some(call) = self.take_call(id) {
-            self.finish(cx, call.then, outcome);
-        }
-    }
-
-    fn on_request(
-        &mut self,
-        cx: &mut Cx<P>,
-        session: SessionId,
-        h: &Header,
-        payload: &[u8],
-    ) -> Result<(), Malformed> {
-        let large_max = self.cfg.large_max;
-        let Some(s) = self.session_mut(session) else { return Ok(()) };
-        let conn = s.conn;
-        let ss = s.served.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
-        let Some(conn) = conn else { return Ok(()) };
-        if h.seq < ss.seq {
-            self.metrics.stale += 1;
-            return Ok(());
-        }
-        if h.seq == ss.seq {
-            // Seen before: answered again from the stored response (once it is back, if its
-            // first send is still on the device or its request is still being read).
-            let stored = ss.stored.take();
-            ss.resend = stored.is_none();
-            self.metrics.duplicates += 1;
-            let token = slot_token(RESPONSE_TOKEN, session, h.slot, h.seq);
-            if let Some(buf) = stored {
-                if cx.send(conn, buf, None, token).is_err() {
-                    self.metrics.send_refused += 1;
-                }
-            }
-            return Ok(());
-        }
-        // A new request acknowledges the slot's last response.
-        ss.stored = None;
-        ss.resend = false;
-        ss.arena = None;
-        ss.pending = None;
-        ss.seq = h.seq;
-        if !h.large {
-            self.answer(cx, session, h.ty, h.slot, h.session, h.seq, payload);
-            return Ok(());
-        }
-        // A large request: its payload is read first, then its handler runs.
-        let d = Descriptor::decode(payload)?;
-        let len = d.len as usize;
-        let refusal = if len > large_max {
-            Some((Status::TooLarge, d.len, large_max as u32))
-        } else {
-            match cx.alloc(len) {
-                Ok(buf) => {
-                    ss.pending = Some((h.ty, h.session));
-                    let remote = RemoteAddr { addr: d.addr, rkey: d.rkey };
-                    let token = slot_token(SERVER_READ, session, h.slot, h.seq);
-                    if cx.read(conn, buf, remote, token).is_err() {
-                        ss.pending = None;
-                        self.metrics.send_refused += 1;
-                    }
-                    None
-                }
-                Err(_) => Some((Status::Busy, 0, 0)),
-            }
-        };
-        if let Some((status, a, b)) = refusal {
-            let reply = error_reply(cx, status, a, b);
-            self.send_answer(cx, session, h.ty, h.slot, h.session, h.seq, reply);
-        }
-        Ok(())
-    }
-
-    /// Runs the handler of `ty` on a new request's payload and sends its answer.
-    #[allow(clippy::too_many_arguments)]
-    fn answer(
-        &mut self,
-        cx: &mut Cx<P>,
-        session: SessionId,
-        ty: ReqType,
-        slot: u16,
-        client: SessionId,
-        seq: u64,
-        payload: &[u8],
-    ) {
-        let Some(s) = self.session(session) else { return };
-        let (peer_max, region) = (s.peer_max, s.region);
-        let reply = self.run_handler(cx, session, ty, payload, peer_max, region);
-        self.send_answer(cx, session, ty, slot, client, seq, reply);
-    }
-
-    /// Sends `reply` (header room, then the payload or a large one's descriptor) as the answer
-    /// to `session`'s request on `slot`; a large one's arena slot is kept with the slot.
-    #[allow(clippy::too_many_arguments)]
-    fn send_answer(
-        &mut self,
-        cx: &mut Cx<P>,
-        session: SessionId,
-        ty: ReqType,
-        slot: u16,
-        client: SessionId,
-        seq: u64,
-        reply: Option<Reply<P>>,
-    ) {
-        let Some((mut buf, status, arena)) = reply else {
-            self.metrics.no_buffer += 1;
-            return;
-        };
-        let kind = if status == Status::Ok { Kind::Response } else { Kind::Error };
-        let len = (buf.len() - HEADER) as u32;
-        let large = arena.is_some();
-        let header = Header { kind, ty, slot, session: client, seq, len, status, large };
-        header.write_to(buf.as_mut_slice());
-        let Some(s) = self.session_mut(session) else { return };
-        let Some(conn) = s.conn else { return };
-        if let Some(ss) = s.served.get_mut(usize::from(slot)) {
-            ss.arena = arena;
-        }
-        let token = slot_token(RESPONSE_TOKEN, session, slot, seq);
-        if cx.send(conn, buf, None, token).is_err() {
-            // The connection is closing (the client's calls end with it), or the worker's
-            // request table is full: the call times out.
-            self.metrics.send_refused += 1;
-        }
-    }
-
-    /// The reply to a new request (header room, then the payload or a large one's
-    /// descriptor), its status and a large payload's arena slot: its handler's response, or
-    /// an error message; `None` when no buffer was free even for an error.
-    fn run_handler(
-        &mut self,
-        cx: &mut Cx<P>,
-        session: SessionId,
-        ty: ReqType,
-        payload: &[u8],
-        peer_max: usize,
-        region: Option<RemoteRegion>,
-    ) -> Option<Reply<P>> {
-        let Endpoint { handlers, arena, metrics, .. } = self;
-        let Some(handler) = handlers.get_mut(usize::from(ty.0)).and_then(Option::as_mut) else {
-            return error_reply(cx, Status::NoSuchType, u32::from(ty.0), 0);
-        };
-        metrics.handled += 1;
-        let request = Request { ty, session, data: payload };
-        let arena = arena.as_ref().filter(|_| region.is_some());
-        let mut response = Response::new(cx, peer_max, arena);
-        let outcome = handler(&request, &mut response);
-        let (refused, buf, large) =
-            (response.refused.take(), response.buf.take(), response.large.take());
-        match (outcome, refused) {
-            (_, Some(RpcError::TooLarge { len, max })) => {
-                error_reply(cx, Status::TooLarge, len as u32, max as u32)
-            }
-            (_, Some(_)) => error_reply(cx, Status::Busy, 0, 0),
-            (Err(Reject(code)), None) => error_reply(cx, Status::Rejected, code, 0),
-            (Ok(()), None) => match (large, buf, arena.zip(region)) {
-                (Some((slot, len)), _, Some((arena, region))) => {
-                    let Ok(mut buf) = cx.alloc(HEADER + DESCRIPTOR) else {
-                        return error_reply(cx, Status::Busy, 0, 0);
-                    };
-                    let addr = region.addr + arena.offset(&slot) as u64;
-                    let d = Descriptor { addr, rkey: region.rkey, len: len as u32 };
-                    buf.as_mut_slice()[HEADER..].copy_from_slice(&d.encode());
-                    Some((buf, Status::Ok, Some(slot)))
-                }
-                (_, Some(buf), _) => Some((buf, Status::Ok, None)),
-                _ => match cx.alloc(HEADER) {
-                    Ok(buf) => Some((buf, Status::Ok, None)),
-                    Err(_) => error_reply(cx, Status::Busy, 0, 0),
-                },
-            },
-        }
-    }
-}
-
-/// An error message's buffer (header room, then the two arguments) and its status.
-fn error_reply<P: Provider>(cx: &Cx<P>, status: Status, a: u32, b: u32) -> Option<Reply<P>> {
-    let mut buf = cx.alloc(HEADER + ERROR_PAYLOAD).ok()?;
-    let m = buf.as_mut_slice();
-    m[HEADER..HEADER + 4].copy_from_slice(&a.to_le_bytes());
-    m[HEADER + 4..].copy_from_slice(&b.to_le_bytes());
-    Some((buf, status, None))
-}
-
-/// The error an error message names.
-fn error_of(status: Status, payload: &[u8]) -> RpcError {
-    let (a, b) = wire::error_args(payload);
-    match status {
-        Status::NoSuchType => RpcError::NoSuchType(ReqType(a as u16)),
-        Status::TooLarge => RpcError::TooLarge { len: a as usize, max: b as usize },
-        Status::Rejected => RpcError::Rejected { code: a },
-        Status::Busy | Status::Ok => RpcError::PeerBusy,
     }
 }
