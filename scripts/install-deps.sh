@@ -21,6 +21,12 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
+# cargo-fuzz, for scripts/test.sh's bounded fuzz run of the RPC wire decoder (about two
+# minutes to build; skipped when it is there).
+if ! cargo fuzz --help >/dev/null 2>&1; then
+    cargo install cargo-fuzz --locked
+fi
+
 # The Soft-RoCE guest in which the tests run the ibverbs provider against a real RDMA stack
 # (QEMU, Debian's kernel, rdma-core, perftest, virtme-ng): see tests/rxe-guest/run.
 $SUDO "$(dirname "${BASH_SOURCE[0]}")/../tests/rxe-guest/run" --install

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # corelink's test command (README, .ci/run):
 #  1. every unit and integration test on the host, the conformance suite on `soft` included;
-#  2. loom's model check of the SPSC rings;
+#  2. loom's model check of the SPSC rings, and a bounded fuzz run of the RPC wire decoder
+#     (when cargo-fuzz is installed);
 #  3. in one boot of the Soft-RoCE guest (tests/rxe-guest/run): the conformance suite on
 #     `ibverbs` against rxe0, the fidelity comparison soft vs rxe0, and the two-process
 #     connection-manager exchange.
@@ -15,13 +16,23 @@ echo "== cargo test --workspace"
 cargo test --workspace
 
 echo "== compile_fail doc tests, with the error each must fail with (checked on nightly rustdoc only)"
-# The ownership rules (Cx and Buf are !Send, Client and ring ends are not Clone) are locked by
-# compile_fail doc tests; with RUSTC_BOOTSTRAP=1 rustdoc checks that each fails for its error
-# code, not for a typo. Its own target directory: the flag would rebuild the main one.
-RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR=target/doc-codes cargo test -q -p corelink-engine --doc
+# The ownership rules (Cx, Buf and the RPC Endpoint are !Send, Client and ring ends are not
+# Clone) are locked by compile_fail doc tests; with RUSTC_BOOTSTRAP=1 rustdoc checks that each
+# fails for its error code, not for a typo. Its own target directory: the flag would rebuild the
+# main one.
+RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR=target/doc-codes cargo test -q -p corelink-engine -p corelink-rpc --doc
 
 echo "== loom: the SPSC rings"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -q -p corelink-engine --release --lib ring::loom_tests
+
+echo "== fuzz: the RPC wire decoder, 20 s (rpc/fuzz)"
+# cargo-fuzz needs nightly features: RUSTC_BOOTSTRAP=1 lets the stable toolchain build it. The
+# fuzz crate is outside the workspace (its own target directory, rpc/fuzz/target).
+if cargo fuzz --help >/dev/null 2>&1; then
+  (cd rpc && RUSTC_BOOTSTRAP=1 cargo fuzz run decode -- -max_total_time=20 -dict=fuzz/decode.dict)
+else
+  echo "== fuzz: skipped, cargo-fuzz not installed (scripts/install-deps.sh installs it)"
+fi
 
 if [ -n "${CORELINK_IBV_DEVICE:-}" ]; then
   # A host with a real RDMA device (or rxe loaded): the same batch, without the guest.

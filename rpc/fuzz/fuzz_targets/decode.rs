@@ -1,0 +1,18 @@
+//! The wire decoder on arbitrary bytes: it never panics, and what it accepts is exactly a
+//! header that re-encodes to the message's first bytes and a payload of the header's length.
+//! The hello decoder likewise.
+#![no_main]
+
+use corelink_rpc::wire::{decode, decode_hello, hello, HEADER};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok((h, payload)) = decode(data) {
+        assert_eq!(&h.encode()[..], &data[..HEADER]);
+        assert_eq!(payload.len(), h.len as usize);
+        assert_eq!(HEADER + payload.len(), data.len());
+    }
+    if let Ok(credits) = decode_hello(data) {
+        assert_eq!(&hello(credits)[..], data);
+    }
+});

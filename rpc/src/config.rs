@@ -1,0 +1,105 @@
+//! An endpoint's settings, checked against the worker's resources.
+
+use corelink_config::WorkerResources;
+
+use crate::error::{Result, RpcError};
+
+/// Credits per session unless configured otherwise (eRPC's).
+pub const DEFAULT_CREDITS: u16 = 32;
+
+/// An endpoint's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointConfig {
+    /// Requests a client session has in flight at most (its slots); calls beyond wait in the
+    /// endpoint. At most the receives the engine keeps posted per connection lane, so a
+    /// server never gets a request it has no receive for.
+    pub credits: u16,
+    /// Sessions (client and server) the endpoint holds at most.
+    pub max_sessions: u16,
+    /// Calls (in flight and waiting for a credit) the endpoint holds at most.
+    pub max_calls: u32,
+    /// Request types are `0..max_types`.
+    pub max_types: u16,
+    /// Payload bytes a large message (one beyond the peer's receive) may have; 0: none (such
+    /// a call fails with [`RpcError::TooLarge`]). A large payload is read by its receiver
+    /// into a buffer of its pools: a pool class must hold this many bytes.
+    pub large_max: usize,
+    /// Large messages this endpoint's sessions may have out at once (slots of `large_max`
+    /// bytes in one registered arena, granted to each session's peer for reads): a large
+    /// request holds one until its response comes, a large response until the client's next
+    /// request on its slot acknowledges it.
+    pub large_slots: u16,
+}
+
+impl EndpointConfig {
+    /// The defaults for a worker with resources `res`: [`DEFAULT_CREDITS`] credits, or fewer
+    /// when a connection keeps fewer receives posted; as many sessions as the worker takes
+    /// connections.
+    pub fn for_worker(res: &WorkerResources) -> Self {
+        let recvs = recvs_per_session(res);
+        EndpointConfig {
+            credits: DEFAULT_CREDITS.min(recvs.min(u32::from(u16::MAX)) as u16).max(1),
+            max_sessions: res.max_conns.min(u32::from(u16::MAX)) as u16,
+            max_calls: 1 << 16,
+            max_types: 256,
+            large_max: 0,
+            large_slots: 0,
+        }
+    }
+
+    /// The same with large messages of up to `max` payload bytes, `slots` of them out at once.
+    pub fn with_large(self, max: usize, slots: u16) -> Self {
+        EndpointConfig { large_max: max, large_slots: slots, ..self }
+    }
+
+    /// The same with `credits` credits per session.
+    pub fn with_credits(self, credits: u16) -> Self {
+        EndpointConfig { credits, ..self }
+    }
+
+    /// Checks the settings against the worker's resources: credits at least 1 and at most the
+    /// receives a connection keeps posted.
+    pub fn check(&self, res: &WorkerResources) -> Result<()> {
+        let recvs = recvs_per_session(res);
+        if self.credits == 0 || u32::from(self.credits) > recvs {
+            return Err(RpcError::TooManyCredits { credits: u32::from(self.credits), recvs });
+        }
+        if self.large_max > 0 {
+            let fits = res.pools.iter().any(|c| c.size >= self.large_max);
+            if !fits || self.large_slots == 0 || self.large_max > u32::MAX as usize {
+                return Err(RpcError::NoLargeBuffers { len: self.large_max });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Receives one session's connection keeps posted on each of its lanes (a session sends on
+/// whichever lane the engine picks, so the least a lane holds bounds the credits).
+pub fn recvs_per_session(res: &WorkerResources) -> u32 {
+    res.recvs_per_lane(res.qps.per_conn.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credits_never_exceed_a_connections_receives() {
+        let mut res = WorkerResources::default();
+        let cfg = EndpointConfig::for_worker(&res);
+        assert_eq!(cfg.credits, 32);
+        cfg.check(&res).unwrap();
+        res.recvs_per_conn = 8;
+        let cfg = EndpointConfig::for_worker(&res);
+        assert_eq!(cfg.credits, 8);
+        let err = cfg.clone().with_credits(9).check(&res).unwrap_err();
+        assert!(matches!(err, RpcError::TooManyCredits { credits: 9, recvs: 8 }), "{err}");
+        assert!(cfg.clone().with_credits(0).check(&res).is_err());
+        // Large messages need a pool class to read them into.
+        assert!(cfg.clone().with_large(65536, 2).check(&res).is_ok());
+        let err = cfg.clone().with_large(65537, 2).check(&res).unwrap_err();
+        assert!(matches!(err, RpcError::NoLargeBuffers { len: 65537 }), "{err}");
+        assert!(cfg.with_large(4096, 0).check(&res).is_err());
+    }
+}

@@ -1,0 +1,320 @@
+//! The client side of an endpoint: calls, their credits and deadlines, and their answers.
+
+use std::cmp::Reverse;
+use std::time::Duration;
+
+use corelink_engine::verbs::{Provider, RemoteAddr};
+use corelink_engine::{Buf, Cx, Done, EngineError};
+
+use super::{
+    slot_token, token_slot, Call, Continuation, Endpoint, Phase, SlotUse, CLIENT_READ,
+    TOKEN_SEQ_MASK,
+};
+use crate::error::{Malformed, Result, RpcError};
+use crate::ids::{CallId, ReqType, SessionId};
+use crate::wire::{self, Descriptor, Header, Kind, Status, DESCRIPTOR, HEADER};
+
+impl<P: Provider> Endpoint<P> {
+    pub(crate) fn call(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        ty: ReqType,
+        request: &[u8],
+        timeout: Duration,
+        then: Continuation<P>,
+    ) -> Result<CallId> {
+        let s = self.session(session).ok_or(RpcError::NoSuchSession(session))?;
+        if !s.served.is_empty() {
+            return Err(RpcError::NoSuchSession(session));
+        }
+        if s.phase == Phase::Closing {
+            return Err(RpcError::SessionClosed);
+        }
+        // While connecting, the peer's receive is taken to be this worker's (the engine
+        // refuses the send if it is smaller).
+        let small = match s.phase {
+            Phase::Open => s.peer_max,
+            _ => cx.recv_size().saturating_sub(HEADER),
+        };
+        let large = request.len() > small;
+        if large && request.len() > self.cfg.large_max {
+            return Err(RpcError::TooLarge {
+                len: request.len(),
+                max: small.max(self.cfg.large_max),
+            });
+        }
+        if self.live_calls >= self.cfg.max_calls as usize {
+            return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
+        }
+        let (mut buf, arena) = if large {
+            self.ensure_arena(cx)?;
+            let Some(arena) = &self.arena else {
+                return Err(RpcError::NoLargeBuffers { len: request.len() });
+            };
+            let slot = arena.take().ok_or(RpcError::LargeSlotsBusy { slots: arena.slots() })?;
+            arena.fill(&slot, request)?;
+            (cx.alloc(HEADER + DESCRIPTOR)?, Some(slot))
+        } else {
+            let mut buf = cx.alloc(HEADER + request.len())?;
+            buf.as_mut_slice()[HEADER..].copy_from_slice(request);
+            (buf, None)
+        };
+        let header = Header {
+            kind: Kind::Request,
+            ty,
+            slot: 0,
+            session,
+            seq: 1,
+            len: if large { DESCRIPTOR as u32 } else { request.len() as u32 },
+            status: Status::Ok,
+            large,
+        };
+        header.write_to(buf.as_mut_slice());
+        let len = request.len() as u32;
+        let call = Call { session, slot: None, request: Some(buf), arena, len, then };
+        let Ok(id) = self.insert_call(call) else {
+            return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
+        };
+        self.metrics.calls += 1;
+        if self.deadlines.len() >= 2 * self.cfg.max_calls as usize {
+            // Within the capacity reserved at start: the live calls' entries are at most half.
+            self.compact_deadlines();
+        }
+        self.deadlines.push(Reverse((cx.now() + timeout, id.0)));
+        let Some(s) = self.session_mut(session) else { return Ok(id) };
+        if s.phase == Phase::Open && s.waiting.is_empty() && !s.free_slots.is_empty() {
+            self.send_call(cx, session, id);
+        } else {
+            s.waiting.push_back(id);
+            self.metrics.waited += 1;
+        }
+        Ok(id)
+    }
+
+    /// Keeps only the deadlines of calls still live (each has one).
+    fn compact_deadlines(&mut self) {
+        let mut heap = std::mem::take(&mut self.deadlines);
+        heap.retain(|Reverse((_, id))| self.call_live(CallId(*id)));
+        self.deadlines = heap;
+    }
+
+    /// Sends call `id` on a free slot of open session `session` (both checked by the caller).
+    fn send_call(&mut self, cx: &mut Cx<P>, session: SessionId, id: CallId) {
+        let taken = self.calls.get_mut(id.index()).and_then(|e| match &mut e.call {
+            Some(c) if e.generation == id.generation() => {
+                c.request.take().map(|buf| (buf, c.arena.take(), c.len))
+            }
+            _ => None,
+        });
+        let Some((mut buf, arena_slot, len)) = taken else { return self.missed() };
+        let Some(region) = self.session(session).map(|s| s.region) else { return };
+        if let Some(a) = &arena_slot {
+            // A large request: its descriptor, where this session's peer reads the payload.
+            let (Some(region), Some(arena)) = (region, &self.arena) else {
+                if let Some(call) = self.take_call(id) {
+                    let why = RpcError::NoLargeBuffers { len: len as usize };
+                    self.finish(cx, call.then, Err(why));
+                }
+                return;
+            };
+            let addr = region.addr + arena.offset(a) as u64;
+            let d = Descriptor { addr, rkey: region.rkey, len };
+            buf.as_mut_slice()[HEADER..HEADER + DESCRIPTOR].copy_from_slice(&d.encode());
+        }
+        let Some(s) = self.session_mut(session) else { return };
+        let (Some(conn), Some(slot)) = (s.conn, s.free_slots.pop()) else {
+            return self.missed();
+        };
+        let cs = &mut s.slots[usize::from(slot)];
+        cs.seq += 1;
+        cs.used = SlotUse::Call(id);
+        cs.arena = arena_slot;
+        let seq = cs.seq;
+        if let Some(call) = self.calls.get_mut(id.index()).and_then(|e| e.call.as_mut()) {
+            call.slot = Some(slot);
+        }
+        let m = buf.as_mut_slice();
+        // The slot and sequence number, now known (header bytes 6..8 and 12..20).
+        m[6..8].copy_from_slice(&slot.to_le_bytes());
+        m[12..20].copy_from_slice(&seq.to_le_bytes());
+        if let Err((_, e)) = cx.send(conn, buf, None, id.0) {
+            let why = match e {
+                EngineError::MessageTooLarge { len, max, .. } => {
+                    let (len, max) =
+                        (len.saturating_sub(HEADER), (max as usize).saturating_sub(HEADER));
+                    RpcError::TooLarge { len, max }
+                }
+                EngineError::ConnectionClosing(_) | EngineError::NoSuchConnection(_) => {
+                    RpcError::SessionClosed
+                }
+                e => RpcError::Engine(e),
+            };
+            self.free_slot(session, slot);
+            if let Some(call) = self.take_call(id) {
+                self.finish(cx, call.then, Err(why));
+            }
+        }
+    }
+
+    fn free_slot(&mut self, session: SessionId, slot: u16) {
+        if let Some(s) = self.session_mut(session) {
+            if let Some(cs) = s.slots.get_mut(usize::from(slot)) {
+                if cs.used != SlotUse::Free {
+                    cs.used = SlotUse::Free;
+                    cs.arena = None;
+                    cs.reading = false;
+                    s.free_slots.push(slot);
+                }
+            }
+        }
+    }
+
+    /// Sends waiting calls of `session` while it has credits.
+    pub(super) fn dispatch_waiting(&mut self, cx: &mut Cx<P>, session: SessionId) {
+        loop {
+            let Some(s) = self.session_mut(session) else { return };
+            if s.phase != Phase::Open || s.free_slots.is_empty() {
+                return;
+            }
+            let Some(id) = s.waiting.pop_front() else { return };
+            if self.call_live(id) {
+                self.send_call(cx, session, id);
+            }
+        }
+    }
+
+    /// Ends the calls whose deadline passed (once per loop iteration).
+    pub(crate) fn expire(&mut self, cx: &mut Cx<P>) {
+        if self.deadlines.is_empty() {
+            return;
+        }
+        let now = cx.now();
+        while let Some(&Reverse((due, id))) = self.deadlines.peek() {
+            if due > now {
+                return;
+            }
+            self.deadlines.pop();
+            let id = CallId(id);
+            let Some(call) = self.take_call(id) else { continue };
+            if let Some(slot) = call.slot {
+                if let Some(cs) =
+                    self.session_mut(call.session).and_then(|s| s.slots.get_mut(usize::from(slot)))
+                {
+                    if cs.used == SlotUse::Call(id) {
+                        cs.used = SlotUse::Abandoned;
+                    }
+                }
+            }
+            self.finish(cx, call.then, Err(RpcError::Timeout));
+        }
+    }
+
+    /// A large response's payload is here: its call ends.
+    pub(super) fn response_read(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
+        let (session, slot, seq) = token_slot(done.token);
+        let Some(cs) = self.session_mut(session).and_then(|s| s.slots.get_mut(usize::from(slot)))
+        else {
+            return;
+        };
+        if cs.seq & TOKEN_SEQ_MASK != seq || !cs.reading {
+            return;
+        }
+        cs.reading = false;
+        let Some(buf) = done.buf else { return self.missed() };
+        self.end_slot(cx, session, slot, Ok(buf.as_slice()));
+    }
+
+    pub(super) fn on_response(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<(), Malformed> {
+        if h.session != session {
+            return Err(Malformed::Session(h.session.to_wire()));
+        }
+        let large_max = self.cfg.large_max;
+        let Some(s) = self.session_mut(session) else { return Ok(()) };
+        let conn = s.conn;
+        let cs = s.slots.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
+        if cs.seq != h.seq || cs.used == SlotUse::Free || cs.reading {
+            self.metrics.stale += 1;
+            return Ok(());
+        }
+        if h.large && cs.used == SlotUse::Abandoned {
+            // Its call timed out: nothing to read for; the slot is free again.
+            Descriptor::decode(payload)?;
+            self.end_slot(cx, session, h.slot, Err(RpcError::Timeout));
+            return Ok(());
+        }
+        if h.large {
+            // The payload is the server's to read: the call ends when it is here.
+            let d = Descriptor::decode(payload)?;
+            let (len, Some(conn)) = (d.len as usize, conn) else { return Ok(()) };
+            if len > large_max {
+                let why = RpcError::TooLarge { len, max: large_max };
+                self.end_slot(cx, session, h.slot, Err(why));
+                return Ok(());
+            }
+            let buf = match cx.alloc(len) {
+                Ok(b) => b,
+                Err(e) => {
+                    self.end_slot(cx, session, h.slot, Err(e.into()));
+                    return Ok(());
+                }
+            };
+            cs.reading = true;
+            let remote = RemoteAddr { addr: d.addr, rkey: d.rkey };
+            let token = slot_token(CLIENT_READ, session, h.slot, h.seq);
+            if let Err((_, e)) = cx.read(conn, buf, remote, token) {
+                self.end_slot(cx, session, h.slot, Err(e.into()));
+            }
+            return Ok(());
+        }
+        let outcome = match h.kind {
+            Kind::Error => Err(error_of(h.status, payload)),
+            _ => Ok(payload),
+        };
+        self.end_slot(cx, session, h.slot, outcome);
+        Ok(())
+    }
+
+    /// The answer to `session`'s `slot` is here: the slot is free again, the waiting calls go,
+    /// and the slot's call (if it did not time out) ends with `outcome`.
+    fn end_slot(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        slot: u16,
+        outcome: Result<&[u8], RpcError>,
+    ) {
+        let used = self
+            .session(session)
+            .and_then(|s| s.slots.get(usize::from(slot)))
+            .map_or(SlotUse::Free, |cs| cs.used);
+        self.free_slot(session, slot);
+        // Waiting calls go before anything the continuation calls (the session's order).
+        self.dispatch_waiting(cx, session);
+        let SlotUse::Call(id) = used else {
+            // The answer to a call that timed out: its credit is back.
+            self.metrics.stale += 1;
+            return;
+        };
+        if let Some(call) = self.take_call(id) {
+            self.finish(cx, call.then, outcome);
+        }
+    }
+}
+
+/// The error an error message names.
+fn error_of(status: Status, payload: &[u8]) -> RpcError {
+    let (a, b) = wire::error_args(payload);
+    match status {
+        Status::NoSuchType => RpcError::NoSuchType(ReqType(a as u16)),
+        Status::TooLarge => RpcError::TooLarge { len: a as usize, max: b as usize },
+        Status::Rejected => RpcError::Rejected { code: a },
+        Status::Busy | Status::Ok => RpcError::PeerBusy,
+    }
+}

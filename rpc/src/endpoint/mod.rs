@@ -1,0 +1,608 @@
+//! The endpoint: one per worker, on its thread. Here its tables (sessions over engine
+//! connections, calls with their deadlines, request handlers) and the engine's events; the
+//! client side (calls, credits, deadlines, answers) is in `client.rs`, the server side
+//! (requests, handlers, stored answers) in `server.rs`.
+
+mod client;
+mod server;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use corelink_config::WorkerResources;
+use corelink_engine::verbs::{Provider, RemoteRegion};
+use corelink_engine::{Buf, ConnId, ConnInfo, Cx, Done};
+
+use crate::config::{recvs_per_session, EndpointConfig};
+use crate::error::{Malformed, Result, RpcError};
+use crate::ids::{CallId, ReqType, SessionId};
+use crate::large::{Arena, ArenaSlot};
+use crate::metrics::RpcMetrics;
+use crate::service::{Reject, Request, Response, SessionEvent};
+use crate::wire::{self, Kind, Status, HEADER};
+
+/// What runs when a call ends: on the worker, with the response's payload (in place in the
+/// receive buffer) or why there is none.
+pub type Continuation<P> = Box<dyn FnOnce(&mut Rpc<'_, P>, Result<&[u8], RpcError>)>;
+
+/// An answer to send: its buffer (header room, then the payload or a large one's
+/// descriptor), its status, and a large payload's arena slot.
+type Reply<P> = (Buf<P>, Status, Option<ArenaSlot>);
+
+/// A registered request handler.
+type HandlerFn<P> = Box<dyn FnMut(&Request<'_>, &mut Response<'_, P>) -> Result<(), Reject>>;
+
+/// Bits 62 and 63 of an engine token: what the request is. 0: a call's request (the rest is
+/// its `CallId`); the others name a session's slot (bits 0..16 the slot, 16..48 the session,
+/// 48..62 the low bits of the slot's sequence number).
+const TOKEN_KIND: u64 = 3 << 62;
+/// A server's answer.
+const RESPONSE_TOKEN: u64 = 2 << 62;
+/// A server's read of a large request's payload.
+const SERVER_READ: u64 = 1 << 62;
+/// A client's read of a large response's payload.
+const CLIENT_READ: u64 = 3 << 62;
+/// The sequence bits a slot's token keeps (enough to tell its slot's last from older).
+const TOKEN_SEQ_MASK: u64 = 0x3fff;
+
+/// The token of a request of kind `kind` for `session`'s `slot` at sequence number `seq`.
+fn slot_token(kind: u64, session: SessionId, slot: u16, seq: u64) -> u64 {
+    kind | (seq & TOKEN_SEQ_MASK) << 48 | u64::from(session.to_wire()) << 16 | u64::from(slot)
+}
+
+/// The session, slot and sequence bits of a slot's token.
+fn token_slot(token: u64) -> (SessionId, u16, u64) {
+    (SessionId::from_wire((token >> 16) as u32), token as u16, (token >> 48) & TOKEN_SEQ_MASK)
+}
+
+/// An endpoint and the worker's `Cx`, as services and continuations use them: make calls,
+/// open and close sessions, reach the engine.
+pub struct Rpc<'a, P: Provider> {
+    pub(crate) ep: &'a mut Endpoint<P>,
+    pub(crate) cx: &'a mut Cx<P>,
+}
+
+impl<P: Provider> std::fmt::Debug for Rpc<'_, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rpc").field("endpoint", &self.ep).finish()
+    }
+}
+
+impl<P: Provider> Rpc<'_, P> {
+    /// Opens a session to the endpoint at `addr` (an engine connection). Calls on it may be
+    /// made at once: they wait until it is open. The service hears
+    /// [`SessionEvent::Connected`], or [`SessionEvent::Closed`] if the connect fails.
+    pub fn connect(&mut self, addr: SocketAddr) -> Result<SessionId> {
+        self.ep.connect(self.cx, addr)
+    }
+
+    /// Calls `ty` on `session` with `request`; `then` runs on this worker exactly once, with
+    /// the response or why there is none, by `timeout` at the latest. A call beyond the
+    /// session's credits waits in the endpoint for one. Refused here (and `then` dropped
+    /// unrun) when the session is not open or connecting, the request cannot fit in one
+    /// message, or the call table or the pools are full.
+    ///
+    /// Allocation: the request is copied into a registered buffer from the worker's pools,
+    /// and `then` is boxed; a continuation that captures nothing (a function, or a closure
+    /// without captures) is zero-sized and its box allocates nothing, so such calls are
+    /// allocation-free in steady state (`rpc/tests/hot_path_alloc_soft.rs`); one that
+    /// captures costs one small allocation per call.
+    pub fn call(
+        &mut self,
+        session: SessionId,
+        ty: ReqType,
+        request: &[u8],
+        timeout: Duration,
+        then: impl FnOnce(&mut Rpc<'_, P>, Result<&[u8], RpcError>) + 'static,
+    ) -> Result<CallId> {
+        self.ep.call(self.cx, session, ty, request, timeout, Box::new(then))
+    }
+
+    /// Closes `session`: its calls end with [`RpcError::SessionClosed`] (those in flight once
+    /// the connection is down).
+    pub fn close(&mut self, session: SessionId) -> Result<()> {
+        self.ep.close(self.cx, session)
+    }
+
+    /// The endpoint.
+    pub fn endpoint(&self) -> &Endpoint<P> {
+        self.ep
+    }
+
+    /// The worker's engine context (buffers, timers, metrics, other requests).
+    pub fn cx(&mut self) -> &mut Cx<P> {
+        self.cx
+    }
+}
+
+/// An RPC endpoint: a worker's sessions, calls and request handlers. It lives in the worker's
+/// handler ([`crate::RpcHandler`]) and never leaves the worker's thread (it is not `Send`):
+///
+/// ```compile_fail,E0277
+/// fn is_send<T: Send>() {}
+/// is_send::<corelink_rpc::Endpoint<corelink_engine::verbs::soft::Soft>>();
+/// ```
+pub struct Endpoint<P: Provider> {
+    cfg: EndpointConfig,
+    /// Receives a connection keeps posted per lane: the most credits a client may ask for.
+    recvs: u32,
+    sessions: Vec<SessionEntry<P>>,
+    free_sessions: Vec<u16>,
+    by_conn: HashMap<ConnId, SessionId>,
+    calls: Vec<CallEntry<P>>,
+    free_calls: Vec<u32>,
+    live_calls: usize,
+    /// `(deadline, call)`, soonest first; entries of calls that ended stay until they come up
+    /// or the heap is compacted (when it reaches twice `max_calls`).
+    deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    handlers: Vec<Option<HandlerFn<P>>>,
+    /// Registered on first need when large messages are on (`EndpointConfig::large_max`).
+    arena: Option<Arena<P>>,
+    metrics: RpcMetrics,
+    _thread_bound: PhantomData<Rc<()>>,
+}
+
+impl<P: Provider> std::fmt::Debug for Endpoint<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("sessions", &self.by_conn.len())
+            .field("calls", &self.live_calls)
+            .field("metrics", &self.metrics)
+            .finish()
+    }
+}
+
+struct SessionEntry<P: Provider> {
+    generation: u16,
+    session: Option<Session<P>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Connecting,
+    Open,
+    /// Closed by this side; the connection is going down.
+    Closing,
+}
+
+struct Session<P: Provider> {
+    conn: Option<ConnId>,
+    phase: Phase,
+    /// Payload bytes a message to the peer may carry (its receive size less the header).
+    peer_max: usize,
+    /// The endpoint's arena as this session's peer addresses it (a read-only grant), when
+    /// large messages are on.
+    region: Option<RemoteRegion>,
+    /// A client's slots (empty on a server session).
+    slots: Vec<ClientSlot>,
+    free_slots: Vec<u16>,
+    /// Calls waiting for a credit, oldest first (ids of calls that ended meanwhile are
+    /// skipped).
+    waiting: VecDeque<CallId>,
+    /// A server's slots (empty on a client session).
+    served: Vec<ServedSlot<P>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotUse {
+    Free,
+    Call(CallId),
+    /// Its call timed out; the slot is held until the response comes (the credit stays spent
+    /// until then: the request may still be in the server's receive queue).
+    Abandoned,
+}
+
+struct ClientSlot {
+    seq: u64,
+    used: SlotUse,
+    /// A large request's payload, held until its response comes.
+    arena: Option<ArenaSlot>,
+    /// A large response's payload is being read.
+    reading: bool,
+}
+
+struct ServedSlot<P: Provider> {
+    /// The last request's sequence number executed (0: none yet).
+    seq: u64,
+    /// Its response, kept until the client's next request on the slot acknowledges it (none
+    /// while its send is on the device).
+    stored: Option<Buf<P>>,
+    /// The request came again while its response's send was on the device: that response
+    /// goes again when its buffer is back.
+    resend: bool,
+    /// A large response's payload, held until the client acknowledges the response.
+    arena: Option<ArenaSlot>,
+    /// A large request whose payload is being read: its type and the client's session id.
+    pending: Option<(ReqType, SessionId)>,
+}
+
+struct Call<P: Provider> {
+    session: SessionId,
+    slot: Option<u16>,
+    /// The request (header and payload, or a large one's descriptor) until it goes.
+    request: Option<Buf<P>>,
+    /// A large request's payload (until it goes; then its slot holds it).
+    arena: Option<ArenaSlot>,
+    /// Payload bytes.
+    len: u32,
+    then: Continuation<P>,
+}
+
+struct CallEntry<P: Provider> {
+    generation: u32,
+    call: Option<Call<P>>,
+}
+
+impl<P: Provider> Endpoint<P> {
+    /// An endpoint for a worker with resources `res` (the core map's `worker` table), with
+    /// `cfg` checked against them.
+    pub fn new(cfg: EndpointConfig, res: &WorkerResources) -> Result<Self> {
+        cfg.check(res)?;
+        let sessions = usize::from(cfg.max_sessions);
+        let calls = cfg.max_calls as usize;
+        Ok(Endpoint {
+            recvs: recvs_per_session(res),
+            sessions: Vec::with_capacity(sessions),
+            free_sessions: Vec::with_capacity(sessions),
+            by_conn: HashMap::with_capacity(sessions),
+            calls: Vec::with_capacity(calls),
+            free_calls: Vec::with_capacity(calls),
+            live_calls: 0,
+            deadlines: BinaryHeap::with_capacity(2 * calls + 1),
+            handlers: (0..cfg.max_types).map(|_| None).collect(),
+            arena: None,
+            metrics: RpcMetrics::default(),
+            cfg,
+            _thread_bound: PhantomData,
+        })
+    }
+
+    /// Registers `handler` for requests of type `ty`: it gets each request in place and writes
+    /// its response into a registered buffer ([`Response::alloc`]), or rejects it.
+    pub fn register(
+        &mut self,
+        ty: ReqType,
+        handler: impl FnMut(&Request<'_>, &mut Response<'_, P>) -> Result<(), Reject> + 'static,
+    ) -> Result<()> {
+        match self.handlers.get_mut(usize::from(ty.0)) {
+            Some(h @ None) => {
+                *h = Some(Box::new(handler));
+                Ok(())
+            }
+            _ => Err(RpcError::BadType { ty }),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.cfg
+    }
+
+    /// The counters so far.
+    pub fn metrics(&self) -> &RpcMetrics {
+        &self.metrics
+    }
+
+    /// Calls in flight and waiting.
+    pub fn calls(&self) -> usize {
+        self.live_calls
+    }
+
+    /// Requests of client session `session` on the wire (credits spent), if it exists.
+    pub fn in_flight(&self, session: SessionId) -> Option<usize> {
+        let s = self.session(session)?;
+        Some(s.slots.len() - s.free_slots.len())
+    }
+
+    /// Calls of client session `session` waiting for a credit, if it exists (ended ones still
+    /// queued included).
+    pub fn waiting(&self, session: SessionId) -> Option<usize> {
+        Some(self.session(session)?.waiting.len())
+    }
+
+    /// Deadline entries held: one per live call, and those of ended calls not yet dropped
+    /// (at most twice [`EndpointConfig::max_calls`] and one).
+    pub fn deadlines_held(&self) -> usize {
+        self.deadlines.len()
+    }
+
+    /// Open sessions (client and server).
+    pub fn sessions(&self) -> usize {
+        self.by_conn.len()
+    }
+
+    fn session(&self, id: SessionId) -> Option<&Session<P>> {
+        let e = self.sessions.get(id.index())?;
+        (e.generation == id.generation()).then_some(())?;
+        e.session.as_ref()
+    }
+
+    fn session_mut(&mut self, id: SessionId) -> Option<&mut Session<P>> {
+        let e = self.sessions.get_mut(id.index())?;
+        (e.generation == id.generation()).then_some(())?;
+        e.session.as_mut()
+    }
+
+    fn new_session(&mut self, s: Session<P>) -> Result<SessionId> {
+        let index = match self.free_sessions.pop() {
+            Some(i) => i,
+            None if self.sessions.len() < usize::from(self.cfg.max_sessions) => {
+                self.sessions.push(SessionEntry { generation: 0, session: None });
+                (self.sessions.len() - 1) as u16
+            }
+            None => {
+                return Err(RpcError::TooManySessions { max: usize::from(self.cfg.max_sessions) })
+            }
+        };
+        let e = &mut self.sessions[usize::from(index)];
+        e.session = Some(s);
+        Ok(SessionId::new(index, e.generation))
+    }
+
+    /// Takes session `id` out of the table (its entry's next session gets a new generation).
+    fn remove_session(&mut self, id: SessionId) -> Option<Session<P>> {
+        let e = self.sessions.get_mut(id.index())?;
+        if e.generation != id.generation() {
+            return None;
+        }
+        let s = e.session.take()?;
+        e.generation = e.generation.wrapping_add(1);
+        self.free_sessions.push(id.index() as u16);
+        if let Some(conn) = s.conn {
+            self.by_conn.remove(&conn);
+        }
+        Some(s)
+    }
+
+    fn call_live(&self, id: CallId) -> bool {
+        self.calls
+            .get(id.index())
+            .is_some_and(|e| e.generation == id.generation() && e.call.is_some())
+    }
+
+    fn take_call(&mut self, id: CallId) -> Option<Call<P>> {
+        let e = self.calls.get_mut(id.index())?;
+        if e.generation != id.generation() {
+            return None;
+        }
+        let c = e.call.take()?;
+        e.generation = e.generation.wrapping_add(1) & CallId::GENERATION_MASK;
+        self.free_calls.push(id.index() as u32);
+        self.live_calls -= 1;
+        Some(c)
+    }
+
+    fn insert_call(&mut self, call: Call<P>) -> Result<CallId, Call<P>> {
+        let index = match self.free_calls.pop() {
+            Some(i) => i,
+            None if self.calls.len() < self.cfg.max_calls as usize => {
+                self.calls.push(CallEntry { generation: 0, call: None });
+                (self.calls.len() - 1) as u32
+            }
+            None => return Err(call),
+        };
+        let e = &mut self.calls[index as usize];
+        e.call = Some(call);
+        self.live_calls += 1;
+        Ok(CallId::new(index, e.generation))
+    }
+
+    /// Runs a call's continuation with its outcome, counting it.
+    fn finish(&mut self, cx: &mut Cx<P>, then: Continuation<P>, outcome: Result<&[u8], RpcError>) {
+        match &outcome {
+            Ok(_) => self.metrics.responses += 1,
+            Err(e) => {
+                self.metrics.errors += 1;
+                if matches!(e, RpcError::Timeout) {
+                    self.metrics.timeouts += 1;
+                }
+            }
+        }
+        then(&mut Rpc { ep: self, cx }, outcome);
+    }
+
+    pub(crate) fn connect(&mut self, cx: &mut Cx<P>, addr: SocketAddr) -> Result<SessionId> {
+        let credits = self.cfg.credits;
+        let s = Session {
+            conn: None,
+            phase: Phase::Connecting,
+            peer_max: 0,
+            region: None,
+            slots: (0..credits)
+                .map(|_| ClientSlot { seq: 0, used: SlotUse::Free, arena: None, reading: false })
+                .collect(),
+            // Popped from the back: slot 0 goes first.
+            free_slots: (0..credits).rev().collect(),
+            waiting: VecDeque::with_capacity(usize::from(credits)),
+            served: Vec::new(),
+        };
+        let id = self.new_session(s)?;
+        if let Err(e) = cx.connect(addr, &wire::hello(credits), u64::from(id.to_wire())) {
+            self.remove_session(id);
+            return Err(e.into());
+        }
+        Ok(id)
+    }
+
+    pub(crate) fn close(&mut self, cx: &mut Cx<P>, id: SessionId) -> Result<()> {
+        let s = self.session_mut(id).ok_or(RpcError::NoSuchSession(id))?;
+        let conn = s.conn;
+        s.phase = Phase::Closing;
+        match conn {
+            Some(conn) => {
+                // Its calls end when the connection is down (`on_closed`).
+                let _ = cx.close(conn);
+            }
+            // Still connecting: its calls end now; the connection, when it comes, is closed.
+            None => self.end_session(cx, id),
+        }
+        Ok(())
+    }
+
+    /// Registers the arena for large messages, if they are on and it is not there yet.
+    fn ensure_arena(&mut self, cx: &mut Cx<P>) -> Result<()> {
+        if self.cfg.large_max > 0 && self.arena.is_none() {
+            self.arena = Some(Arena::new(cx, self.cfg.large_max, self.cfg.large_slots)?);
+        }
+        Ok(())
+    }
+
+    /// A state the endpoint's own bookkeeping rules out was met: counted (and a debug
+    /// assertion).
+    #[cold]
+    fn missed(&mut self) {
+        self.metrics.invariant_misses += 1;
+        debug_assert!(false, "the endpoint's bookkeeping missed");
+    }
+
+    /// A connection of this worker opened: a client session's, or a peer's new session.
+    pub(crate) fn on_connected(
+        &mut self,
+        cx: &mut Cx<P>,
+        conn: ConnId,
+        info: &ConnInfo,
+    ) -> Option<(SessionId, SessionEvent)> {
+        let peer_recv = info.peer_recv_size.map_or(cx.recv_size(), |n| n as usize);
+        let peer_max = peer_recv.saturating_sub(HEADER);
+        // Large messages: the arena, readable by this session's peer (without it, large
+        // messages on the session fail with `NoLargeBuffers`).
+        let region = match self.ensure_arena(cx) {
+            Ok(()) => self.arena.as_ref().and_then(|a| a.grant(cx, conn).ok()),
+            Err(_) => None,
+        };
+        if info.initiated {
+            let id = SessionId::from_wire(info.token as u32);
+            let Some(s) = self.session_mut(id).filter(|s| s.phase == Phase::Connecting) else {
+                // Closed while connecting.
+                let _ = cx.close(conn);
+                return None;
+            };
+            s.conn = Some(conn);
+            s.phase = Phase::Open;
+            s.peer_max = peer_max;
+            s.region = region;
+            self.by_conn.insert(conn, id);
+            self.dispatch_waiting(cx, id);
+            return Some((id, SessionEvent::Connected));
+        }
+        let credits = match wire::decode_hello(&info.private_data) {
+            Ok(c) if c >= 1 && u32::from(c) <= self.recvs => c,
+            _ => {
+                self.metrics.refused += 1;
+                let _ = cx.close(conn);
+                return None;
+            }
+        };
+        let s = Session {
+            conn: Some(conn),
+            phase: Phase::Open,
+            peer_max,
+            region,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            waiting: VecDeque::new(),
+            served: (0..credits)
+                .map(|_| ServedSlot {
+                    seq: 0,
+                    stored: None,
+                    resend: false,
+                    arena: None,
+                    pending: None,
+                })
+                .collect(),
+        };
+        match self.new_session(s) {
+            Ok(id) => {
+                self.by_conn.insert(conn, id);
+                Some((id, SessionEvent::Accepted))
+            }
+            Err(_) => {
+                self.metrics.refused += 1;
+                let _ = cx.close(conn);
+                None
+            }
+        }
+    }
+
+    /// A client session's connect failed.
+    pub(crate) fn on_connect_failed(
+        &mut self,
+        cx: &mut Cx<P>,
+        token: u64,
+    ) -> Option<(SessionId, SessionEvent)> {
+        let id = SessionId::from_wire(token as u32);
+        self.session(id)?;
+        self.end_session(cx, id);
+        Some((id, SessionEvent::Closed))
+    }
+
+    /// A connection closed: its session's calls end.
+    pub(crate) fn on_closed(
+        &mut self,
+        cx: &mut Cx<P>,
+        conn: ConnId,
+    ) -> Option<(SessionId, SessionEvent)> {
+        let id = *self.by_conn.get(&conn)?;
+        self.end_session(cx, id);
+        Some((id, SessionEvent::Closed))
+    }
+
+    /// Takes session `id` out and ends every call of it with `SessionClosed`.
+    fn end_session(&mut self, cx: &mut Cx<P>, id: SessionId) {
+        let Some(s) = self.remove_session(id) else { return };
+        let on_slots = s.slots.iter().filter_map(|cs| match cs.used {
+            SlotUse::Call(c) => Some(c),
+            _ => None,
+        });
+        // In flight first (they were made first), then the waiting ones in order.
+        for c in on_slots.chain(s.waiting.iter().copied()) {
+            if let Some(call) = self.take_call(c) {
+                self.finish(cx, call.then, Err(RpcError::SessionClosed));
+            }
+        }
+    }
+
+    /// A request of this worker completed: a response's buffer is kept for its slot (or sent
+    /// again, when its request came again meanwhile); a large payload read is handled.
+    pub(crate) fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
+        if !done.status.is_success() {
+            // The connection closes, and its calls end then.
+            return;
+        }
+        match done.token & TOKEN_KIND {
+            RESPONSE_TOKEN => self.answer_sent(cx, done),
+            SERVER_READ => self.request_read(cx, done),
+            CLIENT_READ => self.response_read(cx, done),
+            // A request went (its buffer goes back to the pool).
+            _ => {}
+        }
+    }
+
+    /// A message arrived on `conn`.
+    pub(crate) fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, data: &[u8]) {
+        let Some(&session) = self.by_conn.get(&conn) else {
+            self.metrics.stale += 1;
+            return;
+        };
+        let (h, payload) = match wire::decode(data) {
+            Ok(m) => m,
+            Err(_) => {
+                self.metrics.malformed += 1;
+                return;
+            }
+        };
+        let client = self.session(session).is_some_and(|s| s.served.is_empty());
+        let checked = match (client, h.kind) {
+            (true, Kind::Response | Kind::Error) => self.on_response(cx, session, &h, payload),
+            (false, Kind::Request) => self.on_request(cx, session, &h, payload),
+            _ => Err(Malformed::Direction),
+        };
+        if checked.is_err() {
+            self.metrics.malformed += 1;
+        }
+    }
+}

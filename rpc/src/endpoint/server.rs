@@ -1,0 +1,223 @@
+//! The server side of an endpoint: requests, their handlers, and the answers kept for
+//! at-most-once execution.
+
+use corelink_engine::verbs::{Provider, RemoteAddr, RemoteRegion};
+use corelink_engine::{Buf, Cx, Done};
+
+use super::{slot_token, token_slot, Endpoint, Reply, RESPONSE_TOKEN, SERVER_READ, TOKEN_SEQ_MASK};
+use crate::error::{Malformed, RpcError};
+use crate::ids::{ReqType, SessionId};
+use crate::service::{Reject, Request, Response};
+use crate::wire::{Descriptor, Header, Kind, Status, DESCRIPTOR, ERROR_PAYLOAD, HEADER};
+
+impl<P: Provider> Endpoint<P> {
+    pub(super) fn answer_sent(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
+        let (session, slot, seq) = token_slot(done.token);
+        let Some(s) = self.session_mut(session) else { return };
+        let conn = s.conn;
+        let Some(ss) = s.served.get_mut(usize::from(slot)) else { return };
+        if ss.seq & TOKEN_SEQ_MASK != seq || ss.stored.is_some() {
+            return; // an older response (acknowledged since), or a second copy
+        }
+        match (std::mem::take(&mut ss.resend), conn, done.buf) {
+            (true, Some(conn), Some(buf)) => {
+                if cx.send(conn, buf, None, done.token).is_err() {
+                    self.metrics.send_refused += 1;
+                }
+            }
+            (_, _, buf) => ss.stored = buf,
+        }
+    }
+
+    /// A large request's payload is here: its handler runs.
+    pub(super) fn request_read(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
+        let (session, slot, seq) = token_slot(done.token);
+        let Some(ss) = self.session_mut(session).and_then(|s| s.served.get_mut(usize::from(slot)))
+        else {
+            return;
+        };
+        if ss.seq & TOKEN_SEQ_MASK != seq {
+            return;
+        }
+        let (Some((ty, client)), Some(buf)) = (ss.pending.take(), done.buf) else { return };
+        let seq = ss.seq;
+        self.answer(cx, session, ty, slot, client, seq, buf.as_slice());
+    }
+
+    pub(super) fn on_request(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<(), Malformed> {
+        let large_max = self.cfg.large_max;
+        let Some(s) = self.session_mut(session) else { return Ok(()) };
+        let conn = s.conn;
+        let ss = s.served.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
+        let Some(conn) = conn else { return Ok(()) };
+        if h.seq < ss.seq {
+            self.metrics.stale += 1;
+            return Ok(());
+        }
+        if h.seq == ss.seq {
+            // Seen before: answered again from the stored response (once it is back, if its
+            // first send is still on the device or its request is still being read).
+            let stored = ss.stored.take();
+            ss.resend = stored.is_none();
+            self.metrics.duplicates += 1;
+            let token = slot_token(RESPONSE_TOKEN, session, h.slot, h.seq);
+            if let Some(buf) = stored {
+                if cx.send(conn, buf, None, token).is_err() {
+                    self.metrics.send_refused += 1;
+                }
+            }
+            return Ok(());
+        }
+        // A new request acknowledges the slot's last response.
+        ss.stored = None;
+        ss.resend = false;
+        ss.arena = None;
+        ss.pending = None;
+        ss.seq = h.seq;
+        if !h.large {
+            self.answer(cx, session, h.ty, h.slot, h.session, h.seq, payload);
+            return Ok(());
+        }
+        // A large request: its payload is read first, then its handler runs.
+        let d = Descriptor::decode(payload)?;
+        let len = d.len as usize;
+        let refusal = if len > large_max {
+            Some((Status::TooLarge, d.len, large_max as u32))
+        } else {
+            match cx.alloc(len) {
+                Ok(buf) => {
+                    ss.pending = Some((h.ty, h.session));
+                    let remote = RemoteAddr { addr: d.addr, rkey: d.rkey };
+                    let token = slot_token(SERVER_READ, session, h.slot, h.seq);
+                    if cx.read(conn, buf, remote, token).is_err() {
+                        ss.pending = None;
+                        self.metrics.send_refused += 1;
+                    }
+                    None
+                }
+                Err(_) => Some((Status::Busy, 0, 0)),
+            }
+        };
+        if let Some((status, a, b)) = refusal {
+            let reply = error_reply(cx, status, a, b);
+            self.send_answer(cx, session, h.ty, h.slot, h.session, h.seq, reply);
+        }
+        Ok(())
+    }
+
+    /// Runs the handler of `ty` on a new request's payload and sends its answer.
+    #[allow(clippy::too_many_arguments)]
+    fn answer(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        ty: ReqType,
+        slot: u16,
+        client: SessionId,
+        seq: u64,
+        payload: &[u8],
+    ) {
+        let Some(s) = self.session(session) else { return };
+        let (peer_max, region) = (s.peer_max, s.region);
+        let reply = self.run_handler(cx, session, ty, payload, peer_max, region);
+        self.send_answer(cx, session, ty, slot, client, seq, reply);
+    }
+
+    /// Sends `reply` (header room, then the payload or a large one's descriptor) as the answer
+    /// to `session`'s request on `slot`; a large one's arena slot is kept with the slot.
+    #[allow(clippy::too_many_arguments)]
+    fn send_answer(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        ty: ReqType,
+        slot: u16,
+        client: SessionId,
+        seq: u64,
+        reply: Option<Reply<P>>,
+    ) {
+        let Some((mut buf, status, arena)) = reply else {
+            self.metrics.no_buffer += 1;
+            return;
+        };
+        let kind = if status == Status::Ok { Kind::Response } else { Kind::Error };
+        let len = (buf.len() - HEADER) as u32;
+        let large = arena.is_some();
+        let header = Header { kind, ty, slot, session: client, seq, len, status, large };
+        header.write_to(buf.as_mut_slice());
+        let Some(s) = self.session_mut(session) else { return };
+        let Some(conn) = s.conn else { return };
+        if let Some(ss) = s.served.get_mut(usize::from(slot)) {
+            ss.arena = arena;
+        }
+        let token = slot_token(RESPONSE_TOKEN, session, slot, seq);
+        if cx.send(conn, buf, None, token).is_err() {
+            // The connection is closing (the client's calls end with it), or the worker's
+            // request table is full: the call times out.
+            self.metrics.send_refused += 1;
+        }
+    }
+
+    /// The reply to a new request (header room, then the payload or a large one's
+    /// descriptor), its status and a large payload's arena slot: its handler's response, or
+    /// an error message; `None` when no buffer was free even for an error.
+    fn run_handler(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        ty: ReqType,
+        payload: &[u8],
+        peer_max: usize,
+        region: Option<RemoteRegion>,
+    ) -> Option<Reply<P>> {
+        let Endpoint { handlers, arena, metrics, .. } = self;
+        let Some(handler) = handlers.get_mut(usize::from(ty.0)).and_then(Option::as_mut) else {
+            return error_reply(cx, Status::NoSuchType, u32::from(ty.0), 0);
+        };
+        metrics.handled += 1;
+        let request = Request { ty, session, data: payload };
+        let arena = arena.as_ref().filter(|_| region.is_some());
+        let mut response = Response::new(cx, peer_max, arena);
+        let outcome = handler(&request, &mut response);
+        let (refused, buf, large) =
+            (response.refused.take(), response.buf.take(), response.large.take());
+        match (outcome, refused) {
+            (_, Some(RpcError::TooLarge { len, max })) => {
+                error_reply(cx, Status::TooLarge, len as u32, max as u32)
+            }
+            (_, Some(_)) => error_reply(cx, Status::Busy, 0, 0),
+            (Err(Reject(code)), None) => error_reply(cx, Status::Rejected, code, 0),
+            (Ok(()), None) => match (large, buf, arena.zip(region)) {
+                (Some((slot, len)), _, Some((arena, region))) => {
+                    let Ok(mut buf) = cx.alloc(HEADER + DESCRIPTOR) else {
+                        return error_reply(cx, Status::Busy, 0, 0);
+                    };
+                    let addr = region.addr + arena.offset(&slot) as u64;
+                    let d = Descriptor { addr, rkey: region.rkey, len: len as u32 };
+                    buf.as_mut_slice()[HEADER..].copy_from_slice(&d.encode());
+                    Some((buf, Status::Ok, Some(slot)))
+                }
+                (_, Some(buf), _) => Some((buf, Status::Ok, None)),
+                _ => match cx.alloc(HEADER) {
+                    Ok(buf) => Some((buf, Status::Ok, None)),
+                    Err(_) => error_reply(cx, Status::Busy, 0, 0),
+                },
+            },
+        }
+    }
+}
+
+/// An error message's buffer (header room, then the two arguments) and its status.
+fn error_reply<P: Provider>(cx: &Cx<P>, status: Status, a: u32, b: u32) -> Option<Reply<P>> {
+    let mut buf = cx.alloc(HEADER + ERROR_PAYLOAD).ok()?;
+    let m = buf.as_mut_slice();
+    m[HEADER..HEADER + 4].copy_from_slice(&a.to_le_bytes());
+    m[HEADER + 4..].copy_from_slice(&b.to_le_bytes());
+    Some((buf, status, None))
+}

@@ -1,0 +1,160 @@
+//! The crate's one error type, and what a malformed message got wrong.
+
+use std::fmt;
+
+use corelink_engine::EngineError;
+
+use crate::ids::{ReqType, SessionId};
+
+/// Why a call ended without a response, or an endpoint refused something.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RpcError {
+    /// The call's deadline passed before its response came.
+    #[error("the call's deadline passed before its response came")]
+    Timeout,
+    /// The session closed (or never connected) before the call's response came.
+    #[error("the session closed before the call's response came")]
+    SessionClosed,
+    /// The peer's handler refused the request, with its code.
+    #[error("the peer's handler rejected the request (code {code})")]
+    Rejected {
+        /// The handler's code.
+        code: u32,
+    },
+    /// A request or response of `len` bytes does not fit in one message of at most `max`.
+    #[error("a message of {len} bytes does not fit (at most {max})")]
+    TooLarge {
+        /// Payload bytes.
+        len: usize,
+        /// Payload bytes a message may carry here.
+        max: usize,
+    },
+    /// The peer has no handler registered for the request type.
+    #[error("the peer has no handler for {0}")]
+    NoSuchType(ReqType),
+    /// The peer could not take a buffer for the response (its pools were exhausted).
+    #[error("the peer had no buffer for the response (its pools are exhausted)")]
+    PeerBusy,
+    /// No open session has this id on this endpoint.
+    #[error("no session {0} on this endpoint")]
+    NoSuchSession(SessionId),
+    /// The endpoint's call table is full (`EndpointConfig::max_calls`): the call was not made.
+    #[error("{max} calls are in flight on this endpoint already (EndpointConfig::max_calls)")]
+    TooManyCalls {
+        /// The table's size.
+        max: usize,
+    },
+    /// The endpoint's session table is full (`EndpointConfig::max_sessions`).
+    #[error("{max} sessions are open on this endpoint already (EndpointConfig::max_sessions)")]
+    TooManySessions {
+        /// The table's size.
+        max: usize,
+    },
+    /// More credits per session than the engine keeps receives posted per connection.
+    #[error(
+        "{credits} credits per session, but a connection keeps only {recvs} receives posted \
+         (worker.recvs_per_conn per lane): a client could send what the server has no receive for"
+    )]
+    TooManyCredits {
+        /// Credits asked for.
+        credits: u32,
+        /// Receives posted per connection lane.
+        recvs: u32,
+    },
+    /// A request type beyond the endpoint's table (`EndpointConfig::max_types`), or one
+    /// registered twice.
+    #[error("{ty} cannot be registered (beyond EndpointConfig::max_types, or registered already)")]
+    BadType {
+        /// The type.
+        ty: ReqType,
+    },
+    /// Large messages of `len` bytes cannot be: no pool class of the worker holds them (the
+    /// receiver reads a large payload into one), or no slots were configured.
+    #[error(
+        "large messages of {len} bytes need a pool class that holds them (worker.pools) and at \
+         least one EndpointConfig::large_slots"
+    )]
+    NoLargeBuffers {
+        /// Payload bytes.
+        len: usize,
+    },
+    /// Every slot for large messages is out (`EndpointConfig::large_slots`): the call was not
+    /// made.
+    #[error("all {slots} slots for large messages are out (EndpointConfig::large_slots)")]
+    LargeSlotsBusy {
+        /// Slots.
+        slots: usize,
+    },
+    /// A message that breaks the wire format (counted in the endpoint's metrics).
+    #[error("malformed message: {0}")]
+    Malformed(Malformed),
+    /// The engine refused (a connect, a buffer, a send).
+    #[error("the engine refused")]
+    Engine(#[from] EngineError),
+}
+
+/// What a malformed message got wrong (see the wire format in the crate's docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Malformed {
+    /// Shorter than the header.
+    Truncated {
+        /// Bytes received.
+        len: usize,
+    },
+    /// The magic number is not the format's.
+    Magic(u16),
+    /// A version this endpoint does not speak.
+    Version(u8),
+    /// A message kind that does not exist.
+    Kind(u8),
+    /// A reserved byte is not zero (the hello's last).
+    Reserved(u16),
+    /// Flags that do not exist, or [`crate::wire::LARGE`] on an error message.
+    Flags(u16),
+    /// The header's payload length disagrees with the bytes that came.
+    Length {
+        /// What the header says.
+        said: u32,
+        /// Payload bytes that came.
+        got: usize,
+    },
+    /// A status that does not exist, or one that does not go with the kind (a request or a
+    /// response says 0, an error message a known error with its 8-byte argument).
+    Status(u16),
+    /// Sequence number 0 (sequences start at 1).
+    Sequence,
+    /// A slot beyond the session's.
+    Slot(u16),
+    /// A kind this side of a session does not take (a request at a client, a response at a
+    /// server).
+    Direction,
+    /// The session field names another session.
+    Session(u32),
+}
+
+impl fmt::Display for Malformed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Malformed::Truncated { len } => {
+                write!(f, "{len} bytes, shorter than the {}-byte header", crate::wire::HEADER)
+            }
+            Malformed::Magic(m) => write!(f, "magic {m:#06x} is not the format's"),
+            Malformed::Version(v) => write!(f, "version {v} is not spoken here"),
+            Malformed::Kind(k) => write!(f, "no message kind {k}"),
+            Malformed::Reserved(r) => write!(f, "reserved field {r:#06x} is not zero"),
+            Malformed::Flags(x) => write!(f, "flags {x:#06x} are not the format's"),
+            Malformed::Length { said, got } => {
+                write!(f, "the header says {said} payload bytes, {got} came")
+            }
+            Malformed::Status(s) => write!(f, "status {s} does not go with the message's kind"),
+            Malformed::Sequence => f.write_str("sequence number 0"),
+            Malformed::Slot(s) => write!(f, "slot {s} is beyond the session's"),
+            Malformed::Direction => f.write_str("a kind this side of the session does not take"),
+            Malformed::Session(s) => write!(f, "session field {s:#x} names another session"),
+        }
+    }
+}
+
+/// Results of this crate.
+pub type Result<T, E = RpcError> = std::result::Result<T, E>;

@@ -1,0 +1,79 @@
+//! `RpcHandler`: the engine handler that runs an endpoint and its service on a worker.
+
+use corelink_engine::verbs::Provider;
+use corelink_engine::{
+    Buf, CloseReason, ConnId, ConnInfo, Cx, Done, EngineError, Handler, Message,
+};
+
+use crate::endpoint::{Endpoint, Rpc};
+use crate::ids::SessionId;
+use crate::service::{Service, SessionEvent};
+
+/// A worker's engine handler for RPC: it owns the worker's [`Endpoint`] and the [`Service`]
+/// that uses it, turns the engine's connections and messages into sessions and calls, and
+/// checks the calls' deadlines once per loop iteration.
+pub struct RpcHandler<P: Provider, S: Service<P>> {
+    endpoint: Endpoint<P>,
+    service: S,
+}
+
+impl<P: Provider, S: Service<P>> std::fmt::Debug for RpcHandler<P, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcHandler").field("endpoint", &self.endpoint).finish()
+    }
+}
+
+impl<P: Provider, S: Service<P>> RpcHandler<P, S> {
+    /// `endpoint` (its request handlers registered) run with `service`.
+    pub fn new(endpoint: Endpoint<P>, service: S) -> Self {
+        RpcHandler { endpoint, service }
+    }
+
+    /// The endpoint.
+    pub fn endpoint(&self) -> &Endpoint<P> {
+        &self.endpoint
+    }
+
+    fn tell(&mut self, cx: &mut Cx<P>, event: Option<(SessionId, SessionEvent)>) {
+        if let Some((session, event)) = event {
+            let mut rpc = Rpc { ep: &mut self.endpoint, cx };
+            self.service.on_session(&mut rpc, session, event);
+        }
+    }
+}
+
+impl<P: Provider, S: Service<P>> Handler<P> for RpcHandler<P, S> {
+    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
+        let event = self.endpoint.on_connected(cx, conn, info);
+        self.tell(cx, event);
+    }
+
+    fn on_connect_failed(&mut self, cx: &mut Cx<P>, token: u64, _error: &EngineError) {
+        let event = self.endpoint.on_connect_failed(cx, token);
+        self.tell(cx, event);
+    }
+
+    fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
+        self.endpoint.on_message(cx, conn, msg.data);
+    }
+
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
+        self.endpoint.on_completion(cx, done);
+    }
+
+    fn on_closed(&mut self, cx: &mut Cx<P>, conn: ConnId, _reason: &CloseReason) {
+        let event = self.endpoint.on_closed(cx, conn);
+        self.tell(cx, event);
+    }
+
+    fn on_timer(&mut self, cx: &mut Cx<P>, token: u64) {
+        let mut rpc = Rpc { ep: &mut self.endpoint, cx };
+        self.service.on_timer(&mut rpc, token);
+    }
+
+    fn poll(&mut self, cx: &mut Cx<P>) {
+        self.endpoint.expire(cx);
+        let mut rpc = Rpc { ep: &mut self.endpoint, cx };
+        self.service.poll(&mut rpc);
+    }
+}

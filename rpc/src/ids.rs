@@ -1,0 +1,91 @@
+//! Identifiers: each kind its own newtype.
+
+use std::fmt;
+
+/// A request type: the number a service registers a handler under and a call names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReqType(pub u16);
+
+impl fmt::Display for ReqType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "type {}", self.0)
+    }
+}
+
+/// A session of an endpoint: its index in the endpoint's table and that entry's generation
+/// (an id of a closed session never names a later one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SessionId(pub(crate) u32);
+
+impl SessionId {
+    pub(crate) fn new(index: u16, generation: u16) -> Self {
+        SessionId(u32::from(generation) << 16 | u32::from(index))
+    }
+
+    pub(crate) fn index(self) -> usize {
+        usize::from(self.0 as u16)
+    }
+
+    pub(crate) fn generation(self) -> u16 {
+        (self.0 >> 16) as u16
+    }
+
+    /// The id as it travels in the wire header's `session` field.
+    pub fn to_wire(self) -> u32 {
+        self.0
+    }
+
+    /// The id a wire header's `session` field carries.
+    pub fn from_wire(word: u32) -> Self {
+        SessionId(word)
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "s{}.{}", self.index(), self.generation())
+    }
+}
+
+/// A call in flight on an endpoint (its index in the call table and that entry's generation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CallId(pub(crate) u64);
+
+impl CallId {
+    /// Generations keep to 30 bits: bits 62 and 63 of an engine token tell the other kinds
+    /// of request (a response's send, the reads of large payloads).
+    pub(crate) const GENERATION_MASK: u32 = 0x3fff_ffff;
+
+    pub(crate) fn new(index: u32, generation: u32) -> Self {
+        CallId(u64::from(generation & Self::GENERATION_MASK) << 32 | u64::from(index))
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self.0 as u32 as usize
+    }
+
+    pub(crate) fn generation(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+}
+
+impl fmt::Display for CallId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "call {}.{}", self.index(), self.generation())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_keep_index_and_generation_apart() {
+        let s = SessionId::new(65535, 7);
+        assert_eq!((s.index(), s.generation()), (65535, 7));
+        assert_eq!(SessionId::from_wire(s.to_wire()), s);
+        let c = CallId::new(u32::MAX, u32::MAX);
+        assert_eq!((c.index(), c.generation()), (u32::MAX as usize, CallId::GENERATION_MASK));
+        assert_eq!(c.0 >> 62, 0, "bits 62 and 63 stay clear for the other tokens");
+    }
+}

@@ -1,0 +1,156 @@
+//! # corelink-rpc
+//!
+//! RPC over the engine of corelink (layers call downward only: this crate uses
+//! `corelink-engine`'s public API and nothing else of it). One [`Endpoint`] per worker,
+//! living in the worker's handler ([`RpcHandler`]) and never leaving its thread (it is not
+//! `Send`); **sessions** to peers, each one engine connection (made by [`Rpc::connect`],
+//! accepted by the server's endpoint); **request types** registered with handlers that read
+//! the request in place from the receive buffer and write the response into a registered
+//! buffer; **calls** that name a session, a type, the request's bytes, a timeout and a
+//! continuation run on the worker with the response (in place) or an [`RpcError`].
+//!
+//! # Flow control and guarantees
+//! - A client session has `credits` slots ([`EndpointConfig::credits`], 32 by default and
+//!   never more than the receives the engine keeps posted per connection lane,
+//!   `worker.recvs_per_conn`): at most that many requests are on the wire, so the server
+//!   always has a receive for each. Calls beyond wait in the endpoint, in order, and go as
+//!   responses free slots (backpressure: a call never fails for lack of a credit). The
+//!   session's connect carries its credits; a server with fewer receives refuses the session.
+//!   (The engine posts a request's receive again right after the loop iteration that handled
+//!   it, which is also the one that sent its response; a next request that overtakes that
+//!   repost meets an RNR wait, `worker.min_rnr_timer`, and is delayed, not lost.)
+//! - Every call accepted (`call` returned `Ok`) ends exactly once: its response, or
+//!   [`RpcError::Timeout`] (the deadline, checked once per loop iteration on the worker's
+//!   clock), [`RpcError::SessionClosed`], [`RpcError::Rejected`] (the handler said no),
+//!   [`RpcError::TooLarge`], [`RpcError::NoSuchType`] or [`RpcError::PeerBusy`]. A call that
+//!   timed out keeps its slot until its response comes (the request may still hold one of the
+//!   server's receives), so its credit is not spent twice.
+//! - At most once: each slot's requests carry increasing sequence numbers; the server keeps a
+//!   slot's last response until the client's next request on that slot (which acknowledges
+//!   it), answers a request seen again (same slot and sequence number) from that response
+//!   without running the handler, and drops older ones ([`RpcMetrics::duplicates`],
+//!   [`RpcMetrics::stale`]).
+//! - Per session, responses come in the order of the calls (one connection, one lane, and a
+//!   server that answers in arrival order), and continuations run in that order; a large
+//!   request (below) is answered once its payload is read, so small calls made after it may
+//!   end first.
+//!
+//! # Wire format
+//! Every message is one send: a fixed 28-byte little-endian header ([`wire::Header`]), then
+//! the payload.
+//!
+//! | offset | bytes | field |
+//! |---|---|---|
+//! | 0 | 2 | magic, the bytes `RC` ([`wire::MAGIC`]) |
+//! | 2 | 1 | version, 1 ([`wire::VERSION`]) |
+//! | 3 | 1 | kind: 1 request, 2 response, 3 error ([`wire::Kind`]) |
+//! | 4 | 2 | request type ([`ReqType`]) |
+//! | 6 | 2 | slot of the client's session |
+//! | 8 | 4 | the client's session id (a response echoes it) |
+//! | 12 | 8 | sequence number of the slot, from 1 (a response echoes it) |
+//! | 20 | 4 | payload length: exactly the bytes after the header |
+//! | 24 | 2 | status: 0 in requests and responses; an error's reason ([`wire::Status`]) |
+//! | 26 | 2 | flags: bit 0 ([`wire::LARGE`]) the payload is a [`wire::Descriptor`]; others 0 |
+//!
+//! An error message's payload is two `u32` arguments (the unknown type; a response's length
+//! and the most that fits; the handler's code). [`wire::decode`] refuses every message that is
+//! not exactly such a header and payload with a [`Malformed`] reason (never a panic); the
+//! endpoint drops it and counts it ([`RpcMetrics::malformed`]), as it does a message whose
+//! slot or session field is not its session's. The connect's private data carries a 6-byte
+//! hello ([`wire::hello`]: magic, version, credits, a zero byte).
+//!
+//! # Large messages
+//! A payload that fits in the peer's receive (`worker.recv_size` less the header) goes in the
+//! send. A larger one, up to [`EndpointConfig::large_max`] (0, off, by default), goes in a
+//! slot of the endpoint's arena (registered memory, [`EndpointConfig::large_slots`] slots of
+//! `large_max` bytes, granted read-only to each session's peer), and the send carries its
+//! 16-byte [`wire::Descriptor`] (address, key, length) with the [`wire::LARGE`] flag; the
+//! receiver reads the payload with one RDMA read into a buffer of its pools (a pool class
+//! must hold `large_max` bytes) and hands it to the handler or continuation in place. The
+//! receiver reads, rather than the sender writing into memory the receiver granted: the
+//! receiver decides when it has a buffer for the payload, no round trip asks for one, and
+//! the sender's memory is exposed for reads only. A large request holds its slot until its
+//! response comes; a large response until the client's next request on that slot
+//! acknowledges it (a client reuses its most recently freed slot first, so that comes soon
+//! when it keeps calling). A large call with every slot out is refused
+//! ([`RpcError::LargeSlotsBusy`]); beyond `large_max`, or with large messages off, a call is
+//! refused with [`RpcError::TooLarge`], and a response is answered with it.
+//!
+//! Limits of this first version: the whole arena is granted to every session's peer (the
+//! engine's grant is a registration of its own; one per message would cost a registration
+//! each), so a peer could read other sessions' large payloads while they are there; and a
+//! large call takes its slot when it is made (its payload is copied in then), so calls
+//! waiting for a credit hold slots too, and one made with every slot out is refused rather
+//! than waiting.
+//!
+//! TODO (issue 12, next steps): a `Send` handle for other threads with a blocking call and a
+//! `Future`; the typed (serde) codec; merging, load balancing and priority classes; sessions
+//! surviving a reconnect (the at-most-once table is per session); large calls that wait for
+//! an arena slot instead of being refused; per-session order kept across large requests.
+//!
+//! # Examples
+//!
+//! One worker on the in-process `soft` provider that opens a session to itself, serves an
+//! echo type and calls it:
+//!
+//! ```
+//! use std::sync::mpsc::{channel, Sender};
+//! use std::time::Duration;
+//! use corelink_engine::verbs::soft::Soft;
+//! use corelink_engine::{Engine, Placement};
+//! use corelink_rpc::{Endpoint, EndpointConfig, ReqType, Rpc, RpcHandler, Service};
+//!
+//! const ECHO: ReqType = ReqType(1);
+//!
+//! struct Caller { addr: std::net::SocketAddr, started: bool, told: Sender<Vec<u8>> }
+//!
+//! impl Service<Soft> for Caller {
+//!     fn poll(&mut self, rpc: &mut Rpc<'_, Soft>) {
+//!         if std::mem::replace(&mut self.started, true) {
+//!             return;
+//!         }
+//!         let session = rpc.connect(self.addr).unwrap();
+//!         let told = self.told.clone();
+//!         rpc.call(session, ECHO, b"hello", Duration::from_secs(30), move |_, answer| {
+//!             told.send(answer.unwrap().to_vec()).unwrap();
+//!         })
+//!         .unwrap();
+//!     }
+//! }
+//!
+//! let addr: std::net::SocketAddr = "10.98.12.1:7000".parse()?;
+//! let map = corelink_config::parse(&format!(
+//!     "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{addr}\""
+//! ))?
+//! .validate(&corelink_config::MachineTopology::load()?)?;
+//! let res = map.map.worker.clone();
+//! let (tx, rx) = channel();
+//! let engine = Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| {
+//!     let mut endpoint = Endpoint::new(EndpointConfig::for_worker(&res), &res).unwrap();
+//!     endpoint.register(ECHO, |req, resp| {
+//!         resp.write(req.data).map_err(|_| corelink_rpc::Reject(1))
+//!     }).unwrap();
+//!     RpcHandler::new(endpoint, Caller { addr, started: false, told: tx.clone() })
+//! })?;
+//! assert_eq!(rx.recv_timeout(Duration::from_secs(30))?, b"hello");
+//! engine.shutdown()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod config;
+mod endpoint;
+mod error;
+mod handler;
+mod ids;
+mod large;
+mod metrics;
+mod service;
+pub mod wire;
+
+pub use config::{recvs_per_session, EndpointConfig, DEFAULT_CREDITS};
+pub use endpoint::{Continuation, Endpoint, Rpc};
+pub use error::{Malformed, Result, RpcError};
+pub use handler::RpcHandler;
+pub use ids::{CallId, ReqType, SessionId};
+pub use metrics::RpcMetrics;
+pub use service::{Reject, Request, Response, Serve, Service, SessionEvent};

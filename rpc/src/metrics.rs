@@ -1,0 +1,33 @@
+//! An endpoint's counters.
+
+/// What an endpoint counted since it started.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RpcMetrics {
+    /// Calls accepted.
+    pub calls: u64,
+    /// Calls that waited in the endpoint for a credit (backpressure) before they went.
+    pub waited: u64,
+    /// Calls ended with a response.
+    pub responses: u64,
+    /// Calls ended with an error (any [`crate::RpcError`]).
+    pub errors: u64,
+    /// Calls ended by their deadline.
+    pub timeouts: u64,
+    /// Requests whose handler ran.
+    pub handled: u64,
+    /// Requests seen again (same slot and sequence number), answered from the stored response
+    /// without running the handler.
+    pub duplicates: u64,
+    /// Messages for a call that is over (a response after its timeout, an older request).
+    pub stale: u64,
+    /// Messages refused by the decoder or the session's checks (see [`crate::Malformed`]).
+    pub malformed: u64,
+    /// Connections refused as sessions (no hello, or more credits than receives).
+    pub refused: u64,
+    /// Messages dropped because no buffer was free for the answer.
+    pub no_buffer: u64,
+    /// Answers the engine refused to send (the connection closing, its request table full).
+    pub send_refused: u64,
+    /// States the endpoint's bookkeeping rules out, met (0 unless there is a bug).
+    pub invariant_misses: u64,
+}

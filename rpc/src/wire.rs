@@ -1,0 +1,442 @@
+//! The wire format: one fixed little-endian header before every payload (its table is in the
+//! crate's docs), the error messages' argument, and the hello a session's connect carries.
+
+use crate::error::Malformed;
+use crate::ids::{ReqType, SessionId};
+
+/// Bytes of the header.
+pub const HEADER: usize = 28;
+/// The format's magic number (bytes `R`, `C` on the wire).
+pub const MAGIC: u16 = u16::from_le_bytes(*b"RC");
+/// The format's version.
+pub const VERSION: u8 = 1;
+/// Payload bytes of an error message (its two arguments).
+pub const ERROR_PAYLOAD: usize = 8;
+/// Bytes of the hello a session's connect carries in its private data.
+pub const HELLO: usize = 6;
+/// Flag: the payload is a [`Descriptor`] of the message's payload, for the receiver to read.
+pub const LARGE: u16 = 1;
+/// Bytes of a [`Descriptor`].
+pub const DESCRIPTOR: usize = 16;
+
+/// What a message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A call's request (client to server).
+    Request = 1,
+    /// Its response (server to client).
+    Response = 2,
+    /// Its error (server to client): the status says which.
+    Error = 3,
+}
+
+/// Why a server answered with an error (the header's `status`; 0 in requests and responses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Not an error (requests and responses).
+    Ok = 0,
+    /// No handler for the request type (arguments: the type, 0).
+    NoSuchType = 1,
+    /// The response would not fit in the client's receive (arguments: its length, the most).
+    TooLarge = 2,
+    /// The handler rejected the request (arguments: its code, 0).
+    Rejected = 3,
+    /// The server had no buffer for the response (arguments: 0, 0).
+    Busy = 4,
+}
+
+impl Status {
+    fn from_wire(v: u16) -> Option<Status> {
+        Some(match v {
+            0 => Status::Ok,
+            1 => Status::NoSuchType,
+            2 => Status::TooLarge,
+            3 => Status::Rejected,
+            4 => Status::Busy,
+            _ => return None,
+        })
+    }
+}
+
+/// A message's header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// What the message is.
+    pub kind: Kind,
+    /// The request type.
+    pub ty: ReqType,
+    /// The session's slot the call occupies.
+    pub slot: u16,
+    /// The client's session id (a response echoes its request's).
+    pub session: SessionId,
+    /// The slot's sequence number (from 1; a response echoes its request's).
+    pub seq: u64,
+    /// Payload bytes after the header.
+    pub len: u32,
+    /// An error message's reason; [`Status::Ok`] otherwise.
+    pub status: Status,
+    /// The payload is a [`Descriptor`] (flag [`LARGE`]): the message's payload is in the
+    /// sender's memory, for the receiver to read.
+    pub large: bool,
+}
+
+impl Header {
+    /// The header's bytes.
+    pub fn encode(&self) -> [u8; HEADER] {
+        let mut b = [0u8; HEADER];
+        b[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+        b[2] = VERSION;
+        b[3] = self.kind as u8;
+        b[4..6].copy_from_slice(&self.ty.0.to_le_bytes());
+        b[6..8].copy_from_slice(&self.slot.to_le_bytes());
+        b[8..12].copy_from_slice(&self.session.to_wire().to_le_bytes());
+        b[12..20].copy_from_slice(&self.seq.to_le_bytes());
+        b[20..24].copy_from_slice(&self.len.to_le_bytes());
+        b[24..26].copy_from_slice(&(self.status as u16).to_le_bytes());
+        let flags = if self.large { LARGE } else { 0 };
+        b[26..28].copy_from_slice(&flags.to_le_bytes());
+        b
+    }
+
+    /// Writes the header at the start of `msg`; false (nothing written) when `msg` is shorter.
+    pub(crate) fn write_to(&self, msg: &mut [u8]) -> bool {
+        match msg.get_mut(..HEADER) {
+            Some(h) => {
+                h.copy_from_slice(&self.encode());
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn u16_at(b: &[u8; HEADER], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
+}
+
+/// Splits a message into its header and payload, checking every field: any message that is
+/// not exactly what [`Header::encode`] and a payload of the header's length make is refused
+/// with what is wrong (never a panic).
+///
+/// # Examples
+///
+/// ```
+/// use corelink_rpc::wire::{decode, Header, Kind, Status, HEADER};
+/// use corelink_rpc::{Malformed, ReqType, SessionId};
+///
+/// let h = Header {
+///     kind: Kind::Request,
+///     ty: ReqType(7),
+///     slot: 3,
+///     session: SessionId::from_wire(1),
+///     seq: 1,
+///     len: 2,
+///     status: Status::Ok,
+///     large: false,
+/// };
+/// let mut msg = h.encode().to_vec();
+/// msg.extend_from_slice(b"hi");
+/// assert_eq!(decode(&msg), Ok((h, &b"hi"[..])));
+/// assert_eq!(decode(&msg[..HEADER]), Err(Malformed::Length { said: 2, got: 0 }));
+/// ```
+pub fn decode(msg: &[u8]) -> Result<(Header, &[u8]), Malformed> {
+    let Some((head, payload)) = msg.split_first_chunk::<HEADER>() else {
+        return Err(Malformed::Truncated { len: msg.len() });
+    };
+    let magic = u16_at(head, 0);
+    if magic != MAGIC {
+        return Err(Malformed::Magic(magic));
+    }
+    if head[2] != VERSION {
+        return Err(Malformed::Version(head[2]));
+    }
+    let kind = match head[3] {
+        1 => Kind::Request,
+        2 => Kind::Response,
+        3 => Kind::Error,
+        k => return Err(Malformed::Kind(k)),
+    };
+    let flags = u16_at(head, 26);
+    if flags & !LARGE != 0 {
+        return Err(Malformed::Flags(flags));
+    }
+    let large = flags & LARGE != 0;
+    let len = u32_at(head, 20);
+    if len as usize != payload.len() {
+        return Err(Malformed::Length { said: len, got: payload.len() });
+    }
+    let raw_status = u16_at(head, 24);
+    let status = Status::from_wire(raw_status).ok_or(Malformed::Status(raw_status))?;
+    let fits = match kind {
+        Kind::Request | Kind::Response => status == Status::Ok,
+        Kind::Error => status != Status::Ok,
+    };
+    if !fits {
+        return Err(Malformed::Status(raw_status));
+    }
+    if kind == Kind::Error && large {
+        return Err(Malformed::Flags(flags));
+    }
+    let want = match (kind, large) {
+        (Kind::Error, _) => Some(ERROR_PAYLOAD),
+        (_, true) => Some(DESCRIPTOR),
+        _ => None,
+    };
+    if want.is_some_and(|n| n != payload.len()) {
+        return Err(Malformed::Length { said: len, got: payload.len() });
+    }
+    let seq = u64::from(u32_at(head, 12)) | u64::from(u32_at(head, 16)) << 32;
+    if seq == 0 {
+        return Err(Malformed::Sequence);
+    }
+    let header = Header {
+        kind,
+        ty: ReqType(u16_at(head, 4)),
+        slot: u16_at(head, 6),
+        session: SessionId::from_wire(u32_at(head, 8)),
+        seq,
+        len,
+        status,
+        large,
+    };
+    Ok((header, payload))
+}
+
+/// Where a large message's payload is: `len` bytes at `addr` of the sender's memory, under
+/// `rkey` (granted to the receiver for reads). Little-endian: address, key, length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Descriptor {
+    /// Address of the payload's first byte, in the sender's address space.
+    pub addr: u64,
+    /// The remote key of the sender's grant.
+    pub rkey: u32,
+    /// Payload bytes.
+    pub len: u32,
+}
+
+impl Descriptor {
+    /// Its bytes.
+    pub fn encode(&self) -> [u8; DESCRIPTOR] {
+        let mut b = [0u8; DESCRIPTOR];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        b[12..16].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// The descriptor in `b` (a large message's payload, checked by [`decode`]).
+    pub fn decode(b: &[u8]) -> Result<Descriptor, Malformed> {
+        let Some(b) = b.first_chunk::<DESCRIPTOR>().filter(|_| b.len() == DESCRIPTOR) else {
+            return Err(Malformed::Length { said: DESCRIPTOR as u32, got: b.len() });
+        };
+        let addr = u64::from(u32_at(b, 0)) | u64::from(u32_at(b, 4)) << 32;
+        Ok(Descriptor { addr, rkey: u32_at(b, 8), len: u32_at(b, 12) })
+    }
+}
+
+/// An error message's two arguments (see [`Status`]).
+pub fn error_args(payload: &[u8]) -> (u32, u32) {
+    match payload.get(..ERROR_PAYLOAD) {
+        Some(p) => (u32_at(p, 0), u32_at(p, 4)),
+        None => (0, 0),
+    }
+}
+
+/// The hello a session's connect carries (in the connection's private data): the magic, the
+/// version, and the credits (slots) the client will use; a server with fewer receives per
+/// connection refuses the session.
+pub fn hello(credits: u16) -> [u8; HELLO] {
+    let mut b = [0u8; HELLO];
+    b[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+    b[2] = VERSION;
+    b[3..5].copy_from_slice(&credits.to_le_bytes());
+    b
+}
+
+/// The credits of a hello, or what is wrong with it.
+pub fn decode_hello(data: &[u8]) -> Result<u16, Malformed> {
+    let Some(b) = data.first_chunk::<HELLO>() else {
+        return Err(Malformed::Truncated { len: data.len() });
+    };
+    let magic = u16::from_le_bytes([b[0], b[1]]);
+    if magic != MAGIC {
+        return Err(Malformed::Magic(magic));
+    }
+    if b[2] != VERSION {
+        return Err(Malformed::Version(b[2]));
+    }
+    if b[5] != 0 || data.len() != HELLO {
+        return Err(Malformed::Reserved(u16::from(b[5])));
+    }
+    Ok(u16::from_le_bytes([b[3], b[4]]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(kind: Kind, status: Status, len: u32) -> Header {
+        Header {
+            kind,
+            ty: ReqType(0x1234),
+            slot: 31,
+            session: SessionId::from_wire(0x0007_0002),
+            seq: 0x0102_0304_0506_0708,
+            len,
+            status,
+            large: false,
+        }
+    }
+
+    fn message(h: &Header) -> Vec<u8> {
+        let mut m = h.encode().to_vec();
+        m.extend((0..h.len).map(|i| i as u8));
+        m
+    }
+
+    #[test]
+    fn every_kind_round_trips_with_its_payload() {
+        for h in [
+            sample(Kind::Request, Status::Ok, 5),
+            sample(Kind::Response, Status::Ok, 0),
+            sample(Kind::Error, Status::NoSuchType, 8),
+            sample(Kind::Error, Status::TooLarge, 8),
+            sample(Kind::Error, Status::Rejected, 8),
+            sample(Kind::Error, Status::Busy, 8),
+        ] {
+            let m = message(&h);
+            let (got, payload) = decode(&m).unwrap();
+            assert_eq!(got, h);
+            assert_eq!(payload, &m[HEADER..]);
+        }
+    }
+
+    #[test]
+    fn the_layout_is_the_documented_one() {
+        let b = sample(Kind::Request, Status::Ok, 5).encode();
+        assert_eq!(&b[0..2], b"RC");
+        assert_eq!((b[2], b[3]), (VERSION, 1));
+        assert_eq!(&b[4..6], &[0x34, 0x12]);
+        assert_eq!(&b[6..8], &[31, 0]);
+        assert_eq!(&b[8..12], &[2, 0, 7, 0]);
+        assert_eq!(&b[12..20], &[8, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(&b[20..24], &[5, 0, 0, 0]);
+        assert_eq!(&b[24..28], &[0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn every_truncation_of_a_valid_message_is_refused() {
+        for h in [sample(Kind::Request, Status::Ok, 5), sample(Kind::Error, Status::Busy, 8)] {
+            let m = message(&h);
+            for cut in 0..m.len() {
+                let err = decode(&m[..cut]).unwrap_err();
+                if cut < HEADER {
+                    assert_eq!(err, Malformed::Truncated { len: cut });
+                } else {
+                    assert_eq!(err, Malformed::Length { said: h.len, got: cut - HEADER });
+                }
+            }
+            // And one byte too many.
+            let mut long = m.clone();
+            long.push(0);
+            assert!(matches!(decode(&long), Err(Malformed::Length { .. })));
+        }
+    }
+
+    #[test]
+    fn corrupted_fields_are_refused_with_what_is_wrong() {
+        let good = message(&sample(Kind::Request, Status::Ok, 4));
+        let with = |at: usize, bytes: &[u8]| {
+            let mut m = good.clone();
+            m[at..at + bytes.len()].copy_from_slice(bytes);
+            decode(&m).map(|(h, _)| h)
+        };
+        assert_eq!(with(0, b"XC"), Err(Malformed::Magic(u16::from_le_bytes(*b"XC"))));
+        assert_eq!(with(2, &[2]), Err(Malformed::Version(2)));
+        assert_eq!(with(2, &[0]), Err(Malformed::Version(0)));
+        for k in [0u8, 4, 255] {
+            assert_eq!(with(3, &[k]), Err(Malformed::Kind(k)));
+        }
+        assert_eq!(with(26, &[2, 0]), Err(Malformed::Flags(2)));
+        assert_eq!(with(27, &[0x80]), Err(Malformed::Flags(0x8000)));
+        // Large: the payload must be a descriptor, and an error is never large.
+        assert_eq!(with(26, &[1, 0]), Err(Malformed::Length { said: 4, got: 4 }));
+        let large_error = Header { large: true, ..sample(Kind::Error, Status::Busy, 8) };
+        assert_eq!(decode(&message(&large_error)), Err(Malformed::Flags(1)));
+        assert_eq!(with(20, &[9, 0, 0, 0]), Err(Malformed::Length { said: 9, got: 4 }));
+        assert_eq!(
+            with(20, &[0xff, 0xff, 0xff, 0xff]),
+            Err(Malformed::Length { said: u32::MAX, got: 4 })
+        );
+        // A request with an error's status, an unknown status, an error without one.
+        assert_eq!(with(24, &[1, 0]), Err(Malformed::Status(1)));
+        assert_eq!(with(24, &[5, 0]), Err(Malformed::Status(5)));
+        assert_eq!(with(3, &[3]), Err(Malformed::Status(0)));
+        assert_eq!(with(12, &[0; 8]), Err(Malformed::Sequence));
+        // An error message whose payload is not its two arguments.
+        let short_error = message(&sample(Kind::Error, Status::Rejected, 4));
+        assert_eq!(decode(&short_error), Err(Malformed::Length { said: 4, got: 4 }));
+    }
+
+    #[test]
+    fn every_single_byte_corruption_decodes_or_is_refused() {
+        // No panic, and a header that decodes re-encodes to exactly its bytes.
+        let good = message(&sample(Kind::Error, Status::TooLarge, 8));
+        for at in 0..HEADER {
+            for v in 0..=255u8 {
+                let mut m = good.clone();
+                m[at] = v;
+                if let Ok((h, p)) = decode(&m) {
+                    assert_eq!(&h.encode()[..], &m[..HEADER]);
+                    assert_eq!(p.len(), h.len as usize);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn large_messages_carry_a_descriptor() {
+        let d = Descriptor { addr: 0x1122_3344_5566_7788, rkey: 0xaabb_ccdd, len: 8 << 20 };
+        for kind in [Kind::Request, Kind::Response] {
+            let h = Header { large: true, ..sample(kind, Status::Ok, DESCRIPTOR as u32) };
+            let mut m = h.encode().to_vec();
+            m.extend_from_slice(&d.encode());
+            let (got, payload) = decode(&m).unwrap();
+            assert_eq!(got, h);
+            assert_eq!(Descriptor::decode(payload), Ok(d));
+            for cut in HEADER..m.len() {
+                assert!(decode(&m[..cut]).is_err());
+            }
+        }
+        assert!(Descriptor::decode(&[0; 15]).is_err());
+        assert!(Descriptor::decode(&[0; 17]).is_err());
+    }
+
+    #[test]
+    fn hellos_round_trip_and_others_are_refused() {
+        assert_eq!(decode_hello(&hello(32)), Ok(32));
+        assert_eq!(decode_hello(b""), Err(Malformed::Truncated { len: 0 }));
+        assert_eq!(decode_hello(b"hello!"), Err(Malformed::Magic(u16::from_le_bytes(*b"he"))));
+        let mut long = hello(1).to_vec();
+        long.push(0);
+        assert!(decode_hello(&long).is_err());
+        let mut v2 = hello(1);
+        v2[2] = 2;
+        assert_eq!(decode_hello(&v2), Err(Malformed::Version(2)));
+    }
+
+    #[test]
+    fn error_arguments_read_back() {
+        let mut p = [0u8; 8];
+        p[..4].copy_from_slice(&7u32.to_le_bytes());
+        p[4..].copy_from_slice(&9u32.to_le_bytes());
+        assert_eq!(error_args(&p), (7, 9));
+        assert_eq!(error_args(&p[..3]), (0, 0));
+    }
+}

@@ -1,0 +1,133 @@
+//! No allocation on the RPC hot path: with a counting global allocator, one soft worker runs a
+//! closed loop of echo calls on a session to itself (client and server on the same thread, 32
+//! calls in flight), and the allocations the worker makes between call 10,000 and call 60,000
+//! are counted: request and response buffers come from the registered pools, the tables were
+//! sized at start, and a continuation that captures nothing (a function, as here) is boxed
+//! without an allocation. Start-up, session set-up and warm-up may allocate.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::*;
+use corelink_engine::verbs::soft::Soft;
+use corelink_rpc::{Rpc, RpcError, SessionEvent, SessionId};
+
+struct Counting;
+
+thread_local! {
+    // Const-initialised and without destructors: using them never allocates.
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static COUNT: Cell<u64> = const { Cell::new(0) };
+    /// The worker's session and the calls ended so far (the continuation's state).
+    static SESSION: Cell<Option<SessionId>> = const { Cell::new(None) };
+    static ENDED: Cell<u64> = const { Cell::new(0) };
+}
+
+fn note() {
+    if COUNTING.try_with(Cell::get).unwrap_or(false) {
+        let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+    }
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
+// `System`'s guarantees are ours; the counting beside it allocates nothing (const thread-local
+// `Cell`s).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: the caller's contract for `alloc` is `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        // SAFETY: `ptr` was allocated by this allocator, i.e. by `System`, with `layout`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by this allocator, i.e. by `System`, with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const WARM_UP: u64 = 10_000;
+const MEASURED: u64 = 50_000;
+const IN_FLIGHT: u64 = 32;
+
+/// The worker's allocations in the measured window, once it closed (`u64::MAX` before).
+static MEASURED_ALLOCATIONS: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Calls that did not end with their echo.
+static FAILED: AtomicU64 = AtomicU64::new(0);
+
+/// The continuation: counts the call, opens or closes the window, calls again.
+fn again(rpc: &mut Rpc<'_, Soft>, outcome: Result<&[u8], RpcError>) {
+    if outcome.map_or(true, |r| r != 8u64.to_le_bytes()) {
+        FAILED.fetch_add(1, Ordering::Relaxed);
+    }
+    let ended = ENDED.get() + 1;
+    ENDED.set(ended);
+    if ended == WARM_UP {
+        COUNT.set(0);
+        COUNTING.set(true);
+    }
+    if ended == WARM_UP + MEASURED {
+        COUNTING.set(false);
+        MEASURED_ALLOCATIONS.store(COUNT.get(), Ordering::Release);
+    }
+    if ended + IN_FLIGHT <= WARM_UP + MEASURED {
+        let Some(s) = SESSION.get() else { return };
+        if rpc.call(s, ECHO, &8u64.to_le_bytes(), LONG, again).is_err() {
+            FAILED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[test]
+fn steady_state_calls_allocate_nothing_on_the_worker() {
+    // The counter counts.
+    COUNTING.set(true);
+    let b = std::hint::black_box(Box::new(7u64));
+    COUNTING.set(false);
+    drop(b);
+    assert_eq!(COUNT.get(), 1, "the counter counts");
+    let at = addr("10.98.15.1");
+    let rig = Rig::start(&map("10.98.15.1:7000", ""), IN_FLIGHT as u16, move || {
+        move |rpc: &mut Rpc<'_, Soft>, ev| match ev {
+            Ev::Start => {
+                rpc.connect(at).unwrap();
+            }
+            Ev::Session(s, SessionEvent::Connected) => {
+                SESSION.set(Some(s));
+                for _ in 0..IN_FLIGHT {
+                    rpc.call(s, ECHO, &8u64.to_le_bytes(), LONG, again).unwrap();
+                }
+            }
+            Ev::Session(..) => {}
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while MEASURED_ALLOCATIONS.load(Ordering::Acquire) == u64::MAX {
+        assert!(std::time::Instant::now() < deadline, "the loop never got through");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let m = rig.metrics_when(|m| m.responses >= WARM_UP + MEASURED);
+    rig.engine.shutdown().unwrap();
+    assert_eq!(FAILED.load(Ordering::Relaxed), 0, "{m:?}");
+    let allocations = MEASURED_ALLOCATIONS.load(Ordering::Relaxed);
+    println!("{MEASURED} calls after {WARM_UP} to warm up: {allocations} allocations; {m:?}");
+    assert_eq!(allocations, 0, "allocations on the worker in steady state");
+}
