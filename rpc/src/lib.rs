@@ -16,9 +16,10 @@
 //!   always has a receive for each. Calls beyond wait in the endpoint, in order, and go as
 //!   responses free slots (backpressure: a call never fails for lack of a credit). The
 //!   session's connect carries its credits; a server with fewer receives refuses the session.
-//!   (The engine posts a request's receive again right after the loop iteration that handled
-//!   it, which is also the one that sent its response; a next request that overtakes that
-//!   repost meets an RNR wait, `worker.min_rnr_timer`, and is delayed, not lost.)
+//!   (The engine posts a request's receive again in the loop iteration that handled it: after
+//!   that iteration's responses go out, or before them once fewer than half of the lane's
+//!   receives are left posted, so that a client at full credit, answered at once, finds
+//!   receives for its next requests.)
 //! - Every call accepted (`call` returned `Ok`) ends exactly once: its response, or
 //!   [`RpcError::Timeout`] (the deadline, checked once per loop iteration on the worker's
 //!   clock), [`RpcError::SessionClosed`], [`RpcError::Rejected`] (the handler said no),

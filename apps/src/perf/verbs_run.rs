@@ -325,7 +325,8 @@ fn run_on<P: Provider>(
                          ({pct:.1} %; the receiver got {received}): {}",
                         match o.transport {
                             Transport::Rc => "RC retransmits, so this is unexpected",
-                            _ => "UC and UD do not retransmit: a message dropped on the wire, \
+                            _ =>
+                                "UC and UD do not retransmit: a message dropped on the wire, \
                                   or arriving when no receive was posted, is gone",
                         }
                     );

@@ -53,6 +53,8 @@ pub struct Cx<P: Provider> {
     /// Receives whose messages were handled this iteration, to post again once the iteration's
     /// work requests went out (a repost is then off the path from a message to its answer).
     pub(crate) reposts: ArrayVec<(super::RecvId, Buf<P>), MAX_POLL_BATCH>,
+    /// A lane is low on posted receives: this iteration's go back before its flush.
+    pub(crate) repost_first: bool,
     pub(crate) timers: Timers,
     pub(crate) metrics: Metrics,
     pub(crate) stopping: bool,

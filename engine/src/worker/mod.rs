@@ -132,6 +132,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             reqs: Requests::new(MAX_REQUESTS_PER_WORKER, MERGE_TABLE),
             outbox: Outbox::new(to_control, 4096, CONTROL_RING).waking(wake),
             reposts: ArrayVec::new(),
+            repost_first: false,
             timers: Timers::new(MAX_TIMERS),
             pd,
             metrics: Metrics { worker: index, pinned, own_context, ..Metrics::default() },
@@ -222,6 +223,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         self.handler.poll(&mut self.cx);
         // Each step below is skipped by one check when it has nothing to do (most iterations).
         let took = !self.clients.is_empty() && self.take_client_requests();
+        if std::mem::take(&mut self.cx.repost_first) {
+            while let Some((id, buf)) = self.cx.reposts.pop() {
+                self.cx.repost(id, buf);
+            }
+        }
         let posted = (self.cx.conns.any_dirty() || self.cx.stopping) && self.cx.flush();
         while let Some((id, buf)) = self.cx.reposts.pop() {
             self.cx.repost(id, buf);
@@ -295,11 +301,15 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let found = self.cx.conns.at_mut(id.slot).and_then(|c| {
             let lane = c.lanes.get_mut(usize::from(id.lane))?;
             lane.recvs_posted = lane.recvs_posted.saturating_sub(1);
+            // Fewer than half its receives left posted: this iteration's receives go back
+            // before its answers (a peer answered at once must find a receive posted).
+            let low = lane.recvs_posted * 2 < lane.recvs.len();
             let buf = lane.recvs.get_mut(usize::from(id.index)).and_then(Option::take)?;
-            Some((c, buf))
+            Some((c, buf, low))
         });
         // A receive's connection, lane and buffer are held until its completion.
-        let Some((c, mut buf)) = found else { return self.cx.invariant_missed() };
+        let Some((c, mut buf, low)) = found else { return self.cx.invariant_missed() };
+        self.cx.repost_first |= low;
         if wc.status != WcStatus::Success {
             if c.phase == Phase::Open {
                 c.note_error(wc.status);
