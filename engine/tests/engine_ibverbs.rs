@@ -56,6 +56,17 @@ fn every_acknowledged_message_reaches_the_handler_before_its_close() {
     e2e::every_acknowledged_message_reaches_the_handler_before_its_close::<Ibverbs>(&map);
 }
 
+/// Defect 1's race across the runner's second wire (rxea accepts, rxeb connects), 50 runs.
+#[test]
+fn every_acknowledged_message_reaches_the_handler_across_the_wire() {
+    let Some([(a, a_ip), (b, b_ip)]) = ibverbs_env::wire() else { return };
+    let server = e2e::core_map(&a, SocketAddr::new(a_ip, 0));
+    let client = e2e::core_map(&b, SocketAddr::new(b_ip, 0))
+        .replace("control_core = 0", "control_core = 1")
+        .replace("workers = [1]", "workers = [0]");
+    e2e::every_acknowledged_message_reaches_the_handler_across::<Ibverbs>(&server, &client, 50);
+}
+
 #[test]
 fn shutdown_with_requests_in_flight_completes_each_once() {
     let Some((map, _)) = target() else { return };

@@ -39,6 +39,13 @@ fn a_client_closes_its_connection() {
     e2e::a_client_closes_its_connection::<Soft>(&map("10.99.0.4:0"));
 }
 
+/// Defect 1's race between two engines (two soft ports), 50 runs in a row.
+#[test]
+fn every_acknowledged_message_reaches_the_handler_across_two_engines() {
+    let (server, client) = (map("10.99.0.6:0"), map("10.99.0.7:0"));
+    e2e::every_acknowledged_message_reaches_the_handler_across::<Soft>(&server, &client, 50);
+}
+
 #[test]
 fn every_acknowledged_message_reaches_the_handler_before_its_close() {
     e2e::every_acknowledged_message_reaches_the_handler_before_its_close::<Soft>(&map(

@@ -25,3 +25,28 @@ pub fn target() -> Option<(String, IpAddr)> {
         format!("provider = \"ibverbs\"\ndevice = \"{device}\"\nport = {port}\ngid_index = {gid}");
     Some((provider, ip))
 }
+
+/// The two ends of the runner's second wire (`tests/rxe-guest/run --wire`: `CORELINK_WIRE=1`,
+/// `CORELINK_WIRE_{A,B}_DEVICE`, `_GID_INDEX` and `_IP`), each as core-map provider lines and
+/// its address; `None`, after printing why, without it.
+#[allow(dead_code)]
+pub fn wire() -> Option<[(String, IpAddr); 2]> {
+    if std::env::var("CORELINK_WIRE").ok().as_deref() != Some("1") {
+        println!("skipped: no second wire (CORELINK_WIRE=1, tests/rxe-guest/run --wire)");
+        return None;
+    }
+    let end = |e: &str| {
+        let var = |k: &str| {
+            std::env::var(format!("CORELINK_WIRE_{e}_{k}"))
+                .unwrap_or_else(|_| panic!("CORELINK_WIRE_{e}_{k}"))
+        };
+        let ip: IpAddr = var("IP").parse().expect("the wire end's IP address");
+        let provider = format!(
+            "provider = \"ibverbs\"\ndevice = \"{}\"\nport = 1\ngid_index = {}",
+            var("DEVICE"),
+            var("GID_INDEX")
+        );
+        (provider, ip)
+    };
+    Some([end("A"), end("B")])
+}
