@@ -376,8 +376,11 @@ pub trait CmWaiter: Send + Debug {
     /// Ends the current wait early, or the next one at once, from any thread.
     fn waker(&self) -> Waker;
     /// Waits up to `timeout` until one of `watched` may have an event or the waker is woken;
-    /// it may also return early for no reason (spuriously), never later.
+    /// it may also return early for no reason (spuriously), never later. Zero: just looks.
     fn wait(&mut self, watched: &[Watch], timeout: Duration) -> Result<()>;
+    /// Whether `w` (one of the last wait's) may have an event: it had one then, or the
+    /// provider cannot tell (`soft`: always true). An object that did not may be skipped.
+    fn ready(&self, w: Watch) -> bool;
 }
 
 /// What a [`CmWaiter`] watches of one connection-manager object (from `watch` on a

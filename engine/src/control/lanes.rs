@@ -23,8 +23,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use corelink_verbs::{
-    Accepting as _, CmEvent, ConnRequest, Connecting as _, Connection, Context, Listener, Progress,
-    Provider, Watch, ACCEPT_WAIT,
+    Accepting as _, CmEvent, CmWaiter as _, ConnRequest, Connecting as _, Connection, Context,
+    Listener, Progress, Provider, Watch, ACCEPT_WAIT,
 };
 
 use super::header::{nonce, reject_data, reject_reason, Header, MAX_APP_PRIVATE_DATA};
@@ -170,9 +170,12 @@ impl<P: Provider> Incoming<P> {
         self.pending.len()
     }
 
-    /// Adds what a waiter watches of each accept waiting for its connector.
+    /// Adds what a waiter watches of each accept waiting for its connector, and of each
+    /// lane up in a connection still waiting for its other lanes.
     pub(super) fn watch(&self, out: &mut Vec<Watch>) {
         out.extend(self.pending.iter().map(|p| p.accepting.watch()));
+        let up = self.groups.values().flat_map(|g| g.lanes.iter().flatten());
+        out.extend(up.map(|(_, cm)| cm.watch()));
     }
 }
 
@@ -273,6 +276,10 @@ impl<P: Provider> Control<P> {
         let mut any = false;
         let mut pass = self.outgoing.lanes.begin();
         for l in pass.drain(..) {
+            if !self.look(l.connecting.watch()) {
+                self.outgoing.lanes.push(l);
+                continue;
+            }
             let LaneConnecting { conn, lane, mut qp, connecting } = l;
             match connecting.poll(&mut qp, Duration::ZERO) {
                 Ok(Progress::Pending(connecting)) => {
@@ -354,6 +361,10 @@ impl<P: Provider> Control<P> {
     /// Accepts one lane if a request is waiting; returns whether one was.
     pub(super) fn accept_one(&mut self) -> bool {
         // (just a look: the loop's wait watches the listener)
+        let Some(w) = self.listener.as_ref().map(|l| l.watch()) else { return false };
+        if !self.look(w) {
+            return false;
+        }
         let Some(l) = self.listener.as_mut() else { return false };
         let req = match l.get_request(Duration::ZERO) {
             Ok(Some(r)) => r,
@@ -464,6 +475,10 @@ impl<P: Provider> Control<P> {
         let mut any = false;
         let mut pass = self.incoming.pending.begin();
         for p in pass.drain(..) {
+            if !self.look(p.accepting.watch()) && Instant::now() < p.deadline {
+                self.incoming.pending.push(p);
+                continue;
+            }
             let PendingLane { nonce, lane, lanes, worker, mut qp, accepting, deadline } = p;
             match accepting.poll(&mut qp, Duration::ZERO) {
                 Ok(Progress::Ready(cm)) => {
@@ -553,10 +568,14 @@ impl<P: Provider> Control<P> {
     /// Drops accepted groups one of whose lanes the peer disconnected.
     pub(super) fn watch_incoming(&mut self) {
         let mut gone = Vec::new();
+        let (waiter, targeted) = (&self.waiter, self.targeted);
         for (nonce, g) in self.incoming.groups.iter_mut() {
             let k = g.lanes.len();
             for (lane, up) in g.lanes.iter_mut().enumerate() {
                 let Some((_, cm)) = up else { continue };
+                if targeted && !waiter.ready(cm.watch()) {
+                    continue;
+                }
                 if let Ok(Some(CmEvent::Disconnected | CmEvent::DeviceRemoval)) =
                     cm.poll_event(Duration::ZERO)
                 {

@@ -21,7 +21,7 @@ mod pool;
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrayvec::ArrayVec;
 use corelink_verbs::{CmEvent, CmWaiter as _, Connection, Listener as _, Provider, QpAttr, Watch};
@@ -123,6 +123,11 @@ pub(crate) struct Control<P: Provider> {
     waiter: P::CmWaiter,
     /// What it watches (rebuilt for each wait, kept to reuse its allocation).
     watches: Vec<Watch>,
+    /// This pass looks only at the objects the last wait saw ready (else at every one: at
+    /// least once a slice, for the deadlines of those that hear nothing).
+    targeted: bool,
+    /// When a pass last looked at every object.
+    last_full: Instant,
     workers: Vec<WorkerLink<P>>,
     commands: mpsc::Receiver<Command<P>>,
     /// Clients' connects (each client sends its own, after its `AddClient` command).
@@ -164,6 +169,8 @@ impl<P: Provider> Control<P> {
             listener,
             waiter,
             watches: Vec::new(),
+            targeted: false,
+            last_full: Instant::now(),
             workers,
             commands,
             connects,
@@ -210,9 +217,8 @@ impl<P: Provider> Control<P> {
             {
                 break;
             }
-            if !busy {
-                self.wait();
-            }
+            // After a busy pass, just a look (which tells the next pass what is ready).
+            self.wait(if busy { Duration::ZERO } else { self.slice() });
         }
         self.drop_incoming();
         // Connection-manager sides first, then the QPs (in the pools, dropped with `self`).
@@ -228,7 +234,7 @@ impl<P: Provider> Control<P> {
     /// Sleeps until one of the control core's connection-manager objects (its listener, its
     /// connects and accepts in progress, its connections' lanes) may have an event, a worker
     /// or the application wakes it, or the slice passes.
-    fn wait(&mut self) {
+    fn wait(&mut self, timeout: Duration) {
         let slice = self.slice();
         let mut watches = std::mem::take(&mut self.watches);
         watches.clear();
@@ -236,12 +242,23 @@ impl<P: Provider> Control<P> {
         self.outgoing.watch(&mut watches);
         self.incoming.watch(&mut watches);
         watches.extend(self.lanes.values().map(|l| l.cm.watch()));
-        if self.waiter.wait(&watches, slice).is_err() {
+        let ok = self.waiter.wait(&watches, timeout).is_ok();
+        if !ok {
             // Counted; a slice's sleep instead, so that the loop does not spin.
             self.wait_errors += 1;
-            std::thread::sleep(slice);
+            std::thread::sleep(timeout);
         }
         self.watches = watches;
+        let now = Instant::now();
+        self.targeted = ok && now.duration_since(self.last_full) < slice;
+        if !self.targeted {
+            self.last_full = now;
+        }
+    }
+
+    /// Whether this pass looks at the object `w` watches.
+    pub(super) fn look(&self, w: Watch) -> bool {
+        !self.targeted || self.waiter.ready(w)
     }
 
     /// Publishes the counters if they changed.
@@ -414,7 +431,11 @@ impl<P: Provider> Control<P> {
 
     fn watch_events(&mut self) {
         let mut closed = Vec::new();
+        let (waiter, targeted) = (&self.waiter, self.targeted);
         for (key, l) in self.lanes.iter_mut() {
+            if targeted && !waiter.ready(l.cm.watch()) {
+                continue;
+            }
             if let Ok(Some(CmEvent::Disconnected | CmEvent::DeviceRemoval)) =
                 l.cm.poll_event(Duration::ZERO)
             {

@@ -125,6 +125,10 @@ impl crate::CmWaiter for SoftCmWaiter {
         self.seen = *n;
         Ok(())
     }
+
+    fn ready(&self, _w: crate::Watch) -> bool {
+        true // (it cannot tell which object changed)
+    }
 }
 
 #[derive(Debug, Default)]

@@ -15,6 +15,8 @@ pub struct IbvCmWaiter {
     wake: Arc<OwnedFd>,
     /// The descriptors of one wait (kept: a wait allocates only when the set grows).
     fds: Vec<libc::pollfd>,
+    /// The descriptors that were readable at the last wait, as a bit set by number.
+    ready: Vec<u64>,
 }
 
 impl IbvCmWaiter {
@@ -26,7 +28,7 @@ impl IbvCmWaiter {
         }
         // SAFETY: `fd` was just opened and is owned by nothing else.
         let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
-        Ok(IbvCmWaiter { wake, fds: Vec::new() })
+        Ok(IbvCmWaiter { wake, fds: Vec::new(), ready: Vec::new() })
     }
 }
 
@@ -71,6 +73,20 @@ impl CmWaiter for IbvCmWaiter {
             // SAFETY: an eventfd; reading its 8-byte counter into `count` (non-blocking).
             let _ = unsafe { libc::read(wake, (&mut count as *mut u64).cast(), 8) };
         }
+        self.ready.iter_mut().for_each(|w| *w = 0);
+        for p in self.fds.iter().skip(1).filter(|p| p.revents != 0 && p.fd >= 0) {
+            let (word, bit) = (p.fd as usize / 64, p.fd as usize % 64);
+            if word >= self.ready.len() {
+                self.ready.resize(word + 1, 0);
+            }
+            self.ready[word] |= 1 << bit;
+        }
         Ok(())
+    }
+
+    fn ready(&self, w: Watch) -> bool {
+        let Some(fd) = w.0.filter(|fd| *fd >= 0) else { return true };
+        let (word, bit) = (fd as usize / 64, fd as usize % 64);
+        self.ready.get(word).is_some_and(|w| w & (1 << bit) != 0)
     }
 }
