@@ -208,6 +208,12 @@ pub struct ConnInfo {
     pub initiated: bool,
     /// The token of the `connect` that made it (0 when accepted).
     pub token: u64,
+    /// Its lanes (QPs it stripes requests over).
+    pub lanes: u32,
+    /// Receives this side keeps posted on each lane (`worker.recvs_per_conn` shared over the
+    /// lanes): how many messages the peer may have in flight towards one lane without one
+    /// finding no receive (credits, for a protocol on top).
+    pub recvs_per_lane: u32,
 }
 
 /// Why a connection closed.

@@ -354,7 +354,15 @@ impl<P: Provider> Control<P> {
             ),
             _ => (Vec::new(), None),
         };
-        let info = ConnInfo { private_data, peer_recv_size, initiated: true, token };
+        // (lanes and receives: filled in by the worker, which posts them)
+        let info = ConnInfo {
+            private_data,
+            peer_recv_size,
+            initiated: true,
+            token,
+            lanes: 0,
+            recvs_per_lane: 0,
+        };
         self.hand_off(w, up, info, origin, g.reservation);
     }
 
@@ -421,6 +429,8 @@ impl<P: Provider> Control<P> {
                     peer_recv_size: hdr.recv_size,
                     initiated: false,
                     token: 0,
+                    lanes: 0,
+                    recvs_per_lane: 0,
                 };
                 let group = Accepting {
                     worker: w,

@@ -195,7 +195,14 @@ mod tests {
     use corelink_verbs::soft::Soft;
 
     fn info() -> ConnInfo {
-        ConnInfo { private_data: vec![], peer_recv_size: None, initiated: false, token: 0 }
+        ConnInfo {
+            private_data: vec![],
+            peer_recv_size: None,
+            initiated: false,
+            token: 0,
+            lanes: 1,
+            recvs_per_lane: 0,
+        }
     }
 
     fn open(c: &mut Conns<Soft>) -> Option<ConnId> {

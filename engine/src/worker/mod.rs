@@ -443,6 +443,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         // The connection's receives, shared out over its lanes (the control core reserved
         // them in the receive pool).
         let per_lane = self.cx.cfg.recvs_per_lane[new.len().min(MAX_QPS_PER_CONN)] as usize;
+        let info = ConnInfo { lanes: new.len() as u32, recvs_per_lane: per_lane as u32, ..info };
         let mut post_failed = false;
         let (recv_pool, recv_size) = (&self.cx.recv_pool, self.cx.cfg.recv_size);
         let (metrics, misses) = (&mut self.cx.metrics, &mut 0u64);

@@ -172,6 +172,8 @@ pub fn every_request_kind_through_the_engine<P: Provider>(map: &str) {
     let mut c = Inbox::new(e.client(0).unwrap());
     let (conn, info) = c.connect(addr, b"hi there", 1);
     assert_eq!((info.token, info.initiated), (1, true));
+    // (one lane by default, with the map's receives: 32)
+    assert_eq!((info.lanes, info.recvs_per_lane), (1, 32), "{info:?}");
     let region = granted_region(&granted);
     wait_for(&log, "connected initiated=false hi there region=true");
     let ev = c.take("the grant", |e| granted_event(e).is_some());
