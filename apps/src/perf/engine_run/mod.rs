@@ -68,6 +68,8 @@ enum Event {
     ClientDone(Result<(), String>),
     /// A server part's client disconnected (`Ok(conns the client said it opens)`), or failed.
     ServerDone(Result<u16, String>),
+    /// A server part took a client's connection (told with `--progress`).
+    ServerConnected,
 }
 
 /// One client part's measurement of one size.
@@ -352,6 +354,11 @@ fn collect(
                     if o.role == Role::Loopback {
                         break;
                     }
+                }
+            }
+            Event::ServerConnected => {
+                if o.progress {
+                    eprintln!("corelink-perf: a {} client connected", o.test.name());
                 }
             }
             Event::ServerDone(r) => {

@@ -114,8 +114,9 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
                 "the client sends up to {max} B, this server was started for {m} B (give both \
                  the same -s / -a)"
             );
-            self.fail(cx, conn, e);
+            return self.fail(cx, conn, e);
         }
+        self.shared.tell(Event::ServerConnected);
     }
 
     fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
