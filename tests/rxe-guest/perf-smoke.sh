@@ -55,7 +55,7 @@ killed() {
   local log server server_rc client
   port=$((port + 1))
   log=$(mktemp)
-  timeout 60 "$bin" write_bw --provider ibverbs --bind "$CORELINK_IP" -p $port -D 30 --progress > "$log" 2>&1 & server=$!
+  timeout 60 "$bin" write_bw --provider ibverbs --bind "$CORELINK_IP" -p $port -D 30 > "$log" 2>&1 & server=$!
   for _ in $(seq 100); do grep -q listening "$log" && break; sleep 0.1; done
   # (not under `timeout`: the kill must reach corelink-perf itself)
   "$bin" write_bw --provider ibverbs -p $port -D 30 "$CORELINK_IP" > /dev/null 2>&1 & client=$!

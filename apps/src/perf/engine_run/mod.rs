@@ -68,7 +68,8 @@ enum Event {
     ClientDone(Result<(), String>),
     /// A server part's client disconnected (`Ok(conns the client said it opens)`), or failed.
     ServerDone(Result<u16, String>),
-    /// A server part took a client's connection (told with `--progress`).
+    /// A server part took a client's connection (told when progress lines are on: several
+    /// sizes, or `-D`).
     ServerConnected,
 }
 
