@@ -7,6 +7,10 @@ use crate::error::{Result, RpcError};
 /// Credits per session unless configured otherwise (eRPC's).
 pub const DEFAULT_CREDITS: u16 = 32;
 
+/// Orders a worker takes off each [`crate::Handle`]'s ring per loop iteration at most (a
+/// burst from one thread cannot hold the worker from its completions for long).
+pub const HANDLE_BATCH: usize = 32;
+
 /// An endpoint's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointConfig {

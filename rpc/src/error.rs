@@ -86,6 +86,14 @@ pub enum RpcError {
         /// Slots.
         slots: usize,
     },
+    /// The worker a [`crate::Handle`] calls into stopped (or dropped the handle's ring)
+    /// before the call ended.
+    #[error("the worker stopped before the call ended")]
+    WorkerGone,
+    /// The typed layer could not encode a request or response, or decode one that came
+    /// (`postcard`'s reason).
+    #[error("the typed layer could not encode or decode a message")]
+    Codec(#[source] postcard::Error),
     /// A message that breaks the wire format (counted in the endpoint's metrics).
     #[error("malformed message: {0}")]
     Malformed(Malformed),

@@ -84,8 +84,16 @@
 //! waiting for a credit hold slots too, and one made with every slot out is refused rather
 //! than waiting.
 //!
-//! TODO (issue 12, next steps): a `Send` handle for other threads with a blocking call and a
-//! `Future`; the typed (serde) codec; merging, load balancing and priority classes; sessions
+//! # Calls from other threads
+//! [`handle`] makes a [`Handle`] (`Send`, not `Clone`: one per calling thread) and the
+//! [`Inbox`] its worker's [`RpcHandler::with_inbox`] drains: up to [`HANDLE_BATCH`] orders
+//! per loop iteration off an SPSC ring (no lock on the worker), each a call made on the
+//! endpoint with a continuation that answers on a one-shot channel. [`Handle::call`] blocks
+//! (parks) until the answer; [`Handle::call_async`] is a [`CallFuture`], a plain
+//! `std::future::Future` woken through any runtime's `Waker` (`rpc/examples/tokio_handle.rs`
+//! runs a thousand under tokio). Each copies the request in and the response out.
+//!
+//! TODO (issue 12, next steps): the typed (serde) codec; merging, load balancing and priority classes; sessions
 //! surviving a reconnect (the at-most-once table is per session); large calls that wait for
 //! an arena slot instead of being refused; per-session order kept across large requests.
 //!
@@ -141,6 +149,7 @@
 mod config;
 mod endpoint;
 mod error;
+mod handle;
 mod handler;
 mod ids;
 mod large;
@@ -148,9 +157,10 @@ mod metrics;
 mod service;
 pub mod wire;
 
-pub use config::{recvs_per_session, EndpointConfig, DEFAULT_CREDITS};
+pub use config::{recvs_per_session, EndpointConfig, DEFAULT_CREDITS, HANDLE_BATCH};
 pub use endpoint::{Continuation, Endpoint, Rpc};
 pub use error::{Malformed, Result, RpcError};
+pub use handle::{block_on, handle, CallFuture, Handle, Inbox};
 pub use handler::RpcHandler;
 pub use ids::{CallId, ReqType, SessionId};
 pub use metrics::RpcMetrics;

@@ -12,53 +12,28 @@ use super::{
 };
 use crate::error::{Malformed, Result, RpcError};
 use crate::ids::{CallId, ReqType, SessionId};
+use crate::large::ArenaSlot;
 use crate::wire::{self, Descriptor, Header, Kind, Status, DESCRIPTOR, HEADER};
 
 impl<P: Provider> Endpoint<P> {
-    pub(crate) fn call(
+    /// A call whose request payload is `len` bytes, written in place by `fill` (into the
+    /// registered request buffer, or a large request's arena slot): the raw path copies the
+    /// caller's bytes in, the typed path serializes straight into it. Refused: the error and
+    /// `then`, unrun.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn call_with(
         &mut self,
         cx: &mut Cx<P>,
         session: SessionId,
         ty: ReqType,
-        request: &[u8],
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
         timeout: Duration,
         then: Continuation<P>,
-    ) -> Result<CallId> {
-        let s = self.session(session).ok_or(RpcError::NoSuchSession(session))?;
-        if !s.served.is_empty() {
-            return Err(RpcError::NoSuchSession(session));
-        }
-        if s.phase == Phase::Closing {
-            return Err(RpcError::SessionClosed);
-        }
-        // While connecting, the peer's receive is taken to be this worker's (the engine
-        // refuses the send if it is smaller).
-        let small = match s.phase {
-            Phase::Open => s.peer_max,
-            _ => cx.recv_size().saturating_sub(HEADER),
-        };
-        let large = request.len() > small;
-        if large && request.len() > self.cfg.large_max {
-            return Err(RpcError::TooLarge {
-                len: request.len(),
-                max: small.max(self.cfg.large_max),
-            });
-        }
-        if self.live_calls >= self.cfg.max_calls as usize {
-            return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
-        }
-        let (mut buf, arena) = if large {
-            self.ensure_arena(cx)?;
-            let Some(arena) = &self.arena else {
-                return Err(RpcError::NoLargeBuffers { len: request.len() });
-            };
-            let slot = arena.take().ok_or(RpcError::LargeSlotsBusy { slots: arena.slots() })?;
-            arena.fill(&slot, request)?;
-            (cx.alloc(HEADER + DESCRIPTOR)?, Some(slot))
-        } else {
-            let mut buf = cx.alloc(HEADER + request.len())?;
-            buf.as_mut_slice()[HEADER..].copy_from_slice(request);
-            (buf, None)
+    ) -> Result<CallId, (RpcError, Continuation<P>)> {
+        let (mut buf, arena, large) = match self.request_buffer(cx, session, len, fill) {
+            Ok(b) => b,
+            Err(e) => return Err((e, then)),
         };
         let header = Header {
             kind: Kind::Request,
@@ -66,15 +41,21 @@ impl<P: Provider> Endpoint<P> {
             slot: 0,
             session,
             seq: 1,
-            len: if large { DESCRIPTOR as u32 } else { request.len() as u32 },
+            len: if large { DESCRIPTOR as u32 } else { len as u32 },
             status: Status::Ok,
             large,
         };
         header.write_to(buf.as_mut_slice());
-        let len = request.len() as u32;
+        let len = len as u32;
         let call = Call { session, slot: None, request: Some(buf), arena, len, then };
-        let Ok(id) = self.insert_call(call) else {
-            return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
+        let id = match self.insert_call(call) {
+            Ok(id) => id,
+            Err(call) => {
+                return Err((
+                    RpcError::TooManyCalls { max: self.cfg.max_calls as usize },
+                    call.then,
+                ))
+            }
         };
         self.metrics.calls += 1;
         if self.deadlines.len() >= 2 * self.cfg.max_calls as usize {
@@ -90,6 +71,54 @@ impl<P: Provider> Endpoint<P> {
             self.metrics.waited += 1;
         }
         Ok(id)
+    }
+
+    /// The registered buffer of a request of `len` payload bytes on `session`, its payload
+    /// written by `fill` (a large one's into an arena slot, the buffer left for its
+    /// descriptor), and whether it is large.
+    #[allow(clippy::type_complexity)]
+    fn request_buffer(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<(Buf<P>, Option<ArenaSlot>, bool)> {
+        let s = self.session(session).ok_or(RpcError::NoSuchSession(session))?;
+        if !s.served.is_empty() {
+            return Err(RpcError::NoSuchSession(session));
+        }
+        if s.phase == Phase::Closing {
+            return Err(RpcError::SessionClosed);
+        }
+        // While connecting, the peer's receive is taken to be this worker's (the engine
+        // refuses the send if it is smaller).
+        let small = match s.phase {
+            Phase::Open => s.peer_max,
+            _ => cx.recv_size().saturating_sub(HEADER),
+        };
+        let large = len > small;
+        if large && len > self.cfg.large_max {
+            return Err(RpcError::TooLarge { len, max: small.max(self.cfg.large_max) });
+        }
+        if self.live_calls >= self.cfg.max_calls as usize {
+            return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
+        }
+        let (buf, arena) = if large {
+            self.ensure_arena(cx)?;
+            let Some(arena) = &self.arena else {
+                return Err(RpcError::NoLargeBuffers { len });
+            };
+            let mut slot = arena.take().ok_or(RpcError::LargeSlotsBusy { slots: arena.slots() })?;
+            let buf = cx.alloc(HEADER + DESCRIPTOR)?;
+            fill(arena.bytes_mut(&mut slot, len));
+            (buf, Some(slot))
+        } else {
+            let mut buf = cx.alloc(HEADER + len)?;
+            fill(&mut buf.as_mut_slice()[HEADER..]);
+            (buf, None)
+        };
+        Ok((buf, arena, large))
     }
 
     /// Keeps only the deadlines of calls still live (each has one).

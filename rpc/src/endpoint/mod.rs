@@ -99,7 +99,11 @@ impl<P: Provider> Rpc<'_, P> {
         timeout: Duration,
         then: impl FnOnce(&mut Rpc<'_, P>, Result<&[u8], RpcError>) + 'static,
     ) -> Result<CallId> {
-        self.ep.call(self.cx, session, ty, request, timeout, Box::new(then))
+        let fill = |b: &mut [u8]| b.copy_from_slice(request);
+        let then = Box::new(then);
+        self.ep
+            .call_with(self.cx, session, ty, request.len(), fill, timeout, then)
+            .map_err(|(e, _)| e)
     }
 
     /// Closes `session`: its calls end with [`RpcError::SessionClosed`] (those in flight once
