@@ -93,7 +93,15 @@
 //! `std::future::Future` woken through any runtime's `Waker` (`rpc/examples/tokio_handle.rs`
 //! runs a thousand under tokio). Each copies the request in and the response out.
 //!
-//! TODO (issue 12, next steps): the typed (serde) codec; merging, load balancing and priority classes; sessions
+//! # Typed calls
+//! A [`Method`] names a request type and the Rust types of its request and response, encoded
+//! with `postcard` (serde's compact binary format). [`Endpoint::register_method`] and
+//! [`Rpc::call_method`] encode straight into the registered buffers and decode from the
+//! receive buffer in place, on top of the raw path, which they leave as it was;
+//! [`Handle::call_method`] and [`Handle::call_method_async`] do the same from other threads
+//! (encoding and decoding on the calling thread).
+//!
+//! TODO (issue 12, next steps): merging, load balancing and priority classes; sessions
 //! surviving a reconnect (the at-most-once table is per session); large calls that wait for
 //! an arena slot instead of being refused; per-session order kept across large requests.
 //!
@@ -155,6 +163,7 @@ mod ids;
 mod large;
 mod metrics;
 mod service;
+mod typed;
 pub mod wire;
 
 pub use config::{recvs_per_session, EndpointConfig, DEFAULT_CREDITS, HANDLE_BATCH};
@@ -165,3 +174,4 @@ pub use handler::RpcHandler;
 pub use ids::{CallId, ReqType, SessionId};
 pub use metrics::RpcMetrics;
 pub use service::{Reject, Request, Response, Serve, Service, SessionEvent};
+pub use typed::{decode, encode, encoded_len, Method, MethodFuture, UNDECODABLE};
