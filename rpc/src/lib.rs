@@ -34,7 +34,8 @@
 //! - Per session, responses come in the order of the calls (one connection, one lane, and a
 //!   server that answers in arrival order), and continuations run in that order; a large
 //!   request (below) is answered once its payload is read, so small calls made after it may
-//!   end first.
+//!   end first; calls of different request classes (below) may overtake each other, and a
+//!   merged call ends right after the identical call it joined.
 //!
 //! # Wire format
 //! Every message is one send: a fixed 28-byte little-endian header ([`wire::Header`]), then
@@ -101,7 +102,20 @@
 //! [`Handle::call_method`] and [`Handle::call_method_async`] do the same from other threads
 //! (encoding and decoding on the calling thread).
 //!
-//! TODO (issue 12, next steps): merging, load balancing and priority classes; sessions
+//! # Service-level scheduling
+//! - **Merging** ([`Endpoint::set_mergeable`]): a call of a mergeable type whose session
+//!   already has an identical call (same type, same bytes) in flight or waiting for a credit
+//!   is not sent; it joins that call's group and ends with its outcome (or by its own
+//!   deadline, if sooner), so the server executes the request once and every caller gets the
+//!   response ([`RpcMetrics::merged`] counts the calls merged). The group is keyed by
+//!   session, type and a hash of the bytes, and compares the bytes themselves; it lasts until
+//!   its first call ends, so a later identical call is a new request.
+//! - **Priority classes** ([`Endpoint::set_class`]): a type's requests and the responses to
+//!   them go in an engine request class (`Cx::submit_as`), so that with the engine's
+//!   priorities on an urgent call made after a burst of bulk ones reaches the device, the
+//!   server and the answer first.
+//!
+//! TODO (issue 12, next steps): load balancing across servers; sessions
 //! surviving a reconnect (the at-most-once table is per session); large calls that wait for
 //! an arena slot instead of being refused; per-session order kept across large requests.
 //!

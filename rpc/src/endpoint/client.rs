@@ -1,13 +1,14 @@
 //! The client side of an endpoint: calls, their credits and deadlines, and their answers.
 
 use std::cmp::Reverse;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
 use corelink_engine::verbs::{Provider, RemoteAddr};
 use corelink_engine::{Buf, Cx, Done, EngineError};
 
 use super::{
-    slot_token, token_slot, Call, Continuation, Endpoint, Phase, SlotUse, CLIENT_READ,
+    slot_token, token_slot, Call, Continuation, Endpoint, MergeGroup, Phase, SlotUse, CLIENT_READ,
     TOKEN_SEQ_MASK,
 };
 use crate::error::{Malformed, Result, RpcError};
@@ -22,6 +23,94 @@ impl<P: Provider> Endpoint<P> {
     /// `then`, unrun.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn call_with(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        ty: ReqType,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+        timeout: Duration,
+        then: Continuation<P>,
+    ) -> Result<CallId, (RpcError, Continuation<P>)> {
+        if self.mergeable.get(usize::from(ty.0)).copied().unwrap_or(false) {
+            return self.call_merging(cx, session, ty, len, fill, timeout, then);
+        }
+        self.call_plain(cx, session, ty, len, fill, timeout, then)
+    }
+
+    /// A call of a mergeable type: merged with an identical one of the session in flight or
+    /// waiting (it is not sent, and ends with that one), else made, leading a new group.
+    #[allow(clippy::too_many_arguments)]
+    fn call_merging(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        ty: ReqType,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+        timeout: Duration,
+        then: Continuation<P>,
+    ) -> Result<CallId, (RpcError, Continuation<P>)> {
+        let mut bytes = vec![0u8; len];
+        fill(&mut bytes);
+        let mut hasher = DefaultHasher::new();
+        bytes.hash(&mut hasher);
+        let key = (session, ty, hasher.finish());
+        let leader = self.merges.get(&key).map(|g| (g.leader, g.bytes == bytes));
+        match leader {
+            Some((leader, true)) if self.call_live(leader) => {
+                if self.live_calls >= self.cfg.max_calls as usize {
+                    let max = self.cfg.max_calls as usize;
+                    return Err((RpcError::TooManyCalls { max }, then));
+                }
+                let call = Call {
+                    session,
+                    ty,
+                    group: None,
+                    slot: None,
+                    request: None,
+                    arena: None,
+                    len: len as u32,
+                    then,
+                };
+                let id = match self.insert_call(call) {
+                    Ok(id) => id,
+                    Err(call) => {
+                        let max = self.cfg.max_calls as usize;
+                        return Err((RpcError::TooManyCalls { max }, call.then));
+                    }
+                };
+                self.metrics.calls += 1;
+                self.metrics.merged += 1;
+                self.push_deadline(cx, id, timeout);
+                if let Some(g) = self.merges.get_mut(&key) {
+                    g.followers.push(id);
+                }
+                Ok(id)
+            }
+            // Another request with the same hash leads: this one goes on its own.
+            Some((leader, false)) if self.call_live(leader) => {
+                self.call_plain(cx, session, ty, len, |b| b.copy_from_slice(&bytes), timeout, then)
+            }
+            _ => {
+                let fill = |b: &mut [u8]| b.copy_from_slice(&bytes);
+                let id = self.call_plain(cx, session, ty, len, fill, timeout, then)?;
+                // (A call that ended at once, refused by the engine, leads nothing.)
+                let entry = self.calls.get_mut(id.index());
+                let live = entry.filter(|e| e.generation == id.generation());
+                if let Some(c) = live.and_then(|e| e.call.as_mut()) {
+                    c.group = Some(key.2);
+                    let followers = Vec::new();
+                    self.merges.insert(key, MergeGroup { leader: id, bytes, followers });
+                }
+                Ok(id)
+            }
+        }
+    }
+
+    /// A call as it is (not merged).
+    #[allow(clippy::too_many_arguments)]
+    fn call_plain(
         &mut self,
         cx: &mut Cx<P>,
         session: SessionId,
@@ -47,7 +136,8 @@ impl<P: Provider> Endpoint<P> {
         };
         header.write_to(buf.as_mut_slice());
         let len = len as u32;
-        let call = Call { session, slot: None, request: Some(buf), arena, len, then };
+        let call =
+            Call { session, ty, group: None, slot: None, request: Some(buf), arena, len, then };
         let id = match self.insert_call(call) {
             Ok(id) => id,
             Err(call) => {
@@ -58,11 +148,7 @@ impl<P: Provider> Endpoint<P> {
             }
         };
         self.metrics.calls += 1;
-        if self.deadlines.len() >= 2 * self.cfg.max_calls as usize {
-            // Within the capacity reserved at start: the live calls' entries are at most half.
-            self.compact_deadlines();
-        }
-        self.deadlines.push(Reverse((cx.now() + timeout, id.0)));
+        self.push_deadline(cx, id, timeout);
         let Some(s) = self.session_mut(session) else { return Ok(id) };
         if s.phase == Phase::Open && s.waiting.is_empty() && !s.free_slots.is_empty() {
             self.send_call(cx, session, id);
@@ -121,6 +207,14 @@ impl<P: Provider> Endpoint<P> {
         Ok((buf, arena, large))
     }
 
+    fn push_deadline(&mut self, cx: &Cx<P>, id: CallId, timeout: Duration) {
+        if self.deadlines.len() >= 2 * self.cfg.max_calls as usize {
+            // Within the capacity reserved at start: the live calls' entries are at most half.
+            self.compact_deadlines();
+        }
+        self.deadlines.push(Reverse((cx.now() + timeout, id.0)));
+    }
+
     /// Keeps only the deadlines of calls still live (each has one).
     fn compact_deadlines(&mut self) {
         let mut heap = std::mem::take(&mut self.deadlines);
@@ -132,18 +226,18 @@ impl<P: Provider> Endpoint<P> {
     fn send_call(&mut self, cx: &mut Cx<P>, session: SessionId, id: CallId) {
         let taken = self.calls.get_mut(id.index()).and_then(|e| match &mut e.call {
             Some(c) if e.generation == id.generation() => {
-                c.request.take().map(|buf| (buf, c.arena.take(), c.len))
+                c.request.take().map(|buf| (buf, c.arena.take(), c.len, c.ty))
             }
             _ => None,
         });
-        let Some((mut buf, arena_slot, len)) = taken else { return self.missed() };
+        let Some((mut buf, arena_slot, len, ty)) = taken else { return self.missed() };
         let Some(region) = self.session(session).map(|s| s.region) else { return };
         if let Some(a) = &arena_slot {
             // A large request: its descriptor, where this session's peer reads the payload.
             let (Some(region), Some(arena)) = (region, &self.arena) else {
                 if let Some(call) = self.take_call(id) {
                     let why = RpcError::NoLargeBuffers { len: len as usize };
-                    self.finish(cx, call.then, Err(why));
+                    self.finish(cx, call, Err(why));
                 }
                 return;
             };
@@ -167,7 +261,7 @@ impl<P: Provider> Endpoint<P> {
         // The slot and sequence number, now known (header bytes 6..8 and 12..20).
         m[6..8].copy_from_slice(&slot.to_le_bytes());
         m[12..20].copy_from_slice(&seq.to_le_bytes());
-        if let Err((_, e)) = cx.send(conn, buf, None, id.0) {
+        if let Err((_, e)) = self.send_typed(cx, conn, ty, buf, id.0) {
             let why = match e {
                 EngineError::MessageTooLarge { len, max, .. } => {
                     let (len, max) =
@@ -181,7 +275,7 @@ impl<P: Provider> Endpoint<P> {
             };
             self.free_slot(session, slot);
             if let Some(call) = self.take_call(id) {
-                self.finish(cx, call.then, Err(why));
+                self.finish(cx, call, Err(why));
             }
         }
     }
@@ -235,7 +329,7 @@ impl<P: Provider> Endpoint<P> {
                     }
                 }
             }
-            self.finish(cx, call.then, Err(RpcError::Timeout));
+            self.finish(cx, call, Err(RpcError::Timeout));
         }
     }
 
@@ -332,7 +426,7 @@ impl<P: Provider> Endpoint<P> {
             return;
         };
         if let Some(call) = self.take_call(id) {
-            self.finish(cx, call.then, outcome);
+            self.finish(cx, call, outcome);
         }
     }
 }
