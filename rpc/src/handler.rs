@@ -12,7 +12,7 @@ use crate::service::{Service, SessionEvent};
 
 /// A worker's engine handler for RPC: it owns the worker's [`Endpoint`] and the [`Service`]
 /// that uses it, turns the engine's connections and messages into sessions and calls, and
-/// checks the calls' deadlines once per loop iteration.
+/// checks the calls' deadlines (every [`crate::EXPIRE_EVERY`] loop iterations).
 pub struct RpcHandler<P: Provider, S: Service<P>> {
     endpoint: Endpoint<P>,
     service: S,

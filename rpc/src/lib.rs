@@ -21,8 +21,8 @@
 //!   receives are left posted, so that a client at full credit, answered at once, finds
 //!   receives for its next requests.)
 //! - Every call accepted (`call` returned `Ok`) ends exactly once: its response, or
-//!   [`RpcError::Timeout`] (the deadline, checked once per loop iteration on the worker's
-//!   clock), [`RpcError::SessionClosed`], [`RpcError::Rejected`] (the handler said no),
+//!   [`RpcError::Timeout`] (the deadline, checked every [`EXPIRE_EVERY`] loop iterations on
+//!   the worker's clock), [`RpcError::SessionClosed`], [`RpcError::Rejected`] (the handler said no),
 //!   [`RpcError::TooLarge`], [`RpcError::NoSuchType`] or [`RpcError::PeerBusy`]. A call that
 //!   timed out keeps its slot until its response comes (the request may still hold one of the
 //!   server's receives), so its credit is not spent twice.
@@ -180,7 +180,7 @@ mod service;
 mod typed;
 pub mod wire;
 
-pub use config::{recvs_per_session, EndpointConfig, DEFAULT_CREDITS, HANDLE_BATCH};
+pub use config::{recvs_per_session, EndpointConfig, DEFAULT_CREDITS, EXPIRE_EVERY, HANDLE_BATCH};
 pub use endpoint::{Continuation, Endpoint, Rpc};
 pub use error::{Malformed, Result, RpcError};
 pub use handle::{block_on, handle, CallFuture, Handle, Inbox};

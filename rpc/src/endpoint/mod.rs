@@ -19,7 +19,7 @@ use corelink_engine::{Buf, ConnId, ConnInfo, Cx, Done};
 
 use crate::config::{recvs_per_session, EndpointConfig};
 use crate::error::{Malformed, Result, RpcError};
-use crate::ids::{CallId, ReqType, SessionId};
+use crate::ids::{CallId, IdMap, ReqType, SessionId};
 use crate::large::{Arena, ArenaSlot};
 use crate::metrics::RpcMetrics;
 use crate::service::{Reject, Request, Response, SessionEvent};
@@ -136,13 +136,15 @@ pub struct Endpoint<P: Provider> {
     recvs: u32,
     sessions: Vec<SessionEntry<P>>,
     free_sessions: Vec<u16>,
-    by_conn: HashMap<ConnId, SessionId>,
+    by_conn: IdMap<ConnId, SessionId>,
     calls: Vec<CallEntry<P>>,
     free_calls: Vec<u32>,
     live_calls: usize,
     /// `(deadline, call)`, soonest first; entries of calls that ended stay until they come up
     /// or the heap is compacted (when it reaches twice `max_calls`).
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// Loop iterations until the deadlines are looked at again (every `EXPIRE_EVERY`).
+    expire_in: u32,
     handlers: Vec<Option<HandlerFn<P>>>,
     /// Per request type: whether identical calls in flight merge (`Endpoint::set_mergeable`).
     mergeable: Vec<bool>,
@@ -272,11 +274,12 @@ impl<P: Provider> Endpoint<P> {
             recvs: recvs_per_session(res),
             sessions: Vec::with_capacity(sessions),
             free_sessions: Vec::with_capacity(sessions),
-            by_conn: HashMap::with_capacity(sessions),
+            by_conn: IdMap::with_capacity_and_hasher(sessions, Default::default()),
             calls: Vec::with_capacity(calls),
             free_calls: Vec::with_capacity(calls),
             live_calls: 0,
             deadlines: BinaryHeap::with_capacity(2 * calls + 1),
+            expire_in: 0,
             handlers: (0..cfg.max_types).map(|_| None).collect(),
             mergeable: vec![false; usize::from(cfg.max_types)],
             classes: vec![None; usize::from(cfg.max_types)],
