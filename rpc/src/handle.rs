@@ -60,6 +60,10 @@ pub fn handle(capacity: usize) -> (Handle, Inbox) {
 /// It is `Send` (move it to the thread that uses it) but not `Clone`: its ring has one
 /// producer. Make one handle per calling thread.
 ///
+/// An order waits for the worker's next loop iteration: at once on a worker with connections
+/// (it busy-polls), up to the engine's idle park (1 ms) on one without any (the engine offers
+/// no public way to wake a parked worker from another thread).
+///
 /// ```
 /// fn is_send<T: Send>() {}
 /// is_send::<corelink_rpc::Handle>();
