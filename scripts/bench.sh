@@ -26,3 +26,6 @@ run baseline tcp_bw -s 65536
 
 echo; echo "== the engine scheduler's effects (benches/scheduler-effects.sh)"
 N=100000 NLAT=20000 bash benches/scheduler-effects.sh
+
+echo; echo "== the RPC layer against the engine's sends (benches/rpc-vs-send.sh)"
+PERF=$perf bash benches/rpc-vs-send.sh

@@ -96,3 +96,32 @@ fn scheduler_options_run_on_soft_loopback() {
         assert!(r.lat.is_some());
     }
 }
+
+#[test]
+fn rpc_tests_run_beside_the_send_tests_on_soft_loopback() {
+    // One process, alternating: send_lat, rpc_lat, send_bw, rpc_bw, each reporting its sizes.
+    for (send, rpc) in [(Test::SendLat, Test::RpcLat), (Test::SendBw, Test::RpcBw)] {
+        assert_eq!(rpc.send_counterpart(), Some(send));
+        for t in [send, rpc] {
+            let r = perf(t, &[8, 4096], 40);
+            assert_eq!(r.iter().map(|r| r.bytes).collect::<Vec<_>>(), vec![8, 4096]);
+            for r in &r {
+                assert_eq!((r.test.as_str(), r.iterations), (t.name(), 40));
+                if t.is_lat() {
+                    let l = r.lat.expect("latency figures");
+                    assert!(l.t_min_us > 0.0 && l.t_min_us <= l.t_typical_us);
+                } else {
+                    assert!(r.msg_rate_mpps.unwrap() > 0.0 && r.lat.is_none());
+                }
+            }
+        }
+    }
+    // Messages that fill a receive but for the RPC header's room, and a timed run.
+    let r = perf(Test::RpcLat, &[65536 - 28, 1 << 20], 10);
+    assert_eq!(r.len(), 2);
+    let mut o = PerfOpts::new(Test::RpcBw);
+    o.duration = Some(std::time::Duration::from_secs(1));
+    o.check(false).unwrap();
+    let r = run(&o, &mut |_| {}, &mut |_| {}).expect("a timed run");
+    assert!(r[0].iterations > 0);
+}

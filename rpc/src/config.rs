@@ -7,6 +7,16 @@ use crate::error::{Result, RpcError};
 /// Credits per session unless configured otherwise (eRPC's).
 pub const DEFAULT_CREDITS: u16 = 32;
 
+/// Orders a worker takes off each [`crate::Handle`]'s ring per loop iteration at most (a
+/// burst from one thread cannot hold the worker from its completions for long).
+pub const HANDLE_BATCH: usize = 32;
+
+/// Loop iterations between two looks at the calls' deadlines: each look reads the clock,
+/// which the engine's loop otherwise reads only when something needs it (a read is a system
+/// call on some machines), so a deadline is noticed within this many iterations after it
+/// passed (microseconds on a busy worker).
+pub const EXPIRE_EVERY: u32 = 32;
+
 /// An endpoint's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointConfig {

@@ -86,12 +86,63 @@ pub enum RpcError {
         /// Slots.
         slots: usize,
     },
+    /// The worker a [`crate::Handle`] calls into stopped (or dropped the handle's ring)
+    /// before the call ended.
+    #[error("the worker stopped before the call ended")]
+    WorkerGone,
+    /// The typed layer could not encode a request or response, or decode one that came
+    /// (`postcard`'s reason).
+    #[error("the typed layer could not encode or decode a message")]
+    Codec(#[source] postcard::Error),
+    /// A request class beyond the engine's (`Endpoint::set_class`).
+    #[error("request class {class} does not exist (the engine has {classes})")]
+    NoSuchClass {
+        /// The class asked for.
+        class: u8,
+        /// Classes the engine has.
+        classes: usize,
+    },
+    /// The identical call this one was merged with (`Endpoint::set_mergeable`) failed in the
+    /// engine (that call has the engine's error).
+    #[error("the identical call this one was merged with failed in the engine")]
+    MergedEngineFailure,
     /// A message that breaks the wire format (counted in the endpoint's metrics).
     #[error("malformed message: {0}")]
     Malformed(Malformed),
     /// The engine refused (a connect, a buffer, a send).
     #[error("the engine refused")]
     Engine(#[from] EngineError),
+}
+
+impl RpcError {
+    /// The same error for a call merged with the one that got it (the engine's errors, which
+    /// cannot be copied, become [`RpcError::MergedEngineFailure`]).
+    pub(crate) fn again(&self) -> RpcError {
+        match self {
+            RpcError::Timeout => RpcError::Timeout,
+            RpcError::SessionClosed => RpcError::SessionClosed,
+            RpcError::Rejected { code } => RpcError::Rejected { code: *code },
+            RpcError::TooLarge { len, max } => RpcError::TooLarge { len: *len, max: *max },
+            RpcError::NoSuchType(t) => RpcError::NoSuchType(*t),
+            RpcError::PeerBusy => RpcError::PeerBusy,
+            RpcError::NoSuchSession(s) => RpcError::NoSuchSession(*s),
+            RpcError::TooManyCalls { max } => RpcError::TooManyCalls { max: *max },
+            RpcError::TooManySessions { max } => RpcError::TooManySessions { max: *max },
+            RpcError::TooManyCredits { credits, recvs } => {
+                RpcError::TooManyCredits { credits: *credits, recvs: *recvs }
+            }
+            RpcError::BadType { ty } => RpcError::BadType { ty: *ty },
+            RpcError::NoLargeBuffers { len } => RpcError::NoLargeBuffers { len: *len },
+            RpcError::LargeSlotsBusy { slots } => RpcError::LargeSlotsBusy { slots: *slots },
+            RpcError::WorkerGone => RpcError::WorkerGone,
+            RpcError::Codec(e) => RpcError::Codec(e.clone()),
+            RpcError::NoSuchClass { class, classes } => {
+                RpcError::NoSuchClass { class: *class, classes: *classes }
+            }
+            RpcError::MergedEngineFailure | RpcError::Engine(_) => RpcError::MergedEngineFailure,
+            RpcError::Malformed(m) => RpcError::Malformed(*m),
+        }
+    }
 }
 
 /// What a malformed message got wrong (see the wire format in the crate's docs).

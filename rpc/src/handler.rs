@@ -6,15 +6,18 @@ use corelink_engine::{
 };
 
 use crate::endpoint::{Endpoint, Rpc};
+use crate::handle::Inbox;
 use crate::ids::SessionId;
 use crate::service::{Service, SessionEvent};
 
 /// A worker's engine handler for RPC: it owns the worker's [`Endpoint`] and the [`Service`]
 /// that uses it, turns the engine's connections and messages into sessions and calls, and
-/// checks the calls' deadlines once per loop iteration.
+/// checks the calls' deadlines (every [`crate::EXPIRE_EVERY`] loop iterations).
 pub struct RpcHandler<P: Provider, S: Service<P>> {
     endpoint: Endpoint<P>,
     service: S,
+    /// The worker's ends of the handles' rings.
+    inboxes: Vec<Inbox>,
 }
 
 impl<P: Provider, S: Service<P>> std::fmt::Debug for RpcHandler<P, S> {
@@ -26,7 +29,15 @@ impl<P: Provider, S: Service<P>> std::fmt::Debug for RpcHandler<P, S> {
 impl<P: Provider, S: Service<P>> RpcHandler<P, S> {
     /// `endpoint` (its request handlers registered) run with `service`.
     pub fn new(endpoint: Endpoint<P>, service: S) -> Self {
-        RpcHandler { endpoint, service }
+        RpcHandler { endpoint, service, inboxes: Vec::new() }
+    }
+
+    /// The same, also carrying out the calls of the [`crate::Handle`] whose ring `inbox` ends
+    /// (from [`crate::handle`]): up to [`crate::HANDLE_BATCH`] orders each loop iteration,
+    /// before the service's [`Service::poll`].
+    pub fn with_inbox(mut self, inbox: Inbox) -> Self {
+        self.inboxes.push(inbox);
+        self
     }
 
     /// The endpoint.
@@ -74,6 +85,9 @@ impl<P: Provider, S: Service<P>> Handler<P> for RpcHandler<P, S> {
     fn poll(&mut self, cx: &mut Cx<P>) {
         self.endpoint.expire(cx);
         let mut rpc = Rpc { ep: &mut self.endpoint, cx };
+        for inbox in &mut self.inboxes {
+            inbox.drain(&mut rpc);
+        }
         self.service.poll(&mut rpc);
     }
 }

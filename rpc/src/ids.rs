@@ -1,6 +1,8 @@
 //! Identifiers: each kind its own newtype.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// A request type: the number a service registers a handler under and a call names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -75,6 +77,66 @@ impl fmt::Display for CallId {
     }
 }
 
+/// A map keyed by ids the engine or the endpoint hands out (connection ids): hashed with
+/// [`IdHasher`], a multiply-rotate hash (Fx's), not SipHash, whose cost showed in every
+/// message's session look-up. Its keys are numbers this worker assigns, not a peer's bytes,
+/// so there is no flooding to defend against.
+pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// The hash of [`IdMap`]: each word folded in with a rotate, a xor and a multiply.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct IdHasher(u64);
+
+impl IdHasher {
+    const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+    }
+}
+
+impl Hasher for IdHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+
+    #[inline]
+    fn write_u16(&mut self, n: u16) {
+        self.add(u64::from(n));
+    }
+
+    #[inline]
+    fn write_u32(&mut self, n: u32) {
+        self.add(u64::from(n));
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,5 +149,15 @@ mod tests {
         let c = CallId::new(u32::MAX, u32::MAX);
         assert_eq!((c.index(), c.generation()), (u32::MAX as usize, CallId::GENERATION_MASK));
         assert_eq!(c.0 >> 62, 0, "bits 62 and 63 stay clear for the other tokens");
+    }
+
+    #[test]
+    fn id_maps_tell_keys_apart() {
+        let mut m: IdMap<(u16, u32), u32> = IdMap::default();
+        for i in 0..1000u32 {
+            m.insert((i as u16, i >> 3), i);
+        }
+        assert_eq!(m.len(), 1000);
+        assert!((0..1000u32).all(|i| m.get(&(i as u16, i >> 3)) == Some(&i)));
     }
 }

@@ -66,11 +66,6 @@ impl<P: Provider> Arena<P> {
         usize::from(slot.index) * self.size
     }
 
-    /// Copies `data` into `slot`.
-    pub(crate) fn fill(&self, slot: &ArenaSlot, data: &[u8]) -> Result<()> {
-        Ok(self.mem.write_at(self.offset(slot), data)?)
-    }
-
     /// The first `len` bytes of `slot`, to write in place.
     pub(crate) fn bytes_mut<'s>(&'s self, slot: &'s mut ArenaSlot, len: usize) -> &'s mut [u8] {
         let len = len.min(self.size);

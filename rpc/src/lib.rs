@@ -21,8 +21,8 @@
 //!   receives are left posted, so that a client at full credit, answered at once, finds
 //!   receives for its next requests.)
 //! - Every call accepted (`call` returned `Ok`) ends exactly once: its response, or
-//!   [`RpcError::Timeout`] (the deadline, checked once per loop iteration on the worker's
-//!   clock), [`RpcError::SessionClosed`], [`RpcError::Rejected`] (the handler said no),
+//!   [`RpcError::Timeout`] (the deadline, checked every [`EXPIRE_EVERY`] loop iterations on
+//!   the worker's clock), [`RpcError::SessionClosed`], [`RpcError::Rejected`] (the handler said no),
 //!   [`RpcError::TooLarge`], [`RpcError::NoSuchType`] or [`RpcError::PeerBusy`]. A call that
 //!   timed out keeps its slot until its response comes (the request may still hold one of the
 //!   server's receives), so its credit is not spent twice.
@@ -34,7 +34,8 @@
 //! - Per session, responses come in the order of the calls (one connection, one lane, and a
 //!   server that answers in arrival order), and continuations run in that order; a large
 //!   request (below) is answered once its payload is read, so small calls made after it may
-//!   end first.
+//!   end first; calls of different request classes (below) may overtake each other, and a
+//!   merged call ends right after the identical call it joined.
 //!
 //! # Wire format
 //! Every message is one send: a fixed 28-byte little-endian header ([`wire::Header`]), then
@@ -84,8 +85,37 @@
 //! waiting for a credit hold slots too, and one made with every slot out is refused rather
 //! than waiting.
 //!
-//! TODO (issue 12, next steps): a `Send` handle for other threads with a blocking call and a
-//! `Future`; the typed (serde) codec; merging, load balancing and priority classes; sessions
+//! # Calls from other threads
+//! [`handle`] makes a [`Handle`] (`Send`, not `Clone`: one per calling thread) and the
+//! [`Inbox`] its worker's [`RpcHandler::with_inbox`] drains: up to [`HANDLE_BATCH`] orders
+//! per loop iteration off an SPSC ring (no lock on the worker), each a call made on the
+//! endpoint with a continuation that answers on a one-shot channel. [`Handle::call`] blocks
+//! (parks) until the answer; [`Handle::call_async`] is a [`CallFuture`], a plain
+//! `std::future::Future` woken through any runtime's `Waker` (`rpc/examples/tokio_handle.rs`
+//! runs a thousand under tokio). Each copies the request in and the response out.
+//!
+//! # Typed calls
+//! A [`Method`] names a request type and the Rust types of its request and response, encoded
+//! with `postcard` (serde's compact binary format). [`Endpoint::register_method`] and
+//! [`Rpc::call_method`] encode straight into the registered buffers and decode from the
+//! receive buffer in place, on top of the raw path, which they leave as it was;
+//! [`Handle::call_method`] and [`Handle::call_method_async`] do the same from other threads
+//! (encoding and decoding on the calling thread).
+//!
+//! # Service-level scheduling
+//! - **Merging** ([`Endpoint::set_mergeable`]): a call of a mergeable type whose session
+//!   already has an identical call (same type, same bytes) in flight or waiting for a credit
+//!   is not sent; it joins that call's group and ends with its outcome (or by its own
+//!   deadline, if sooner), so the server executes the request once and every caller gets the
+//!   response ([`RpcMetrics::merged`] counts the calls merged). The group is keyed by
+//!   session, type and a hash of the bytes, and compares the bytes themselves; it lasts until
+//!   its first call ends, so a later identical call is a new request.
+//! - **Priority classes** ([`Endpoint::set_class`]): a type's requests and the responses to
+//!   them go in an engine request class (`Cx::submit_as`), so that with the engine's
+//!   priorities on an urgent call made after a burst of bulk ones reaches the device, the
+//!   server and the answer first.
+//!
+//! TODO (issue 12, next steps): load balancing across servers; sessions
 //! surviving a reconnect (the at-most-once table is per session); large calls that wait for
 //! an arena slot instead of being refused; per-session order kept across large requests.
 //!
@@ -141,17 +171,21 @@
 mod config;
 mod endpoint;
 mod error;
+mod handle;
 mod handler;
 mod ids;
 mod large;
 mod metrics;
 mod service;
+mod typed;
 pub mod wire;
 
-pub use config::{recvs_per_session, EndpointConfig, DEFAULT_CREDITS};
+pub use config::{recvs_per_session, EndpointConfig, DEFAULT_CREDITS, EXPIRE_EVERY, HANDLE_BATCH};
 pub use endpoint::{Continuation, Endpoint, Rpc};
 pub use error::{Malformed, Result, RpcError};
+pub use handle::{block_on, handle, CallFuture, Handle, Inbox};
 pub use handler::RpcHandler;
 pub use ids::{CallId, ReqType, SessionId};
 pub use metrics::RpcMetrics;
 pub use service::{Reject, Request, Response, Serve, Service, SessionEvent};
+pub use typed::{decode, encode, encoded_len, Method, MethodFuture, UNDECODABLE};

@@ -7,6 +7,9 @@ pub struct RpcMetrics {
     pub calls: u64,
     /// Calls that waited in the endpoint for a credit (backpressure) before they went.
     pub waited: u64,
+    /// Calls merged with an identical one in flight (`Endpoint::set_mergeable`): not sent,
+    /// ended with that one's outcome.
+    pub merged: u64,
     /// Calls ended with a response.
     pub responses: u64,
     /// Calls ended with an error (any [`crate::RpcError`]).

@@ -3,6 +3,7 @@
 //! ```text
 //! corelink-perf TEST [options] [SERVER_ADDR]
 //!   TEST: write_bw write_lat read_bw read_lat send_bw send_lat atomic_bw atomic_lat
+//!         rpc_lat rpc_bw (through corelink-rpc; --with-send runs send_lat / send_bw beside)
 //! corelink-perf baseline memcpy|ring_pingpong|tcp_lat|tcp_bw [-s SIZE | -a] [-n ITERS] [--json] [SERVER_ADDR]
 //! corelink-perf baseline raw_write [write_bw's options] [SERVER_ADDR]
 //! ```
@@ -46,6 +47,13 @@ Examples:
   corelink-perf read_bw --provider ibverbs 10.0.0.1           # client
   corelink-perf baseline memcpy -a
   corelink-perf baseline raw_write -l 16 -Q 64                # write_bw 8 B, a verbs loop
+  corelink-perf rpc_lat -s 8 --with-send --rounds 5 --json    # send_lat, rpc_lat, 5 times
+
+rpc_lat and rpc_bw are send_lat and send_bw through the RPC layer (corelink-rpc), on the
+same engine, core map and receives: rpc_lat echo calls one at a time (one-way, half the round
+trip, as send_lat), rpc_bw a window of calls answered with empty responses (the message rate
+counts calls). --with-send runs the engine's send_lat (send_bw) with the same options before
+each, in the same process; --rounds N alternates the two N times.
 
 baseline raw_write is write_bw (8 B unless -s) as a hand-written verbs loop on RC, no engine,
 with write_bw's -l, -Q, -t, -n/-D and provider options: the floor any engine on that provider
@@ -155,6 +163,13 @@ struct Cli {
     /// draw bandwidth or latency against message size into this SVG file
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    /// rpc_lat / rpc_bw: run the engine's send_lat / send_bw with the same options before
+    /// each, in this process
+    #[arg(long = "with-send")]
+    with_send: bool,
+    /// rpc_lat / rpc_bw: run this many times (with --with-send: send, rpc, send, rpc, ...)
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// give up after this many seconds (default: 600 for a client; a server waits for ever)
     #[arg(long)]
     timeout: Option<u64>,
@@ -426,6 +441,26 @@ fn run_test(cli: &Cli, test: Test, addr: Option<&str>, raw: bool) -> Result<(), 
     Ok(())
 }
 
+/// An RPC test, `--rounds` times, each after the engine's send test when `--with-send`:
+/// the two alternate in one process, on the same options.
+fn run_rpc(cli: &Cli, test: Test, addr: Option<&str>) -> Result<(), PerfError> {
+    if cli.rounds == 0 {
+        return Err(PerfError::Usage("--rounds 0: at least one".into()));
+    }
+    if cli.plot.is_some() && (cli.with_send || cli.rounds > 1) {
+        return Err(PerfError::Usage(
+            "--plot draws one run: not with --with-send or --rounds".into(),
+        ));
+    }
+    for _ in 0..cli.rounds {
+        if let (true, Some(send)) = (cli.with_send, test.send_counterpart()) {
+            run_test(cli, send, addr, false)?;
+        }
+        run_test(cli, test, addr, false)?;
+    }
+    Ok(())
+}
+
 fn reports_provider(r: &[Report]) -> String {
     r.first().and_then(|r| r.provider.clone()).unwrap_or_default()
 }
@@ -484,10 +519,15 @@ fn main() -> ExitCode {
         ["baseline", kind, addr] => run_baseline(&cli, kind, Some(addr)),
         ["baseline"] => Err(PerfError::Usage(format!("baseline KIND: {BASELINES}"))),
         [test, rest @ ..] if rest.len() <= 1 => match Test::from_name(test) {
+            Some(t) if t.is_rpc() => run_rpc(&cli, t, rest.first().copied()),
+            Some(_) if cli.with_send || cli.rounds != 1 => {
+                Err(PerfError::Usage("--with-send and --rounds go with rpc_lat / rpc_bw".into()))
+            }
             Some(t) => run_test(&cli, t, rest.first().copied(), false),
             None => Err(PerfError::Usage(format!(
-                "TEST {test:?}: one of {}, or baseline",
-                Test::ALL.map(Test::name).join(" ")
+                "TEST {test:?}: one of {} {}, or baseline",
+                Test::ALL.map(Test::name).join(" "),
+                Test::RPC.map(Test::name).join(" ")
             ))),
         },
         _ => Err(PerfError::Usage("TEST [SERVER_ADDR]: too many arguments".into())),

@@ -23,7 +23,7 @@ pub const SEND_WINDOW: usize = corelink_engine::tunables::RECVS_PER_CONN;
 /// its peer (`corelink-perf` exposes 1 MiB; the engine itself grants any size).
 pub const MAX_ONE_SIDED: usize = 1 << 20;
 
-/// The eight tests.
+/// The eight tests of perftest, and the two of the RPC layer (`rpc_lat`, `rpc_bw`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Test {
     /// RDMA write bandwidth.
@@ -42,6 +42,12 @@ pub enum Test {
     AtomicBw,
     /// Fetch-and-add latency (full round trip).
     AtomicLat,
+    /// `send_lat` through corelink-rpc: one echo call at a time (one-way, half the round
+    /// trip, as `send_lat`).
+    RpcLat,
+    /// `send_bw` through corelink-rpc: a window of calls in flight, each answered with an
+    /// empty response; the message rate counts calls.
+    RpcBw,
 }
 
 /// What a test's requests are.
@@ -70,6 +76,23 @@ impl Test {
         Test::AtomicLat,
     ];
 
+    /// The RPC layer's tests (on the engine only; not in [`Test::ALL`], perftest's eight).
+    pub const RPC: [Test; 2] = [Test::RpcLat, Test::RpcBw];
+
+    /// A test of the RPC layer?
+    pub fn is_rpc(self) -> bool {
+        matches!(self, Test::RpcLat | Test::RpcBw)
+    }
+
+    /// The engine's test an RPC test is measured beside (`send_lat`, `send_bw`).
+    pub fn send_counterpart(self) -> Option<Test> {
+        match self {
+            Test::RpcLat => Some(Test::SendLat),
+            Test::RpcBw => Some(Test::SendBw),
+            _ => None,
+        }
+    }
+
     /// The name on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -81,17 +104,22 @@ impl Test {
             Test::SendLat => "send_lat",
             Test::AtomicBw => "atomic_bw",
             Test::AtomicLat => "atomic_lat",
+            Test::RpcLat => "rpc_lat",
+            Test::RpcBw => "rpc_bw",
         }
     }
 
     /// The test called `name`.
     pub fn from_name(name: &str) -> Option<Test> {
-        Test::ALL.into_iter().find(|t| t.name() == name)
+        Test::ALL.into_iter().chain(Test::RPC).find(|t| t.name() == name)
     }
 
     /// A latency test (one request in flight, each timed)?
     pub fn is_lat(self) -> bool {
-        matches!(self, Test::WriteLat | Test::ReadLat | Test::SendLat | Test::AtomicLat)
+        matches!(
+            self,
+            Test::WriteLat | Test::ReadLat | Test::SendLat | Test::AtomicLat | Test::RpcLat
+        )
     }
 
     /// The kind of request.
@@ -99,7 +127,7 @@ impl Test {
         match self {
             Test::WriteBw | Test::WriteLat => Verb::Write,
             Test::ReadBw | Test::ReadLat => Verb::Read,
-            Test::SendBw | Test::SendLat => Verb::Send,
+            Test::SendBw | Test::SendLat | Test::RpcBw | Test::RpcLat => Verb::Send,
             Test::AtomicBw | Test::AtomicLat => Verb::Atomic,
         }
     }
@@ -125,17 +153,19 @@ impl Test {
             Test::SendLat => "Send Latency Test",
             Test::AtomicBw => "Atomic FETCH_AND_ADD BW Test",
             Test::AtomicLat => "Atomic FETCH_AND_ADD Latency Test",
+            Test::RpcLat => "RPC Latency Test (corelink-rpc echo calls)",
+            Test::RpcBw => "RPC BW Test (corelink-rpc calls, empty responses)",
         }
     }
 
     /// A one-byte code for the connection's private data.
     pub fn code(self) -> u8 {
-        Test::ALL.iter().position(|&t| t == self).unwrap_or(0) as u8
+        Test::ALL.iter().chain(&Test::RPC).position(|&t| t == self).unwrap_or(0) as u8
     }
 
     /// The test with code `c`.
     pub fn from_code(c: u8) -> Option<Test> {
-        Test::ALL.get(c as usize).copied()
+        Test::ALL.iter().chain(&Test::RPC).nth(c as usize).copied()
     }
 }
 
@@ -376,6 +406,9 @@ impl PerfOpts {
             }
             _ => {}
         }
+        if t.is_rpc() {
+            self.check_rpc(all_sizes, &mut notes)?;
+        }
         // -c UC/UD and --use-srq run on verbs (`verbs_run`, which checks its own limits).
         let engine = !self.on_verbs();
         let lim = corelink_config::limits::MAX_QPS_PER_CONN;
@@ -434,6 +467,38 @@ impl PerfOpts {
             }
         }
         Ok(notes)
+    }
+
+    /// What the RPC tests refuse: anything but the engine on RC, the scheduler's read and
+    /// flat-path options, and messages over [`MAX_ONE_SIDED`] (they travel in sends here, one
+    /// receive each; dropped from `-a` with a note).
+    fn check_rpc(&mut self, all_sizes: bool, notes: &mut Vec<String>) -> Result<(), PerfError> {
+        let t = self.test.name();
+        if self.raw_write || self.transport != Transport::Rc || self.use_srq {
+            return Err(PerfError::Usage(format!(
+                "{t} runs on the engine (RC, receives per connection): not with -c UC/UD, \
+                 --use-srq or a baseline"
+            )));
+        }
+        if self.sched.flat {
+            return Err(PerfError::Usage(format!(
+                "{t}: --flat does not apply (the RPC layer submits through the scheduler)"
+            )));
+        }
+        let too_big: Vec<usize> =
+            self.sizes.iter().copied().filter(|&s| s > MAX_ONE_SIDED).collect();
+        if !too_big.is_empty() {
+            let why = format!(
+                "{t} sends messages of at most {MAX_ONE_SIDED} B here (each in one receive; \
+                 large messages by RDMA read are not part of this benchmark)"
+            );
+            if !all_sizes {
+                return Err(PerfError::Unsupported(format!("-s {}: {why}", too_big[0])));
+            }
+            self.sizes.retain(|&s| s <= MAX_ONE_SIDED);
+            notes.push(format!("sizes {too_big:?} skipped: {why}"));
+        }
+        Ok(())
     }
 
     /// What `baseline raw_write` refuses: anything but RC writes without an SRQ, and the engine's
@@ -534,10 +599,17 @@ mod tests {
         o.sizes = vec![64];
         o.check(false).unwrap();
         assert_eq!(o.sizes, vec![8]);
-        for t in Test::ALL {
+        for t in Test::ALL.into_iter().chain(Test::RPC) {
             assert_eq!(Test::from_name(t.name()), Some(t));
             assert_eq!(Test::from_code(t.code()), Some(t));
         }
+        let mut o = PerfOpts::new(Test::RpcBw);
+        o.transport = Transport::Uc;
+        assert!(matches!(o.check(false), Err(PerfError::Usage(_))), "rpc runs on the engine");
+        let mut o = PerfOpts::new(Test::RpcLat);
+        o.sizes = super::super::all_sizes();
+        assert_eq!(o.check(true).unwrap().len(), 1);
+        assert_eq!(o.max_size(), MAX_ONE_SIDED);
     }
 
     #[test]

@@ -1,29 +1,176 @@
 //! The client side of an endpoint: calls, their credits and deadlines, and their answers.
 
 use std::cmp::Reverse;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
 use corelink_engine::verbs::{Provider, RemoteAddr};
 use corelink_engine::{Buf, Cx, Done, EngineError};
 
 use super::{
-    slot_token, token_slot, Call, Continuation, Endpoint, Phase, SlotUse, CLIENT_READ,
+    slot_token, token_slot, Call, Continuation, Endpoint, MergeGroup, Phase, SlotUse, CLIENT_READ,
     TOKEN_SEQ_MASK,
 };
+use crate::config::EXPIRE_EVERY;
 use crate::error::{Malformed, Result, RpcError};
 use crate::ids::{CallId, ReqType, SessionId};
+use crate::large::ArenaSlot;
 use crate::wire::{self, Descriptor, Header, Kind, Status, DESCRIPTOR, HEADER};
 
 impl<P: Provider> Endpoint<P> {
-    pub(crate) fn call(
+    /// A call whose request payload is `len` bytes, written in place by `fill` (into the
+    /// registered request buffer, or a large request's arena slot): the raw path copies the
+    /// caller's bytes in, the typed path serializes straight into it. Refused: the error and
+    /// `then`, unrun.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn call_with(
         &mut self,
         cx: &mut Cx<P>,
         session: SessionId,
         ty: ReqType,
-        request: &[u8],
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
         timeout: Duration,
         then: Continuation<P>,
-    ) -> Result<CallId> {
+    ) -> Result<CallId, (RpcError, Continuation<P>)> {
+        if self.mergeable.get(usize::from(ty.0)).copied().unwrap_or(false) {
+            return self.call_merging(cx, session, ty, len, fill, timeout, then);
+        }
+        self.call_plain(cx, session, ty, len, fill, timeout, then)
+    }
+
+    /// A call of a mergeable type: merged with an identical one of the session in flight or
+    /// waiting (it is not sent, and ends with that one), else made, leading a new group.
+    #[allow(clippy::too_many_arguments)]
+    fn call_merging(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        ty: ReqType,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+        timeout: Duration,
+        then: Continuation<P>,
+    ) -> Result<CallId, (RpcError, Continuation<P>)> {
+        let mut bytes = vec![0u8; len];
+        fill(&mut bytes);
+        let mut hasher = DefaultHasher::new();
+        bytes.hash(&mut hasher);
+        let key = (session, ty, hasher.finish());
+        let leader = self.merges.get(&key).map(|g| (g.leader, g.bytes == bytes));
+        match leader {
+            Some((leader, true)) if self.call_live(leader) => {
+                if self.live_calls >= self.cfg.max_calls as usize {
+                    let max = self.cfg.max_calls as usize;
+                    return Err((RpcError::TooManyCalls { max }, then));
+                }
+                let call = Call {
+                    session,
+                    ty,
+                    group: None,
+                    slot: None,
+                    request: None,
+                    arena: None,
+                    len: len as u32,
+                    then,
+                };
+                let id = match self.insert_call(call) {
+                    Ok(id) => id,
+                    Err(call) => {
+                        let max = self.cfg.max_calls as usize;
+                        return Err((RpcError::TooManyCalls { max }, call.then));
+                    }
+                };
+                self.metrics.calls += 1;
+                self.metrics.merged += 1;
+                self.push_deadline(cx, id, timeout);
+                if let Some(g) = self.merges.get_mut(&key) {
+                    g.followers.push(id);
+                }
+                Ok(id)
+            }
+            // Another request with the same hash leads: this one goes on its own.
+            Some((leader, false)) if self.call_live(leader) => {
+                self.call_plain(cx, session, ty, len, |b| b.copy_from_slice(&bytes), timeout, then)
+            }
+            _ => {
+                let fill = |b: &mut [u8]| b.copy_from_slice(&bytes);
+                let id = self.call_plain(cx, session, ty, len, fill, timeout, then)?;
+                // (A call that ended at once, refused by the engine, leads nothing.)
+                let entry = self.calls.get_mut(id.index());
+                let live = entry.filter(|e| e.generation == id.generation());
+                if let Some(c) = live.and_then(|e| e.call.as_mut()) {
+                    c.group = Some(key.2);
+                    let followers = Vec::new();
+                    self.merges.insert(key, MergeGroup { leader: id, bytes, followers });
+                }
+                Ok(id)
+            }
+        }
+    }
+
+    /// A call as it is (not merged).
+    #[allow(clippy::too_many_arguments)]
+    fn call_plain(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        ty: ReqType,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+        timeout: Duration,
+        then: Continuation<P>,
+    ) -> Result<CallId, (RpcError, Continuation<P>)> {
+        let (mut buf, arena, large) = match self.request_buffer(cx, session, len, fill) {
+            Ok(b) => b,
+            Err(e) => return Err((e, then)),
+        };
+        let header = Header {
+            kind: Kind::Request,
+            ty,
+            slot: 0,
+            session,
+            seq: 1,
+            len: if large { DESCRIPTOR as u32 } else { len as u32 },
+            status: Status::Ok,
+            large,
+        };
+        header.write_to(buf.as_mut_slice());
+        let len = len as u32;
+        let call =
+            Call { session, ty, group: None, slot: None, request: Some(buf), arena, len, then };
+        let id = match self.insert_call(call) {
+            Ok(id) => id,
+            Err(call) => {
+                return Err((
+                    RpcError::TooManyCalls { max: self.cfg.max_calls as usize },
+                    call.then,
+                ))
+            }
+        };
+        self.metrics.calls += 1;
+        self.push_deadline(cx, id, timeout);
+        let Some(s) = self.session_mut(session) else { return Ok(id) };
+        if s.phase == Phase::Open && s.waiting.is_empty() && !s.free_slots.is_empty() {
+            self.send_call(cx, session, id);
+        } else {
+            s.waiting.push_back(id);
+            self.metrics.waited += 1;
+        }
+        Ok(id)
+    }
+
+    /// The registered buffer of a request of `len` payload bytes on `session`, its payload
+    /// written by `fill` (a large one's into an arena slot, the buffer left for its
+    /// descriptor), and whether it is large.
+    #[allow(clippy::type_complexity)]
+    fn request_buffer(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<(Buf<P>, Option<ArenaSlot>, bool)> {
         let s = self.session(session).ok_or(RpcError::NoSuchSession(session))?;
         if !s.served.is_empty() {
             return Err(RpcError::NoSuchSession(session));
@@ -37,59 +184,36 @@ impl<P: Provider> Endpoint<P> {
             Phase::Open => s.peer_max,
             _ => cx.recv_size().saturating_sub(HEADER),
         };
-        let large = request.len() > small;
-        if large && request.len() > self.cfg.large_max {
-            return Err(RpcError::TooLarge {
-                len: request.len(),
-                max: small.max(self.cfg.large_max),
-            });
+        let large = len > small;
+        if large && len > self.cfg.large_max {
+            return Err(RpcError::TooLarge { len, max: small.max(self.cfg.large_max) });
         }
         if self.live_calls >= self.cfg.max_calls as usize {
             return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
         }
-        let (mut buf, arena) = if large {
+        let (buf, arena) = if large {
             self.ensure_arena(cx)?;
             let Some(arena) = &self.arena else {
-                return Err(RpcError::NoLargeBuffers { len: request.len() });
+                return Err(RpcError::NoLargeBuffers { len });
             };
-            let slot = arena.take().ok_or(RpcError::LargeSlotsBusy { slots: arena.slots() })?;
-            arena.fill(&slot, request)?;
-            (cx.alloc(HEADER + DESCRIPTOR)?, Some(slot))
+            let mut slot = arena.take().ok_or(RpcError::LargeSlotsBusy { slots: arena.slots() })?;
+            let buf = cx.alloc(HEADER + DESCRIPTOR)?;
+            fill(arena.bytes_mut(&mut slot, len));
+            (buf, Some(slot))
         } else {
-            let mut buf = cx.alloc(HEADER + request.len())?;
-            buf.as_mut_slice()[HEADER..].copy_from_slice(request);
+            let mut buf = cx.alloc(HEADER + len)?;
+            fill(&mut buf.as_mut_slice()[HEADER..]);
             (buf, None)
         };
-        let header = Header {
-            kind: Kind::Request,
-            ty,
-            slot: 0,
-            session,
-            seq: 1,
-            len: if large { DESCRIPTOR as u32 } else { request.len() as u32 },
-            status: Status::Ok,
-            large,
-        };
-        header.write_to(buf.as_mut_slice());
-        let len = request.len() as u32;
-        let call = Call { session, slot: None, request: Some(buf), arena, len, then };
-        let Ok(id) = self.insert_call(call) else {
-            return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
-        };
-        self.metrics.calls += 1;
+        Ok((buf, arena, large))
+    }
+
+    fn push_deadline(&mut self, cx: &Cx<P>, id: CallId, timeout: Duration) {
         if self.deadlines.len() >= 2 * self.cfg.max_calls as usize {
             // Within the capacity reserved at start: the live calls' entries are at most half.
             self.compact_deadlines();
         }
         self.deadlines.push(Reverse((cx.now() + timeout, id.0)));
-        let Some(s) = self.session_mut(session) else { return Ok(id) };
-        if s.phase == Phase::Open && s.waiting.is_empty() && !s.free_slots.is_empty() {
-            self.send_call(cx, session, id);
-        } else {
-            s.waiting.push_back(id);
-            self.metrics.waited += 1;
-        }
-        Ok(id)
     }
 
     /// Keeps only the deadlines of calls still live (each has one).
@@ -103,18 +227,18 @@ impl<P: Provider> Endpoint<P> {
     fn send_call(&mut self, cx: &mut Cx<P>, session: SessionId, id: CallId) {
         let taken = self.calls.get_mut(id.index()).and_then(|e| match &mut e.call {
             Some(c) if e.generation == id.generation() => {
-                c.request.take().map(|buf| (buf, c.arena.take(), c.len))
+                c.request.take().map(|buf| (buf, c.arena.take(), c.len, c.ty))
             }
             _ => None,
         });
-        let Some((mut buf, arena_slot, len)) = taken else { return self.missed() };
+        let Some((mut buf, arena_slot, len, ty)) = taken else { return self.missed() };
         let Some(region) = self.session(session).map(|s| s.region) else { return };
         if let Some(a) = &arena_slot {
             // A large request: its descriptor, where this session's peer reads the payload.
             let (Some(region), Some(arena)) = (region, &self.arena) else {
                 if let Some(call) = self.take_call(id) {
                     let why = RpcError::NoLargeBuffers { len: len as usize };
-                    self.finish(cx, call.then, Err(why));
+                    self.finish(cx, call, Err(why));
                 }
                 return;
             };
@@ -138,7 +262,7 @@ impl<P: Provider> Endpoint<P> {
         // The slot and sequence number, now known (header bytes 6..8 and 12..20).
         m[6..8].copy_from_slice(&slot.to_le_bytes());
         m[12..20].copy_from_slice(&seq.to_le_bytes());
-        if let Err((_, e)) = cx.send(conn, buf, None, id.0) {
+        if let Err((_, e)) = self.send_typed(cx, conn, ty, buf, id.0) {
             let why = match e {
                 EngineError::MessageTooLarge { len, max, .. } => {
                     let (len, max) =
@@ -152,7 +276,7 @@ impl<P: Provider> Endpoint<P> {
             };
             self.free_slot(session, slot);
             if let Some(call) = self.take_call(id) {
-                self.finish(cx, call.then, Err(why));
+                self.finish(cx, call, Err(why));
             }
         }
     }
@@ -184,11 +308,17 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
-    /// Ends the calls whose deadline passed (once per loop iteration).
+    /// Ends the calls whose deadline passed (looked at every [`EXPIRE_EVERY`] loop
+    /// iterations: it reads the clock, which the loop otherwise reads only when it needs to).
     pub(crate) fn expire(&mut self, cx: &mut Cx<P>) {
         if self.deadlines.is_empty() {
             return;
         }
+        if self.expire_in > 0 {
+            self.expire_in -= 1;
+            return;
+        }
+        self.expire_in = EXPIRE_EVERY - 1;
         let now = cx.now();
         while let Some(&Reverse((due, id))) = self.deadlines.peek() {
             if due > now {
@@ -206,7 +336,7 @@ impl<P: Provider> Endpoint<P> {
                     }
                 }
             }
-            self.finish(cx, call.then, Err(RpcError::Timeout));
+            self.finish(cx, call, Err(RpcError::Timeout));
         }
     }
 
@@ -303,7 +433,7 @@ impl<P: Provider> Endpoint<P> {
             return;
         };
         if let Some(call) = self.take_call(id) {
-            self.finish(cx, call.then, outcome);
+            self.finish(cx, call, outcome);
         }
     }
 }

@@ -19,7 +19,7 @@ use corelink_engine::{Buf, ConnId, ConnInfo, Cx, Done};
 
 use crate::config::{recvs_per_session, EndpointConfig};
 use crate::error::{Malformed, Result, RpcError};
-use crate::ids::{CallId, ReqType, SessionId};
+use crate::ids::{CallId, IdMap, ReqType, SessionId};
 use crate::large::{Arena, ArenaSlot};
 use crate::metrics::RpcMetrics;
 use crate::service::{Reject, Request, Response, SessionEvent};
@@ -99,7 +99,11 @@ impl<P: Provider> Rpc<'_, P> {
         timeout: Duration,
         then: impl FnOnce(&mut Rpc<'_, P>, Result<&[u8], RpcError>) + 'static,
     ) -> Result<CallId> {
-        self.ep.call(self.cx, session, ty, request, timeout, Box::new(then))
+        let fill = |b: &mut [u8]| b.copy_from_slice(request);
+        let then = Box::new(then);
+        self.ep
+            .call_with(self.cx, session, ty, request.len(), fill, timeout, then)
+            .map_err(|(e, _)| e)
     }
 
     /// Closes `session`: its calls end with [`RpcError::SessionClosed`] (those in flight once
@@ -132,14 +136,24 @@ pub struct Endpoint<P: Provider> {
     recvs: u32,
     sessions: Vec<SessionEntry<P>>,
     free_sessions: Vec<u16>,
-    by_conn: HashMap<ConnId, SessionId>,
+    by_conn: IdMap<ConnId, SessionId>,
     calls: Vec<CallEntry<P>>,
     free_calls: Vec<u32>,
     live_calls: usize,
     /// `(deadline, call)`, soonest first; entries of calls that ended stay until they come up
     /// or the heap is compacted (when it reaches twice `max_calls`).
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// Loop iterations until the deadlines are looked at again (every `EXPIRE_EVERY`).
+    expire_in: u32,
     handlers: Vec<Option<HandlerFn<P>>>,
+    /// Per request type: whether identical calls in flight merge (`Endpoint::set_mergeable`).
+    mergeable: Vec<bool>,
+    /// Per request type: the engine's request class its messages go in
+    /// (`Endpoint::set_class`; none: the sends' default class).
+    classes: Vec<Option<u8>>,
+    /// Merge groups: calls of a mergeable type in flight or waiting, by session, type and
+    /// the request's hash.
+    merges: HashMap<(SessionId, ReqType, u64), MergeGroup>,
     /// Registered on first need when large messages are on (`EndpointConfig::large_max`).
     arena: Option<Arena<P>>,
     metrics: RpcMetrics,
@@ -222,6 +236,9 @@ struct ServedSlot<P: Provider> {
 
 struct Call<P: Provider> {
     session: SessionId,
+    ty: ReqType,
+    /// It leads a merge group (the request's hash: the group's key with session and type).
+    group: Option<u64>,
     slot: Option<u16>,
     /// The request (header and payload, or a large one's descriptor) until it goes.
     request: Option<Buf<P>>,
@@ -230,6 +247,15 @@ struct Call<P: Provider> {
     /// Payload bytes.
     len: u32,
     then: Continuation<P>,
+}
+
+/// A call of a mergeable type and the identical calls merged with it since it was made.
+struct MergeGroup {
+    leader: CallId,
+    /// The request's bytes (identical calls have the same; a hash match with other bytes
+    /// goes on its own).
+    bytes: Vec<u8>,
+    followers: Vec<CallId>,
 }
 
 struct CallEntry<P: Provider> {
@@ -248,12 +274,16 @@ impl<P: Provider> Endpoint<P> {
             recvs: recvs_per_session(res),
             sessions: Vec::with_capacity(sessions),
             free_sessions: Vec::with_capacity(sessions),
-            by_conn: HashMap::with_capacity(sessions),
+            by_conn: IdMap::with_capacity_and_hasher(sessions, Default::default()),
             calls: Vec::with_capacity(calls),
             free_calls: Vec::with_capacity(calls),
             live_calls: 0,
             deadlines: BinaryHeap::with_capacity(2 * calls + 1),
+            expire_in: 0,
             handlers: (0..cfg.max_types).map(|_| None).collect(),
+            mergeable: vec![false; usize::from(cfg.max_types)],
+            classes: vec![None; usize::from(cfg.max_types)],
+            merges: HashMap::new(),
             arena: None,
             metrics: RpcMetrics::default(),
             cfg,
@@ -274,6 +304,84 @@ impl<P: Provider> Endpoint<P> {
                 Ok(())
             }
             _ => Err(RpcError::BadType { ty }),
+        }
+    }
+
+    /// Marks request type `ty` mergeable on this endpoint's calls: a call of it whose session
+    /// already has an identical one (same type and bytes) in flight or waiting for a credit
+    /// is not sent; it ends with that call's outcome ([`RpcMetrics::merged`]), or by its own
+    /// deadline if that comes first. The server executes the request once. For requests
+    /// whose answer does not depend on how many times they are asked (reads), not for ones
+    /// with effects each caller expects. A mergeable call copies its request once more (the
+    /// group keeps it to compare), and allocates its group's entry.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use corelink_rpc::{Endpoint, EndpointConfig, ReqType};
+    /// # let res = corelink_config::WorkerResources::default();
+    /// let mut ep = Endpoint::<corelink_engine::verbs::soft::Soft>::new(
+    ///     EndpointConfig::for_worker(&res), &res)?;
+    /// ep.set_mergeable(ReqType(5), true)?;
+    /// assert!(ep.set_mergeable(ReqType(9999), true).is_err()); // beyond max_types
+    /// # Ok::<(), corelink_rpc::RpcError>(())
+    /// ```
+    pub fn set_mergeable(&mut self, ty: ReqType, mergeable: bool) -> Result<()> {
+        let m = self.mergeable.get_mut(usize::from(ty.0)).ok_or(RpcError::BadType { ty })?;
+        *m = mergeable;
+        Ok(())
+    }
+
+    /// Puts request type `ty`'s messages (this endpoint's requests of it, and its responses
+    /// to them) in the engine's request class `class` (`Cx::submit_as`: 0 goes first; at most
+    /// `corelink_engine::tunables::CLASSES` - 1); `None`: the sends' default class. With the
+    /// engine's priorities on, a message of a lower class submitted in the same loop
+    /// iteration goes to the device first, so per session calls of different classes may
+    /// end out of the order they were made (within a class the order holds).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use corelink_rpc::{Endpoint, EndpointConfig, ReqType};
+    /// # let res = corelink_config::WorkerResources::default();
+    /// let mut ep = Endpoint::<corelink_engine::verbs::soft::Soft>::new(
+    ///     EndpointConfig::for_worker(&res), &res)?;
+    /// ep.set_class(ReqType(1), Some(0))?; // urgent
+    /// ep.set_class(ReqType(2), Some(3))?; // bulk
+    /// assert!(ep.set_class(ReqType(3), Some(200)).is_err());
+    /// assert_eq!(ep.class(ReqType(2)), Some(3));
+    /// # Ok::<(), corelink_rpc::RpcError>(())
+    /// ```
+    pub fn set_class(&mut self, ty: ReqType, class: Option<u8>) -> Result<()> {
+        let classes = corelink_engine::tunables::CLASSES;
+        if let Some(c) = class.filter(|&c| usize::from(c) >= classes) {
+            return Err(RpcError::NoSuchClass { class: c, classes });
+        }
+        let slot = self.classes.get_mut(usize::from(ty.0)).ok_or(RpcError::BadType { ty })?;
+        *slot = class;
+        Ok(())
+    }
+
+    /// The class request type `ty`'s messages go in, if one was set.
+    pub fn class(&self, ty: ReqType) -> Option<u8> {
+        self.classes.get(usize::from(ty.0)).copied().flatten()
+    }
+
+    /// Sends `buf` (a message of type `ty`) on `conn` in `ty`'s class, if it has one.
+    #[inline]
+    fn send_typed(
+        &self,
+        cx: &mut Cx<P>,
+        conn: ConnId,
+        ty: ReqType,
+        buf: Buf<P>,
+        token: u64,
+    ) -> Result<(), (corelink_engine::Op<Buf<P>>, corelink_engine::EngineError)> {
+        match self.class(ty) {
+            Some(class) => {
+                cx.submit_as(conn, corelink_engine::Op::Send { buf, imm: None }, token, class)
+            }
+            None => cx.send(conn, buf, None, token),
         }
     }
 
@@ -391,8 +499,27 @@ impl<P: Provider> Endpoint<P> {
         Ok(CallId::new(index, e.generation))
     }
 
-    /// Runs a call's continuation with its outcome, counting it.
-    fn finish(&mut self, cx: &mut Cx<P>, then: Continuation<P>, outcome: Result<&[u8], RpcError>) {
+    /// Ends `call` with `outcome`: runs its continuation, counting it, and, when it led a
+    /// merge group, the continuations of the calls merged with it (still live), with the same
+    /// outcome.
+    fn finish(&mut self, cx: &mut Cx<P>, call: Call<P>, outcome: Result<&[u8], RpcError>) {
+        let group = call.group.and_then(|h| self.merges.remove(&(call.session, call.ty, h)));
+        let followers: Vec<Call<P>> = match group {
+            Some(g) => g.followers.into_iter().filter_map(|id| self.take_call(id)).collect(),
+            None => Vec::new(),
+        };
+        let again: Vec<Result<&[u8], RpcError>> = followers
+            .iter()
+            .map(|_| outcome.as_ref().map(|r| *r).map_err(RpcError::again))
+            .collect();
+        self.run(cx, call.then, outcome);
+        for (f, outcome) in followers.into_iter().zip(again) {
+            self.run(cx, f.then, outcome);
+        }
+    }
+
+    /// Runs a continuation with its outcome, counting it.
+    fn run(&mut self, cx: &mut Cx<P>, then: Continuation<P>, outcome: Result<&[u8], RpcError>) {
         match &outcome {
             Ok(_) => self.metrics.responses += 1,
             Err(e) => {
@@ -561,7 +688,7 @@ impl<P: Provider> Endpoint<P> {
         // In flight first (they were made first), then the waiting ones in order.
         for c in on_slots.chain(s.waiting.iter().copied()) {
             if let Some(call) = self.take_call(c) {
-                self.finish(cx, call.then, Err(RpcError::SessionClosed));
+                self.finish(cx, call, Err(RpcError::SessionClosed));
             }
         }
     }

@@ -21,7 +21,8 @@ impl<P: Provider> Endpoint<P> {
         }
         match (std::mem::take(&mut ss.resend), conn, done.buf) {
             (true, Some(conn), Some(buf)) => {
-                if cx.send(conn, buf, None, done.token).is_err() {
+                let ty = header_type(&buf);
+                if self.send_typed(cx, conn, ty, buf, done.token).is_err() {
                     self.metrics.send_refused += 1;
                 }
             }
@@ -68,7 +69,8 @@ impl<P: Provider> Endpoint<P> {
             self.metrics.duplicates += 1;
             let token = slot_token(RESPONSE_TOKEN, session, h.slot, h.seq);
             if let Some(buf) = stored {
-                if cx.send(conn, buf, None, token).is_err() {
+                let ty = header_type(&buf);
+                if self.send_typed(cx, conn, ty, buf, token).is_err() {
                     self.metrics.send_refused += 1;
                 }
             }
@@ -157,7 +159,7 @@ impl<P: Provider> Endpoint<P> {
             ss.arena = arena;
         }
         let token = slot_token(RESPONSE_TOKEN, session, slot, seq);
-        if cx.send(conn, buf, None, token).is_err() {
+        if self.send_typed(cx, conn, ty, buf, token).is_err() {
             // The connection is closing (the client's calls end with it), or the worker's
             // request table is full: the call times out.
             self.metrics.send_refused += 1;
@@ -211,6 +213,12 @@ impl<P: Provider> Endpoint<P> {
             },
         }
     }
+}
+
+/// The request type a stored answer's header names (bytes 4..6).
+fn header_type<P: Provider>(buf: &Buf<P>) -> ReqType {
+    let b = buf.as_slice();
+    ReqType(u16::from_le_bytes([b.get(4).copied().unwrap_or(0), b.get(5).copied().unwrap_or(0)]))
 }
 
 /// An error message's buffer (header room, then the two arguments) and its status.

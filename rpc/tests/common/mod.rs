@@ -32,6 +32,15 @@ pub const REJECT: ReqType = ReqType(3);
 /// Asks for one byte more than the response may have.
 pub const TOO_BIG: ReqType = ReqType(4);
 
+/// A typed type: answers its request plus one.
+pub struct AddOne;
+
+impl corelink_rpc::Method for AddOne {
+    const TYPE: ReqType = ReqType(5);
+    type Request = u64;
+    type Response = u64;
+}
+
 /// A call's outcome, as a test reads it: its tag and the response's bytes or the error.
 pub type Outcome = (u64, Result<Vec<u8>, RpcError>);
 
@@ -68,6 +77,7 @@ pub fn serve(ep: &mut Endpoint<Soft>) {
         resp.alloc(max + 1).map(|_| ()).map_err(|_| Reject(1))
     })
     .unwrap();
+    ep.register_method::<AddOne>(|_, n| n.checked_add(1).ok_or(Reject(2))).unwrap();
 }
 
 /// What the scripted service hears.

@@ -22,17 +22,23 @@ fn env<T: std::str::FromStr>(name: &str) -> Result<Option<T>, PerfError> {
 /// The registered pools a run needs: small buffers (atomics, small messages); one class per
 /// power of two of the sizes, each holding a window of them. (The engine registers the
 /// receives apart, [`recv_size`] each.)
+///
+/// The RPC tests' messages carry the RPC header ([`rpc_header`] bytes more), and each call
+/// holds three buffers at most: its request, the server's response, and that response kept
+/// until the slot's next request acknowledges it.
 pub fn pools(o: &PerfOpts) -> Vec<PoolClass> {
     let w = o.workers;
     let mut classes: Vec<PoolClass> = vec![PoolClass { size: 256, count: 4096 }];
     let class_of = |s: usize| s.next_power_of_two().max(256);
-    let big = class_of(o.max_size()).max(4096);
+    let header = rpc_header(o);
+    let big = class_of(o.max_size() + header).max(4096);
+    let per_call = if o.test.is_rpc() { 3 } else { 1 };
     for &s in &o.sizes {
-        let mut c = class_of(s);
+        let mut c = class_of(s + header);
         if o.test.verb() == Verb::Send && c >= 4096 {
             c = big; // sends over 2 KiB use receive-sized buffers
         }
-        let count = o.window(s) * w + 16;
+        let count = o.window(s) * w * per_call + 16;
         match classes.iter_mut().find(|k| k.size == c) {
             Some(k) => k.count = k.count.max(count),
             None => classes.push(PoolClass { size: c, count }),
@@ -53,8 +59,17 @@ pub fn pools(o: &PerfOpts) -> Vec<PoolClass> {
 /// The receive size a run needs (`worker.recv_size`): for sends, the largest message's class.
 pub fn recv_size(o: &PerfOpts) -> u32 {
     match o.test.verb() {
-        Verb::Send => o.max_size().next_power_of_two().max(4096) as u32,
+        Verb::Send => (o.max_size() + rpc_header(o)).next_power_of_two().max(4096) as u32,
         _ => 4096,
+    }
+}
+
+/// Bytes a test's messages carry beyond its payload: the RPC header for the RPC tests.
+pub fn rpc_header(o: &PerfOpts) -> usize {
+    if o.test.is_rpc() {
+        corelink_rpc::wire::HEADER
+    } else {
+        0
     }
 }
 

@@ -40,9 +40,10 @@ use server::ServerPart;
 
 mod client;
 mod map;
+mod rpc;
 mod server;
 
-pub use map::{fit_map, pools, recv_size, MapChange};
+pub use map::{fit_map, pools, recv_size, rpc_header, MapChange};
 
 /// The immediate that asks the server to answer (echo a send, write back a write).
 pub const ECHO_IMM: u32 = 0x6563_686f;
@@ -252,11 +253,21 @@ fn run_on<P: Provider>(
     let opts = Arc::new(o.clone());
     let conns = o.workers as u16;
     let (s2, o2) = (shared.clone(), opts.clone());
-    let engine = Engine::<P>::start(cfg, Placement::RoundRobin, move |_| {
-        let server = serve.then(|| ServerPart::new(s2.clone(), &o2));
-        let client = connect.then(|| ClientPart::<P>::new(s2.clone(), o2.clone(), conns));
-        Pair::new(server, client, 0)
-    })
+    let engine = if o.test.is_rpc() {
+        // The RPC tests: an endpoint on each worker that serves, and connects when this
+        // process runs the client.
+        let res = cfg.map.worker.clone();
+        rpc::check(&res).map_err(|e| PerfError::Run(format!("the RPC endpoint: {e}")))?;
+        Engine::<P>::start(cfg, Placement::RoundRobin, move |_| {
+            rpc::handler::<P>(&res, s2.clone(), o2.clone(), connect)
+        })
+    } else {
+        Engine::<P>::start(cfg, Placement::RoundRobin, move |_| {
+            let server = serve.then(|| ServerPart::new(s2.clone(), &o2));
+            let client = connect.then(|| ClientPart::<P>::new(s2.clone(), o2.clone(), conns));
+            Pair::new(server, client, 0)
+        })
+    }
     .map_err(|e| PerfError::Run(format!("starting the engine: {e}")))?;
     let target = match o.role {
         Role::Client(a) => Some(a),

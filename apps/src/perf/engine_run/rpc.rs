@@ -1,0 +1,394 @@
+//! `rpc_lat` and `rpc_bw`: `send_lat` and `send_bw` through corelink-rpc, on the same core
+//! map, pools and receives (less the RPC header's room), so that the two compare.
+//!
+//! Each worker runs an [`RpcHandler`]: its endpoint serves [`ECHO`] (answers the request's
+//! bytes, for `rpc_lat`) and [`SINK`] (answers an empty response, for `rpc_bw`), and its
+//! service is the client part, which opens one session to the server and runs the test:
+//! - `rpc_lat`: one untimed call, then one call at a time; a sample is the time-stamp counter from just before the
+//!   call to its continuation, halved (one-way, as `send_lat` reports its ping-pong);
+//! - `rpc_bw`: a window of calls in flight (`PerfOpts::window`, as `send_bw`'s: at most the
+//!   32 receives per connection, which are also the session's credits); each continuation
+//!   makes the next call; an untimed window first. The message rate counts calls.
+//!
+//! The continuations capture nothing (their state is the worker thread's, in a
+//! thread-local), so a call allocates nothing on the worker, as on the RPC layer's hot path.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use corelink_engine::verbs::Provider;
+use corelink_rpc::{
+    Endpoint, EndpointConfig, Reject, ReqType, Rpc, RpcError, RpcHandler, Service, SessionEvent,
+    SessionId,
+};
+
+use super::{Event, Shared, SizeResult, PEAK_INTERVAL};
+use crate::perf::clock::Clock;
+use crate::perf::opts::{PerfOpts, Test};
+use crate::perf::phase;
+
+/// `rpc_lat`'s type: the response is the request's bytes.
+pub const ECHO: ReqType = ReqType(1);
+/// `rpc_bw`'s type: the response is empty.
+pub const SINK: ReqType = ReqType(2);
+
+/// A deadline no call of a healthy run reaches.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Checks the endpoint settings every worker will use (before the engine starts).
+pub(super) fn check(res: &corelink_config::WorkerResources) -> Result<(), RpcError> {
+    EndpointConfig::for_worker(res).check(res)
+}
+
+/// A worker's handler for the RPC tests: the endpoint with both types, and the client part
+/// when this process connects.
+pub(super) fn handler<P: Provider>(
+    res: &corelink_config::WorkerResources,
+    shared: Shared,
+    opts: Arc<PerfOpts>,
+    connect: bool,
+) -> RpcHandler<P, Bench> {
+    // `check` ran on these settings before the engine started (`run_on`).
+    let mut ep = Endpoint::new(EndpointConfig::for_worker(res), res)
+        .expect("the endpoint's settings were checked before the engine started");
+    let registered = ep
+        .register(ECHO, |req, resp| resp.write(req.data).map_err(|_| Reject(1)))
+        .and_then(|()| ep.register(SINK, |_, _| Ok(())));
+    if let Err(e) = registered {
+        shared.tell(Event::ClientDone(Err(format!("registering the RPC types: {e}"))));
+    }
+    let max = opts.max_size();
+    STATE.with(|s| *s.borrow_mut() = connect.then(|| State::new(shared.clone(), opts)));
+    PAYLOAD.with(|p| *p.borrow_mut() = vec![0x5a; max]);
+    RpcHandler::new(ep, Bench { shared, asked: !connect })
+}
+
+/// The service: opens the client's session, starts the test once it is open, and tells the
+/// main thread when a session closes.
+#[derive(Debug)]
+pub(super) struct Bench {
+    shared: Shared,
+    /// The session was asked for (or this worker only serves).
+    asked: bool,
+}
+
+thread_local! {
+    /// The client part's state on this worker (none: it only serves).
+    static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+    /// The requests' bytes (apart from `STATE`: a refused call's continuation runs inside
+    /// `Rpc::call`, while these are borrowed).
+    static PAYLOAD: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+#[derive(Debug)]
+struct State {
+    shared: Shared,
+    opts: Arc<PerfOpts>,
+    session: Option<SessionId>,
+    /// The size being measured (index into `opts.sizes`), and its bytes.
+    index: usize,
+    size: usize,
+    posted: u64,
+    completed: u64,
+    /// Calls of the untimed window still out (bandwidth).
+    warming: u64,
+    started: Instant,
+    deadline: Option<Instant>,
+    mark: (Instant, u64),
+    peak_rate: f64,
+    t0: u64,
+    clock: Clock,
+    samples: Vec<u64>,
+    finished: bool,
+    error: Option<String>,
+    /// A size's timed part started (before it, a closed session is opened again).
+    timed: bool,
+    /// Sessions opened again so far.
+    reconnects: u32,
+}
+
+/// Times the client opens its session again when it closes before the first timed call: an
+/// initiator may send before its peer's end has posted receives (the engine's RNR retries
+/// cover about 61 ms, which a run under valgrind can exceed); the untimed first calls find
+/// out, and the run starts over on a new session.
+const RECONNECTS: u32 = 3;
+
+/// What to do after a call ended (decided with the state borrowed, done without).
+enum Next {
+    Nothing,
+    /// Make this many calls of the current size.
+    Call(u64),
+    /// The run is over: close the session.
+    Close(SessionId),
+}
+
+impl State {
+    fn new(shared: Shared, opts: Arc<PerfOpts>) -> State {
+        let now = Instant::now();
+        State {
+            shared,
+            opts,
+            session: None,
+            index: 0,
+            size: 0,
+            posted: 0,
+            completed: 0,
+            warming: 0,
+            started: now,
+            deadline: None,
+            mark: (now, 0),
+            peak_rate: 0.0,
+            t0: 0,
+            clock: Clock::new(),
+            samples: Vec::new(),
+            finished: false,
+            error: None,
+            timed: false,
+            reconnects: 0,
+        }
+    }
+
+    fn lat(&self) -> bool {
+        self.opts.test == Test::RpcLat
+    }
+
+    fn ty(&self) -> ReqType {
+        if self.lat() {
+            ECHO
+        } else {
+            SINK
+        }
+    }
+
+    fn more(&self, now: Instant) -> bool {
+        match self.deadline {
+            Some(d) => now < d,
+            None => self.posted < self.opts.iters,
+        }
+    }
+
+    /// Starts size `index` with an untimed window (one call for a latency test): it touches
+    /// the buffers, and the first size's also waits for the server's end of the session.
+    /// Returns the calls to make.
+    fn start_size(&mut self) -> u64 {
+        self.size = self.opts.sizes[self.index];
+        self.warming = self.opts.window(self.size) as u64;
+        self.warming
+    }
+
+    /// Starts the timed part of the size; returns the calls to make.
+    fn measure(&mut self, now: Instant) -> u64 {
+        self.timed = true;
+        phase::timed_phase_begin(self.size);
+        self.posted = 0;
+        self.completed = 0;
+        self.peak_rate = 0.0;
+        self.samples.clear();
+        if self.lat() {
+            let want = if self.opts.duration.is_some() { 1 << 20 } else { self.opts.iters };
+            self.samples.reserve(want.min(1 << 24) as usize);
+        }
+        self.started = now;
+        self.mark = (now, 0);
+        self.deadline = self.opts.duration.map(|d| now + d);
+        if self.lat() {
+            1
+        } else {
+            (self.opts.window(self.size) as u64).min(self.opts.iters.max(1))
+        }
+    }
+
+    /// A call ended with `ok` (or why not, and whether its session closed); `now` is the
+    /// worker loop's clock.
+    fn ended(&mut self, ok: Result<(), (String, bool)>, now: Instant) -> Next {
+        if self.finished || self.error.is_some() {
+            return Next::Nothing;
+        }
+        match ok {
+            // The session's close follows: it is opened again (`Bench::on_session`).
+            Err((_, true)) if self.may_reconnect() => return Next::Nothing,
+            Err((e, _)) => return self.fail(e),
+            Ok(()) => {}
+        }
+        if self.warming > 0 {
+            self.warming -= 1;
+            return match self.warming {
+                0 if self.lat() => Next::Call(self.measure(Instant::now())),
+                0 => Next::Call(self.measure(now)),
+                _ => Next::Nothing,
+            };
+        }
+        self.completed += 1;
+        if self.lat() {
+            let end = self.clock.ticks();
+            self.samples.push(self.clock.ns_between(self.t0, end));
+        } else {
+            let dt = now.saturating_duration_since(self.mark.0);
+            if dt >= PEAK_INTERVAL {
+                let rate = (self.completed - self.mark.1) as f64 / dt.as_secs_f64();
+                self.peak_rate = self.peak_rate.max(rate);
+                self.mark = (now, self.completed);
+            }
+        }
+        if self.more(now) {
+            return Next::Call(1);
+        }
+        if self.completed < self.posted {
+            return Next::Nothing; // the window drains
+        }
+        self.finish_size(now)
+    }
+
+    fn finish_size(&mut self, now: Instant) -> Next {
+        phase::timed_phase_end(self.size);
+        let end = if self.lat() { Instant::now() } else { now };
+        self.shared.tell(Event::Size(SizeResult {
+            index: self.index,
+            bytes: self.size,
+            iterations: self.completed,
+            elapsed: end.duration_since(self.started),
+            peak_rate: self.peak_rate,
+            samples: std::mem::take(&mut self.samples),
+        }));
+        self.index += 1;
+        if self.index < self.opts.sizes.len() {
+            return Next::Call(self.start_size());
+        }
+        self.finished = true;
+        self.session.map_or(Next::Nothing, Next::Close)
+    }
+
+    fn may_reconnect(&self) -> bool {
+        !self.timed && self.reconnects < RECONNECTS
+    }
+
+    /// The session closed before the first timed call: the run starts over on a new one.
+    fn reconnect(&mut self) {
+        self.reconnects += 1;
+        self.session = None;
+        self.index = 0;
+        self.warming = 0;
+        self.posted = 0;
+    }
+
+    fn fail(&mut self, e: String) -> Next {
+        self.error.get_or_insert(e);
+        self.session.map_or(Next::Nothing, Next::Close)
+    }
+}
+
+/// A call's continuation: counts it and makes the next (it captures nothing).
+fn ended<P: Provider>(rpc: &mut Rpc<'_, P>, out: Result<&[u8], RpcError>) {
+    let now = rpc.cx().now();
+    let next = STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        let Some(st) = s.as_mut() else { return Next::Nothing };
+        let ok = match out {
+            Ok(r) if st.lat() && r.len() != st.size => {
+                Err((format!("an echo of {} B for a call of {} B", r.len(), st.size), false))
+            }
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let closed = matches!(e, RpcError::SessionClosed);
+                Err((format!("{} of {} B: {e}", st.opts.test.name(), st.size), closed))
+            }
+        };
+        st.ended(ok, now)
+    });
+    act(rpc, next);
+}
+
+fn act<P: Provider>(rpc: &mut Rpc<'_, P>, next: Next) {
+    match next {
+        Next::Nothing => {}
+        Next::Call(n) => (0..n).for_each(|_| call(rpc)),
+        Next::Close(s) => {
+            let _ = rpc.close(s);
+        }
+    }
+}
+
+/// Makes one call of the current size.
+fn call<P: Provider>(rpc: &mut Rpc<'_, P>) {
+    let target = STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        let st = s.as_mut()?;
+        let session = st.session?;
+        st.posted += 1;
+        if st.lat() {
+            st.t0 = st.clock.ticks();
+        }
+        Some((session, st.ty(), st.size))
+    });
+    let Some((session, ty, size)) = target else { return };
+    let made = PAYLOAD.with(|p| {
+        let p = p.borrow();
+        let request = &p[..size.min(p.len())];
+        rpc.call(session, ty, request, CALL_TIMEOUT, ended::<P>).map(|_| ())
+    });
+    if let Err(e) = made {
+        let next = STATE.with(|s| match s.borrow_mut().as_mut() {
+            Some(st) => st.fail(format!("a call of {size} B: {e}")),
+            None => Next::Nothing,
+        });
+        act(rpc, next);
+    }
+}
+
+impl<P: Provider> Service<P> for Bench {
+    fn poll(&mut self, rpc: &mut Rpc<'_, P>) {
+        if self.asked {
+            return;
+        }
+        let Some(&addr) = self.shared.target.get() else { return };
+        self.asked = true;
+        match rpc.connect(addr) {
+            Ok(s) => STATE.with(|st| {
+                if let Some(st) = st.borrow_mut().as_mut() {
+                    st.session = Some(s);
+                }
+            }),
+            Err(e) => self.shared.tell(Event::ClientDone(Err(format!("connect to {addr}: {e}")))),
+        }
+    }
+
+    fn on_session(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId, event: SessionEvent) {
+        let mine = STATE.with(|s| s.borrow().as_ref().and_then(|st| st.session) == Some(session));
+        match (event, mine) {
+            (SessionEvent::Connected, true) => {
+                let n = STATE.with(|s| s.borrow_mut().as_mut().map_or(0, State::start_size));
+                act(rpc, Next::Call(n));
+            }
+            (SessionEvent::Closed, true) => {
+                let again = STATE.with(|s| match s.borrow_mut().as_mut() {
+                    Some(st) if st.error.is_none() && !st.finished && st.may_reconnect() => {
+                        st.reconnect();
+                        true
+                    }
+                    _ => false,
+                });
+                if again {
+                    self.asked = false; // `poll` connects again
+                    return;
+                }
+                let m = rpc.endpoint().metrics().clone();
+                let r = STATE.with(|s| match s.borrow_mut().as_mut() {
+                    Some(st) => match (st.error.take(), st.finished) {
+                        (Some(e), _) => Err(format!("{e} (the endpoint counted {m:?})")),
+                        (None, true) => Ok(()),
+                        (None, false) => Err(format!(
+                            "the session closed during size {}",
+                            st.opts.sizes.get(st.index).copied().unwrap_or(0)
+                        )),
+                    },
+                    None => Ok(()),
+                });
+                self.shared.tell(Event::ClientDone(r));
+            }
+            // A server's session: its client's run is over when it closes.
+            (SessionEvent::Closed, false) => self.shared.tell(Event::ServerDone(Ok(1))),
+            _ => {}
+        }
+    }
+}
