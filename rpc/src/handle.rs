@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{Thread, ThreadId};
 use std::time::Duration;
@@ -50,7 +50,9 @@ type Outbox = Arc<Mutex<Producer<Order>>>;
 /// thread that calls.
 pub fn handle(capacity: usize) -> (Handle, Inbox) {
     let (tx, rx) = ring(capacity);
-    (Handle { outbox: Arc::new(Mutex::new(tx)), waker: None }, Inbox { orders: rx })
+    let worker = Arc::new(OnceLock::new());
+    let h = Handle { outbox: Arc::new(Mutex::new(tx)), waker: None, worker: worker.clone() };
+    (h, Inbox { orders: rx, worker })
 }
 
 /// Calls into one worker's endpoint from another thread: a blocking [`Handle::call`] and a
@@ -61,8 +63,8 @@ pub fn handle(capacity: usize) -> (Handle, Inbox) {
 /// producer. Make one handle per calling thread.
 ///
 /// An order waits for the worker's next loop iteration: at once on a worker with connections
-/// (it busy-polls), up to the engine's idle park (1 ms) on one without any (the engine offers
-/// no public way to wake a parked worker from another thread).
+/// (it busy-polls); a worker without any, parked between idle iterations, is woken
+/// ([`corelink_engine::Cx::waker`]) once its inbox has been polled.
 ///
 /// ```
 /// fn is_send<T: Send>() {}
@@ -122,6 +124,9 @@ pub struct Handle {
     outbox: Outbox,
     /// A waker that unparks the thread that last waited (made once per thread).
     waker: Option<(ThreadId, Waker)>,
+    /// What wakes the worker after an order (set by its inbox at the worker's first loop
+    /// iteration, from `Cx::waker`).
+    worker: WorkerWake,
 }
 
 impl std::fmt::Debug for Handle {
@@ -178,9 +183,9 @@ impl Handle {
     ) -> CallFuture {
         let (reply, rx) = oneshot::channel();
         let order = Order::Call { session, ty, request, timeout, reply };
-        let unsent = match push(&self.outbox, order) {
+        let unsent = match push(&self.outbox, &self.worker, order) {
             Ok(()) => None,
-            Err(Pushed::Full(order)) => Some((order, self.outbox.clone())),
+            Err(Pushed::Full(order)) => Some((order, self.outbox.clone(), self.worker.clone())),
             Err(Pushed::Gone) => return CallFuture { unsent: None, rx: None },
         };
         CallFuture { unsent, rx: Some(rx) }
@@ -188,7 +193,7 @@ impl Handle {
 
     fn push_blocking(&mut self, mut order: Order) -> Result<()> {
         loop {
-            match push(&self.outbox, order) {
+            match push(&self.outbox, &self.worker, order) {
                 Ok(()) => return Ok(()),
                 Err(Pushed::Full(o)) => {
                     order = o;
@@ -231,12 +236,17 @@ fn lock(outbox: &Outbox) -> MutexGuard<'_, Producer<Order>> {
     outbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn push(outbox: &Outbox, order: Order) -> Result<(), Pushed> {
+fn push(outbox: &Outbox, worker: &WorkerWake, order: Order) -> Result<(), Pushed> {
     let mut tx = lock(outbox);
     if tx.is_abandoned() {
         return Err(Pushed::Gone);
     }
-    tx.push(order).map_err(Pushed::Full)
+    tx.push(order).map_err(Pushed::Full)?;
+    drop(tx);
+    if let Some(w) = worker.get() {
+        w.wake();
+    }
+    Ok(())
 }
 
 /// Wakes a thread parked in a blocking call.
@@ -256,8 +266,8 @@ impl Wake for Unpark {
 /// the receive buffer), or why there is none.
 #[must_use = "a future does nothing until polled (its order may not have gone yet)"]
 pub struct CallFuture {
-    /// The order, when the ring was full as the call was made.
-    unsent: Option<(Order, Outbox)>,
+    /// The order, when the ring was full as the call was made (with where it goes).
+    unsent: Option<(Order, Outbox, WorkerWake)>,
     /// The answer's channel (none: the worker was gone when the call was made).
     rx: Option<oneshot::Receiver<Result<Vec<u8>>>>,
 }
@@ -273,11 +283,11 @@ impl Future for CallFuture {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if let Some((order, outbox)) = this.unsent.take() {
-            match push(&outbox, order) {
+        if let Some((order, outbox, worker)) = this.unsent.take() {
+            match push(&outbox, &worker, order) {
                 Ok(()) => {}
                 Err(Pushed::Full(order)) => {
-                    this.unsent = Some((order, outbox));
+                    this.unsent = Some((order, outbox, worker));
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
@@ -318,7 +328,11 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
 /// [`HANDLE_BATCH`] orders off it each loop iteration (no lock: the ring is SPSC).
 pub struct Inbox {
     orders: Consumer<Order>,
+    worker: WorkerWake,
 }
+
+/// The worker's waker, shared by a handle and its inbox.
+type WorkerWake = Arc<OnceLock<corelink_engine::verbs::Waker>>;
 
 impl std::fmt::Debug for Inbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -330,6 +344,9 @@ impl Inbox {
     /// Carries out up to [`HANDLE_BATCH`] orders: each call is made on the endpoint with a
     /// continuation that answers the handle (a refused one is answered with why at once).
     pub(crate) fn drain<P: Provider>(&mut self, rpc: &mut Rpc<'_, P>) {
+        if self.worker.get().is_none() {
+            let _ = self.worker.set(rpc.cx.waker());
+        }
         if !self.orders.ready() {
             return;
         }

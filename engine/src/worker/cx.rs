@@ -59,6 +59,8 @@ pub struct Cx<P: Provider> {
     pub(crate) metrics: Metrics,
     pub(crate) stopping: bool,
     pub(crate) shutdown_deadline: Option<Instant>,
+    /// The worker's thread (what [`Cx::waker`] unparks).
+    pub(crate) thread: std::thread::Thread,
 }
 
 /// A request refused before it was queued: the operation and what it carried back, and why.
@@ -180,6 +182,15 @@ impl<P: Provider> Cx<P> {
             c.grants.iter().position(|(n, _)| *n == id.n).ok_or(EngineError::NoSuchGrant(id))?;
         c.grants.swap_remove(i);
         Ok(())
+    }
+
+    /// What wakes this worker from another thread: a worker without connections parks between
+    /// idle iterations (up to 1 ms); give this to whatever hands the handler work through
+    /// memory of its own (a ring the handler drains in [`Handler::poll`](crate::Handler::poll)),
+    /// and call it after each hand-over. Cheap when the worker is not parked.
+    pub fn waker(&self) -> corelink_verbs::Waker {
+        let t = self.thread.clone();
+        corelink_verbs::Waker::new(move || t.unpark())
     }
 
     /// This worker's metrics so far.

@@ -138,6 +138,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             metrics: Metrics { worker: index, pinned, own_context, ..Metrics::default() },
             stopping: false,
             shutdown_deadline: None,
+            thread: std::thread::current(),
         };
         Ok(Worker {
             cx,
