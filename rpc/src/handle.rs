@@ -17,7 +17,7 @@ use corelink_engine::verbs::Provider;
 use futures_channel::oneshot;
 
 use crate::config::HANDLE_BATCH;
-use crate::endpoint::Rpc;
+use crate::endpoint::{Ask, Rpc};
 use crate::error::{Result, RpcError};
 use crate::ids::{ReqType, SessionId};
 
@@ -360,9 +360,8 @@ impl Inbox {
                     });
                     let fill = |b: &mut [u8]| b.copy_from_slice(&request);
                     let (ep, cx) = (&mut *rpc.ep, &mut *rpc.cx);
-                    if let Err((e, then)) =
-                        ep.call_with(cx, session, ty, request.len(), fill, timeout, then)
-                    {
+                    let ask = Ask { session, ty, len: request.len(), timeout };
+                    if let Err((e, then)) = ep.call_with(cx, ask, fill, then) {
                         then(rpc, Err(e));
                     }
                 }

@@ -20,7 +20,7 @@ use corelink_engine::verbs::Provider;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::endpoint::{Endpoint, Rpc};
+use crate::endpoint::{Ask, Endpoint, Rpc};
 use crate::error::{Result, RpcError};
 use crate::handle::{CallFuture, Handle};
 use crate::ids::{CallId, ReqType, SessionId};
@@ -131,7 +131,8 @@ impl<P: Provider> Rpc<'_, P> {
         let then = Box::new(move |rpc: &mut Rpc<'_, P>, out: Result<&[u8]>| {
             then(rpc, out.and_then(decode::<M::Response>));
         });
-        self.ep.call_with(self.cx, session, M::TYPE, len, fill, timeout, then).map_err(|(e, _)| e)
+        let ask = Ask { session, ty: M::TYPE, len, timeout };
+        self.ep.call_with(self.cx, ask, fill, then).map_err(|(e, _)| e)
     }
 }
 

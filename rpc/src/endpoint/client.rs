@@ -8,8 +8,8 @@ use corelink_engine::verbs::{Provider, RemoteAddr};
 use corelink_engine::{Buf, Cx, Done, EngineError};
 
 use super::{
-    slot_token, token_slot, Call, Continuation, Endpoint, MergeGroup, Phase, SlotUse, CLIENT_READ,
-    TOKEN_SEQ_MASK,
+    slot_token, token_slot, Ask, Call, Continuation, Endpoint, MergeGroup, Phase, SlotUse,
+    CLIENT_READ, TOKEN_SEQ_MASK,
 };
 use crate::config::EXPIRE_EVERY;
 use crate::error::{Malformed, Result, RpcError};
@@ -22,36 +22,29 @@ impl<P: Provider> Endpoint<P> {
     /// registered request buffer, or a large request's arena slot): the raw path copies the
     /// caller's bytes in, the typed path serializes straight into it. Refused: the error and
     /// `then`, unrun.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn call_with(
         &mut self,
         cx: &mut Cx<P>,
-        session: SessionId,
-        ty: ReqType,
-        len: usize,
+        ask: Ask,
         fill: impl FnOnce(&mut [u8]),
-        timeout: Duration,
         then: Continuation<P>,
     ) -> Result<CallId, (RpcError, Continuation<P>)> {
-        if self.mergeable.get(usize::from(ty.0)).copied().unwrap_or(false) {
-            return self.call_merging(cx, session, ty, len, fill, timeout, then);
+        if self.mergeable.get(usize::from(ask.ty.0)).copied().unwrap_or(false) {
+            return self.call_merging(cx, ask, fill, then);
         }
-        self.call_plain(cx, session, ty, len, fill, timeout, then)
+        self.call_plain(cx, ask, fill, then)
     }
 
     /// A call of a mergeable type: merged with an identical one of the session in flight or
     /// waiting (it is not sent, and ends with that one), else made, leading a new group.
-    #[allow(clippy::too_many_arguments)]
     fn call_merging(
         &mut self,
         cx: &mut Cx<P>,
-        session: SessionId,
-        ty: ReqType,
-        len: usize,
+        ask: Ask,
         fill: impl FnOnce(&mut [u8]),
-        timeout: Duration,
         then: Continuation<P>,
     ) -> Result<CallId, (RpcError, Continuation<P>)> {
+        let Ask { session, ty, len, timeout } = ask;
         let mut bytes = vec![0u8; len];
         fill(&mut bytes);
         let mut hasher = DefaultHasher::new();
@@ -74,13 +67,7 @@ impl<P: Provider> Endpoint<P> {
                     len: len as u32,
                     then,
                 };
-                let id = match self.insert_call(call) {
-                    Ok(id) => id,
-                    Err(call) => {
-                        let max = self.cfg.max_calls as usize;
-                        return Err((RpcError::TooManyCalls { max }, call.then));
-                    }
-                };
+                let id = self.insert_call(call)?;
                 self.metrics.calls += 1;
                 self.metrics.merged += 1;
                 self.push_deadline(cx, id, timeout);
@@ -91,11 +78,11 @@ impl<P: Provider> Endpoint<P> {
             }
             // Another request with the same hash leads: this one goes on its own.
             Some((leader, false)) if self.call_live(leader) => {
-                self.call_plain(cx, session, ty, len, |b| b.copy_from_slice(&bytes), timeout, then)
+                self.call_plain(cx, ask, |b| b.copy_from_slice(&bytes), then)
             }
             _ => {
                 let fill = |b: &mut [u8]| b.copy_from_slice(&bytes);
-                let id = self.call_plain(cx, session, ty, len, fill, timeout, then)?;
+                let id = self.call_plain(cx, ask, fill, then)?;
                 // (A call that ended at once, refused by the engine, leads nothing.)
                 let entry = self.calls.get_mut(id.index());
                 let live = entry.filter(|e| e.generation == id.generation());
@@ -110,17 +97,14 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// A call as it is (not merged).
-    #[allow(clippy::too_many_arguments)]
     fn call_plain(
         &mut self,
         cx: &mut Cx<P>,
-        session: SessionId,
-        ty: ReqType,
-        len: usize,
+        ask: Ask,
         fill: impl FnOnce(&mut [u8]),
-        timeout: Duration,
         then: Continuation<P>,
     ) -> Result<CallId, (RpcError, Continuation<P>)> {
+        let Ask { session, ty, len, timeout } = ask;
         let (mut buf, arena, large) = match self.request_buffer(cx, session, len, fill) {
             Ok(b) => b,
             Err(e) => return Err((e, then)),
@@ -139,15 +123,7 @@ impl<P: Provider> Endpoint<P> {
         let len = len as u32;
         let call =
             Call { session, ty, group: None, slot: None, request: Some(buf), arena, len, then };
-        let id = match self.insert_call(call) {
-            Ok(id) => id,
-            Err(call) => {
-                return Err((
-                    RpcError::TooManyCalls { max: self.cfg.max_calls as usize },
-                    call.then,
-                ))
-            }
-        };
+        let id = self.insert_call(call)?;
         self.metrics.calls += 1;
         self.push_deadline(cx, id, timeout);
         let Some(s) = self.session_mut(session) else { return Ok(id) };

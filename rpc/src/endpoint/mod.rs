@@ -101,9 +101,8 @@ impl<P: Provider> Rpc<'_, P> {
     ) -> Result<CallId> {
         let fill = |b: &mut [u8]| b.copy_from_slice(request);
         let then = Box::new(then);
-        self.ep
-            .call_with(self.cx, session, ty, request.len(), fill, timeout, then)
-            .map_err(|(e, _)| e)
+        let ask = Ask { session, ty, len: request.len(), timeout };
+        self.ep.call_with(self.cx, ask, fill, then).map_err(|(e, _)| e)
     }
 
     /// Closes `session`: its calls end with [`RpcError::SessionClosed`] (those in flight once
@@ -232,6 +231,16 @@ struct ServedSlot<P: Provider> {
     arena: Option<ArenaSlot>,
     /// A large request whose payload is being read: its type and the client's session id.
     pending: Option<(ReqType, SessionId)>,
+}
+
+/// What a call asks, before it is made: its session, type, payload length and timeout.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ask {
+    pub(crate) session: SessionId,
+    pub(crate) ty: ReqType,
+    /// Payload bytes.
+    pub(crate) len: usize,
+    pub(crate) timeout: Duration,
 }
 
 struct Call<P: Provider> {
@@ -484,14 +493,15 @@ impl<P: Provider> Endpoint<P> {
         Some(c)
     }
 
-    fn insert_call(&mut self, call: Call<P>) -> Result<CallId, Call<P>> {
+    fn insert_call(&mut self, call: Call<P>) -> Result<CallId, (RpcError, Continuation<P>)> {
+        let max = self.cfg.max_calls as usize;
         let index = match self.free_calls.pop() {
             Some(i) => i,
-            None if self.calls.len() < self.cfg.max_calls as usize => {
+            None if self.calls.len() < max => {
                 self.calls.push(CallEntry { generation: 0, call: None });
                 (self.calls.len() - 1) as u32
             }
-            None => return Err(call),
+            None => return Err((RpcError::TooManyCalls { max }, call.then)),
         };
         let e = &mut self.calls[index as usize];
         e.call = Some(call);

@@ -10,6 +10,23 @@ use crate::ids::{ReqType, SessionId};
 use crate::service::{Reject, Request, Response};
 use crate::wire::{Descriptor, Header, Kind, Status, DESCRIPTOR, ERROR_PAYLOAD, HEADER};
 
+/// The request an answer goes to: its type, the client's slot and session, its sequence
+/// number (what the answer's header repeats).
+#[derive(Clone, Copy, Debug)]
+struct Asked {
+    ty: ReqType,
+    slot: u16,
+    client: SessionId,
+    seq: u64,
+}
+
+impl Asked {
+    /// The request `h` heads.
+    fn of(h: &Header) -> Asked {
+        Asked { ty: h.ty, slot: h.slot, client: h.session, seq: h.seq }
+    }
+}
+
 impl<P: Provider> Endpoint<P> {
     pub(super) fn answer_sent(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         let (session, slot, seq) = token_slot(done.token);
@@ -41,8 +58,8 @@ impl<P: Provider> Endpoint<P> {
             return;
         }
         let (Some((ty, client)), Some(buf)) = (ss.pending.take(), done.buf) else { return };
-        let seq = ss.seq;
-        self.answer(cx, session, ty, slot, client, seq, buf.as_slice());
+        let asked = Asked { ty, slot, client, seq: ss.seq };
+        self.answer(cx, session, asked, buf.as_slice());
     }
 
     pub(super) fn on_request(
@@ -83,7 +100,7 @@ impl<P: Provider> Endpoint<P> {
         ss.pending = None;
         ss.seq = h.seq;
         if !h.large {
-            self.answer(cx, session, h.ty, h.slot, h.session, h.seq, payload);
+            self.answer(cx, session, Asked::of(h), payload);
             return Ok(());
         }
         // A large request: its payload is read first, then its handler runs.
@@ -108,42 +125,29 @@ impl<P: Provider> Endpoint<P> {
         };
         if let Some((status, a, b)) = refusal {
             let reply = error_reply(cx, status, a, b);
-            self.send_answer(cx, session, h.ty, h.slot, h.session, h.seq, reply);
+            self.send_answer(cx, session, Asked::of(h), reply);
         }
         Ok(())
     }
 
-    /// Runs the handler of `ty` on a new request's payload and sends its answer.
-    #[allow(clippy::too_many_arguments)]
-    fn answer(
-        &mut self,
-        cx: &mut Cx<P>,
-        session: SessionId,
-        ty: ReqType,
-        slot: u16,
-        client: SessionId,
-        seq: u64,
-        payload: &[u8],
-    ) {
+    /// Runs the handler of the request `asked` on its payload and sends its answer.
+    fn answer(&mut self, cx: &mut Cx<P>, session: SessionId, asked: Asked, payload: &[u8]) {
         let Some(s) = self.session(session) else { return };
         let (peer_max, region) = (s.peer_max, s.region);
-        let reply = self.run_handler(cx, session, ty, payload, peer_max, region);
-        self.send_answer(cx, session, ty, slot, client, seq, reply);
+        let reply = self.run_handler(cx, session, asked.ty, payload, peer_max, region);
+        self.send_answer(cx, session, asked, reply);
     }
 
     /// Sends `reply` (header room, then the payload or a large one's descriptor) as the answer
     /// to `session`'s request on `slot`; a large one's arena slot is kept with the slot.
-    #[allow(clippy::too_many_arguments)]
     fn send_answer(
         &mut self,
         cx: &mut Cx<P>,
         session: SessionId,
-        ty: ReqType,
-        slot: u16,
-        client: SessionId,
-        seq: u64,
+        asked: Asked,
         reply: Option<Reply<P>>,
     ) {
+        let Asked { ty, slot, client, seq } = asked;
         let Some((mut buf, status, arena)) = reply else {
             self.metrics.no_buffer += 1;
             return;
