@@ -20,7 +20,7 @@ use crate::memory::{Grant, GrantId, Memory};
 use crate::metrics::Metrics;
 use crate::pool::{Buf, Pool};
 use crate::request::{CloseReason, ConnId, ConnInfo, Op, OpKind};
-use crate::tunables::{CLASSES, MAX_POLL_BATCH, MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
+use crate::tunables::{CLASSES, MAX_POLL_BATCH, MAX_QPS_PER_CONN};
 
 /// A worker's state, as its handler uses it: buffers, connections, requests, timers and
 /// metrics of the worker the handler runs on.
@@ -594,31 +594,29 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Connects to `addr` through the control core; the handler hears `on_connected` (with
-    /// `token` in the info) or `on_connect_failed`. `private_data` may hold 21 bytes
-    /// ([`crate::MAX_APP_PRIVATE_DATA`]: the rest of rdma_cm's 56 carries the engine's
+    /// `token` in the info) or `on_connect_failed`. `private_data` may hold
+    /// [`crate::MAX_APP_PRIVATE_DATA`] bytes (the rest of rdma_cm's 56 carries the engine's
     /// header, see [`crate::HEADER`]). An example is at [`Cx::send`].
     pub fn connect(&mut self, addr: SocketAddr, private_data: &[u8], token: u64) -> Result<()> {
-        self.connect_from(addr, private_data, token, Origin::Handler)
-    }
-
-    pub(crate) fn connect_from(
-        &mut self,
-        addr: SocketAddr,
-        private_data: &[u8],
-        token: u64,
-        origin: Origin,
-    ) -> Result<()> {
         if self.stopping {
             return Err(EngineError::ShuttingDown);
         }
-        let max = MAX_PRIVATE_DATA - crate::control::HEADER;
+        let max = crate::MAX_APP_PRIVATE_DATA;
         if private_data.len() > max {
             return Err(EngineError::PrivateDataTooLong { len: private_data.len(), max });
         }
         let mut pd = ArrayVec::new();
         pd.extend(private_data.iter().copied());
+        let origin = Origin::Handler;
         self.tell_control(ToControl::Connect { addr, private_data: pd, token, origin });
         Ok(())
+    }
+
+    /// Posts again the receives whose messages this iteration handled.
+    pub(crate) fn repost_all(&mut self) {
+        while let Some((id, buf)) = self.reposts.pop() {
+            self.repost(id, buf);
+        }
     }
 
     /// Closes `conn`: queued requests fail with `WrFlushErr`, in-flight ones complete or

@@ -225,14 +225,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         // Each step below is skipped by one check when it has nothing to do (most iterations).
         let took = !self.clients.is_empty() && self.take_client_requests();
         if std::mem::take(&mut self.cx.repost_first) {
-            while let Some((id, buf)) = self.cx.reposts.pop() {
-                self.cx.repost(id, buf);
-            }
+            self.cx.repost_all();
         }
         let posted = (self.cx.conns.any_dirty() || self.cx.stopping) && self.cx.flush();
-        while let Some((id, buf)) = self.cx.reposts.pop() {
-            self.cx.repost(id, buf);
-        }
+        self.cx.repost_all();
         if self.cx.outbox.has_notices() {
             self.deliver_notices();
         }

@@ -169,7 +169,7 @@ impl<P: Provider> Requests<P> {
     pub(crate) fn take(&mut self, id: ReqId) -> Option<Req<P>> {
         let r = self.slab.remove(id)?;
         if let Some(epoch) = r.merge_epoch {
-            self.unmerge_one(&r, epoch, id);
+            unmerge(&mut self.merges, &r, epoch, id);
         }
         Some(r)
     }
@@ -196,10 +196,6 @@ impl<P: Provider> Requests<P> {
             Origin::Client(_) => std::mem::take(&mut self.ext[id.slot()]),
             Origin::Handler => Vec::new(),
         }
-    }
-
-    fn unmerge_one(&mut self, r: &Req<P>, epoch: u32, id: ReqId) {
-        unmerge(&mut self.merges, r, epoch, id);
     }
 
     /// Whether a read with merge key `key` is in flight (an identical read would ride on it).
