@@ -613,6 +613,7 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Posts again the receives whose messages this iteration handled.
+    #[inline(always)]
     pub(crate) fn repost_all(&mut self) {
         while let Some((id, buf)) = self.reposts.pop() {
             self.repost(id, buf);
