@@ -3,14 +3,15 @@
 //! ```text
 //! echo [both] [--count N] [--size BYTES]                  # one process, soft: the engine connects to itself
 //! echo server ADDR [--provider soft|ibverbs] [--config MAP.toml] [--clients N]
-//! echo client ADDR [--count N] [--size BYTES] [--window W] [--provider soft|ibverbs]
+//! echo client ADDR [--count N] [--size BYTES] [--window W] [--linger MS] [--provider soft|ibverbs]
 //! ```
 //!
 //! The server's handler sends every message it receives back, with its immediate. The client's
 //! handler connects (`Cx::connect`, from its first `poll`), keeps `--window` messages in flight,
 //! each numbered by its immediate and filled with a pattern of that number, checks every echo
 //! byte for byte, and after `--count` round trips prints the round-trip latency and closes the
-//! connection; the main thread then shuts the engine down and prints the worker's metrics.
+//! connection (with `--linger MS`, it first leaves the connection idle for that long, printing
+//! `echo client: lingering`, so that a dead peer can only be seen by the engine's keepalive); the main thread then shuts the engine down and prints the worker's metrics.
 //! Exit status: 0 when every echo came back right, 1 on a mismatch or an error, 2 on bad usage.
 
 mod engine_common;
@@ -31,7 +32,13 @@ struct Cli {
     /// bytes per message (at most 4096, the engine's receive buffers with the default pools)
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     size: u32,
+    /// client: keep the connection idle this many milliseconds before closing it
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    linger: u64,
 }
+
+/// The client's timer: its linger is over (the client part's tokens start at `CLIENT_TIMERS`).
+const T_LINGER: u64 = engine_common::CLIENT_TIMERS;
 
 /// Byte `i` of message `seq`.
 fn byte(seq: u32, i: usize) -> u8 {
@@ -83,6 +90,7 @@ impl<P: Provider> Handler<P> for EchoServer {
         self.link.report(match (error, reason) {
             (Some(e), _) => Err(e),
             (None, CloseReason::Error(s)) => Err(format!("{conn} failed: {s}")),
+            (None, r @ CloseReason::Unanswered(_)) => Err(format!("{conn} was lost: {r}")),
             (None, r) => Ok(format!("echo server: {conn} closed ({r:?}) after {echoed} echoes")),
         });
     }
@@ -105,6 +113,9 @@ struct EchoClient {
     rtts: Vec<Duration>,
     started: Option<Instant>,
     error: Option<String>,
+    /// How long to leave the connection idle after the last echo, and since when it is.
+    linger: Duration,
+    lingering: Option<Instant>,
 }
 
 impl EchoClient {
@@ -136,7 +147,18 @@ impl EchoClient {
         if let (Some(c), true) =
             (self.conn, self.got == self.count && self.sends_done == self.count)
         {
-            let _ = cx.close(c);
+            if self.linger.is_zero() {
+                let _ = cx.close(c);
+            } else if self.lingering.is_none() {
+                println!(
+                    "echo client: lingering {} ms on an idle connection",
+                    self.linger.as_millis()
+                );
+                self.lingering = Some(Instant::now());
+                if let Err(e) = cx.set_timer(self.linger, T_LINGER) {
+                    self.fail(cx, format!("setting the linger timer: {e}"));
+                }
+            }
         }
     }
 }
@@ -191,9 +213,23 @@ impl<P: Provider> Handler<P> for EchoClient {
         self.maybe_close(cx);
     }
 
+    fn on_timer(&mut self, cx: &mut Cx<P>, token: u64) {
+        if let (T_LINGER, Some(c)) = (token, self.conn) {
+            let _ = cx.close(c);
+        }
+    }
+
     fn on_closed(&mut self, _cx: &mut Cx<P>, conn: ConnId, reason: &CloseReason) {
         if let Some(e) = self.error.take() {
             return self.link.report(Err(e));
+        }
+        if let (Some(t), CloseReason::Peer | CloseReason::Unanswered(_) | CloseReason::Error(_)) =
+            (self.lingering, reason)
+        {
+            let idle = t.elapsed().as_secs_f64();
+            return self
+                .link
+                .report(Err(format!("{conn} was lost {idle:.2} s into the linger: {reason}")));
         }
         if self.got != self.count {
             let n = self.got;
@@ -216,10 +252,11 @@ impl<P: Provider> Handler<P> for EchoClient {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let (count, size, window) = (cli.common.count, cli.size as usize, cli.common.window as usize);
+    let linger = Duration::from_millis(cli.linger);
     engine_common::main(
         "echo",
         &cli.common,
         |link| EchoServer { link, conns: HashMap::new() },
-        move |link| EchoClient { link, count, size, window, ..EchoClient::default() },
+        move |link| EchoClient { link, count, size, window, linger, ..EchoClient::default() },
     )
 }

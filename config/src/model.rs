@@ -106,6 +106,13 @@ pub struct WorkerResources {
     /// Transport retries of an RC lane before `RETRY_EXC_ERR` (0..=7; rxe retries for ever at
     /// 7, so a dead peer is never reported there).
     pub retry_cnt: u8,
+    /// Milliseconds a connection may go without traffic before the worker probes it (a
+    /// zero-length RDMA write, which needs no memory or receive at the peer and runs on its
+    /// NIC alone); 0: never. A peer that died or whose wire went down is then seen on an idle
+    /// connection too, which closes with `CloseReason::Unanswered` after at most
+    /// keepalive_ms + (retry_cnt + 1) x timeout: about 1.5 s with the defaults. A busy
+    /// connection is never probed (its own requests would fail first).
+    pub keepalive_ms: u32,
     /// How queued requests become work requests: doorbells and completions.
     pub batching: Batching,
     /// Per-connection scheduling: priority classes, aging, outstanding limits, merging.
@@ -256,6 +263,7 @@ impl Default for WorkerResources {
             min_rnr_timer: 20,
             timeout: 14,
             retry_cnt: 6,
+            keepalive_ms: 1000,
             batching: Batching::default(),
             scheduler: Scheduler::default(),
             qps: Qps::default(),

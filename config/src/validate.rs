@@ -40,6 +40,8 @@ pub mod limits {
     pub const MIN_RECVS_PER_LANE: u32 = 8;
     /// The largest RNR retry count that is finite (`worker.rnr_retry`; 7 retries for ever).
     pub const RNR_RETRY_INFINITE: u8 = 7;
+    /// The longest keepalive interval (`worker.keepalive_ms`): an hour.
+    pub const MAX_KEEPALIVE_MS: u32 = 3_600_000;
 }
 
 /// Something worth saying that does not stop the map.
@@ -321,6 +323,7 @@ impl CoreMap {
         range("worker.min_rnr_timer", u32::from(w.min_rnr_timer), 0, 31)?;
         range("worker.timeout", u32::from(w.timeout), 1, 31)?;
         range("worker.retry_cnt", u32::from(w.retry_cnt), 0, 7)?;
+        range("worker.keepalive_ms", w.keepalive_ms, 0, MAX_KEEPALIVE_MS)?;
         let lanes = self.worker.qps.per_conn.max(1);
         let per_lane = w.recvs_per_lane(1).max(w.recvs_per_lane(lanes));
         if per_lane > w.recv_queue_depth {
@@ -464,6 +467,7 @@ mod tests {
             ("[worker]\nrecvs_per_conn = 300", "worker.recv_queue_depth"),
             ("[worker]\nrnr_retry = 8", "worker.rnr_retry"),
             ("[worker]\nmin_rnr_timer = 32", "worker.min_rnr_timer"),
+            ("[worker]\nkeepalive_ms = 3600001", "worker.keepalive_ms"),
             ("[worker]\ntimeout = 0", "worker.timeout"),
             ("[worker]\ntimeout = 32", "worker.timeout"),
             ("[worker]\nretry_cnt = 8", "worker.retry_cnt"),

@@ -17,6 +17,9 @@ use crate::tunables::{MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
 pub(crate) enum Origin {
     Handler,
     Client(u16),
+    /// The worker's own keepalive probe (nobody is told how it ended; a failure closes its
+    /// connection).
+    Keepalive,
 }
 
 /// One QP of a connection, in RTS, with the control core's key for its connection-manager side.

@@ -92,6 +92,11 @@ pub struct Metrics {
     pub recv_post_errors: u64,
     /// Lookups that cannot fail and did (a bug: each is also a debug assertion).
     pub invariant_misses: u64,
+    /// Keepalive probes posted to connections idle for `worker.keepalive_ms`.
+    pub keepalive_probes: u64,
+    /// Of those, the ones that failed (each closed its connection with
+    /// `CloseReason::Unanswered`, or was flushed by its close).
+    pub keepalive_failures: u64,
     /// Voluntary context switches of the worker thread since it started.
     pub voluntary_switches: u64,
     /// Involuntary context switches of the worker thread since it started.
@@ -131,6 +136,8 @@ impl Metrics {
         m.poll_errors = d(m.poll_errors, earlier.poll_errors);
         m.recv_post_errors = d(m.recv_post_errors, earlier.recv_post_errors);
         m.invariant_misses = d(m.invariant_misses, earlier.invariant_misses);
+        m.keepalive_probes = d(m.keepalive_probes, earlier.keepalive_probes);
+        m.keepalive_failures = d(m.keepalive_failures, earlier.keepalive_failures);
         m.voluntary_switches = d(m.voluntary_switches, earlier.voluntary_switches);
         m.involuntary_switches = d(m.involuntary_switches, earlier.involuntary_switches);
         m
@@ -177,6 +184,8 @@ impl fmt::Display for Metrics {
             ("poll errors", self.poll_errors),
             ("receive post errors", self.recv_post_errors),
             ("invariant misses", self.invariant_misses),
+            ("keepalive probes", self.keepalive_probes),
+            ("keepalive probes failed", self.keepalive_failures),
         ] {
             if n > 0 {
                 writeln!(f, "  {what:<28} {n:>14}")?;

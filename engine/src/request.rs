@@ -230,6 +230,9 @@ pub enum CloseReason {
     RecvPostFailed,
     /// The engine is shutting down.
     Shutdown,
+    /// The connection had been idle for `worker.keepalive_ms` and the worker's probe failed
+    /// with this status (`RetryExcErr`: no acknowledgement): the peer died, or its wire did.
+    Unanswered(WcStatus),
 }
 
 impl fmt::Display for CloseReason {
@@ -254,6 +257,10 @@ impl fmt::Display for CloseReason {
             CloseReason::Error(s) => write!(f, "a request or a receive failed with {s}"),
             CloseReason::RecvPostFailed => f.write_str("a receive could not be posted again"),
             CloseReason::Shutdown => f.write_str("the engine shut down"),
+            CloseReason::Unanswered(s) => write!(
+                f,
+                "the peer stopped answering: the connection was idle for worker.keepalive_ms                  and the keepalive probe failed with {s} (no acknowledgement within                  worker.timeout, worker.retry_cnt + 1 times: the peer or its wire died)"
+            ),
         }
     }
 }
@@ -271,6 +278,8 @@ mod tests {
         assert!(retry.contains("stopped answering") && retry.contains("worker.timeout"), "{retry}");
         let flush = CloseReason::Error(WcStatus::WrFlushErr).to_string();
         assert!(flush.contains("failed with"), "{flush}");
+        let idle = CloseReason::Unanswered(WcStatus::RetryExcErr).to_string();
+        assert!(idle.contains("keepalive") && idle.contains("stopped answering"), "{idle}");
     }
 
     #[test]

@@ -61,6 +61,13 @@ pub const MAX_TIMERS: usize = 1024;
 
 /// Loop iterations between two publications of a worker's metrics.
 pub const METRICS_EVERY: u64 = 4096;
+/// Loop iterations between checks of whether a keepalive pass is due (a clock read each; a
+/// pass runs every half `worker.keepalive_ms`): a few milliseconds at most of a busy loop.
+pub const KEEPALIVE_EVERY: u64 = 1024;
+
+// (The metrics' check runs inside the keepalive's: its period must be a multiple.)
+const _: () = assert!(KEEPALIVE_EVERY.is_power_of_two() && METRICS_EVERY.is_power_of_two());
+const _: () = assert!(METRICS_EVERY % KEEPALIVE_EVERY == 0);
 
 /// Private data a connect request carries at most (rdma_cm over the TCP port space: 56 bytes).
 /// The engine's own header (`control::HEADER`: region, lane group, lengths) comes first; the

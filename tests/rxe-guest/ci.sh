@@ -15,7 +15,8 @@
 #    accept_foreign, echoed with it (foreign-peer.sh);
 # 10. on the runner's second wire (--wire: rxea <-> rxeb over a veth pair, netem on both ends),
 #    RC completes every iteration at 1 % loss and, at 100 % loss from mid-run, the client fails
-#    (not hangs) naming IBV_WC_RETRY_EXC_ERR (wire-check.sh, about 15 s). Skipped, and said so,
+#    (not hangs) naming IBV_WC_RETRY_EXC_ERR, and on an idle connection both sides see 100 %
+#    loss through the keepalive (wire-check.sh, about 20 s). Skipped, and said so,
 #    without --wire (a host's own device has no wire to spoil).
 # Everything must have been built on the host first (cargo runs --offline here).
 set -u

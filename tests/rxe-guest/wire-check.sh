@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # Runs in the Soft-RoCE guest with the runner's --wire (tests/rxe-guest/run --wire -- bash
 # tests/rxe-guest/wire-check.sh): RC over a real wire (rxea on clwa <-> rxeb on clwb), netem on
-# both veths. Two checks, each under a hard timeout, about 30 s in all:
+# both veths. Three checks, each under a hard timeout, about 35 s in all:
 #   1. at 1 % loss each way, corelink-perf write_bw (-n 1000, 4 KiB; server on A, client on B)
 #      completes every iteration, server and client exiting 0;
 #   2. at 100 % loss from the middle of a run, the client fails, not hangs, with an error naming
 #      the retry failure (IBV_WC_RETRY_EXC_ERR, after about (worker.retry_cnt + 1) x 67 ms with
 #      the defaults). Its delay is printed, not asserted. The server (a write_bw server has
-#      nothing in flight, and the client's disconnect went into the dead wire) is ended here.
+#      nothing in flight, and the client's disconnect went into the dead wire) is ended here;
+#   3. on an idle connection (the echo example's client lingering after its echoes), 100 % loss
+#      is seen by both sides through the engine's keepalive (worker.keepalive_ms, 1 s by
+#      default: a zero-length RDMA write after a second without traffic), each closing with
+#      "the peer stopped answering ... keepalive" within keepalive_ms + (retry_cnt + 1) x 67 ms,
+#      about 1.5 s; before, an idle connection never heard of a dead wire. Delays printed.
 # tests/rxe-guest/wire.sh measures more (perftest beside, 10 % loss, delay, kill -9, UC).
-# Build first on the host: cargo build -p corelink-apps --bins (or set CORELINK_PERF).
+# Build first on the host: cargo build -p corelink-apps --bins --examples (or set CORELINK_PERF
+# and ENGINE_EXAMPLES).
 set -u
 : "${CORELINK_WIRE_A_DEVICE:?run this inside tests/rxe-guest/run --wire}"
 bin=${CORELINK_PERF:-${CARGO_TARGET_DIR:-target}/debug/corelink-perf}
 [ -x "$bin" ] || { echo "wire-check: no $bin (cargo build -p corelink-apps --bins)"; exit 1; }
+echo_bin=${ENGINE_EXAMPLES:-${CARGO_TARGET_DIR:-target}/debug/examples}/echo
 A_IP=$CORELINK_WIRE_A_IP B_DEV=$CORELINK_WIRE_B_DEVICE
 work=$(mktemp -d) port=18980 passed=0 failed=0
 core_map() {   # FILE DEVICE GID CONTROL_CORE WORKER_CORE
@@ -73,6 +80,32 @@ if [ $crc != 0 ] && [ $crc != 124 ] && [ $crc != 137 ] && grep -q 'RETRY_EXC_ERR
   pass "RC at 100% loss from mid-run: the client failed $took s after the loss began: $(grep 'corelink-perf: ' "$work/c.log" | tail -1)"
 else
   fail "RC at 100% loss from mid-run: the client exited $crc after $took s, without naming RETRY_EXC_ERR"
+fi
+
+# 3. 100 % loss on an idle connection: both sides see it through the keepalive.
+if [ -x "$echo_bin" ]; then
+  port=$((port + 1))
+  timeout -k 5 40 taskset -c 1 "$echo_bin" server "$A_IP:$port" --config "$work/a.toml" --timeout 30 > "$work/s.log" 2>&1 & srv=$!
+  for _ in $(seq 200); do grep -q listening "$work/s.log" && break; sleep 0.1; done
+  timeout -k 5 40 taskset -c 0 "$echo_bin" client "$A_IP:$port" --config "$work/b.toml" --count 10 --linger 20000 --timeout 30 > "$work/c.log" 2>&1 & cli=$!
+  for _ in $(seq 200); do grep -q lingering "$work/c.log" && break; sleep 0.1; done
+  sleep 0.3
+  t0=$EPOCHREALTIME
+  wire loss 100%
+  wait $cli; crc=$?
+  t1=$EPOCHREALTIME
+  wait $srv; src=$?
+  t2=$EPOCHREALTIME
+  wire clear
+  took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+  took_s=$(awk -v a="$t0" -v b="$t2" 'BEGIN { printf "%.2f", b - a }')
+  if [ $crc = 1 ] && [ $src = 1 ] && grep -q keepalive "$work/c.log" && grep -q keepalive "$work/s.log"; then
+    pass "100% loss on an idle connection: the client saw it after $took s, the server by $took_s s: $(grep -o 'was lost.*' "$work/c.log" | head -1 | cut -c1-120)"
+  else
+    fail "100% loss on an idle connection: client exited $crc after $took s, server $src after $took_s s, not both naming the keepalive"
+  fi
+else
+  fail "no $echo_bin (cargo build -p corelink-apps --examples)"
 fi
 rm -rf "$work"
 echo "wire-check: $passed passed, $failed failed"

@@ -14,7 +14,7 @@
 //! | area | cases |
 //! |---|---|
 //! | send | `rc_send`, `rc_send_with_imm`, `uc_send`, `uc_send_with_imm` |
-//! | write | `rc_write`, `rc_write_with_imm`, `uc_write`, `uc_write_with_imm` |
+//! | write | `rc_write`, `rc_write_with_imm`, `uc_write`, `uc_write_with_imm`, `rc_zero_length_write_without_key` |
 //! | read | `rc_read` |
 //! | atomic | `rc_cmp_swap_success`, `rc_cmp_swap_mismatch`, `rc_fetch_add` |
 //! | UD | `ud_send`, `ud_send_with_imm`, `ud_wrong_qkey_dropped`, `ud_larger_than_mtu`, `ud_no_recv_dropped`, `ud_write_not_allowed` |
@@ -91,6 +91,7 @@ macro_rules! __with_case_list {
             conformance_rc_write_with_imm => rc_write_with_imm,
             conformance_uc_write => uc_write,
             conformance_uc_write_with_imm => uc_write_with_imm,
+            conformance_rc_zero_length_write_without_key => rc_zero_length_write_without_key,
             conformance_rc_read => rc_read,
             conformance_rc_cmp_swap_success => rc_cmp_swap_success,
             conformance_rc_cmp_swap_mismatch => rc_cmp_swap_mismatch,

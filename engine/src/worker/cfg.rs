@@ -31,6 +31,8 @@ pub(crate) struct WorkerCfg {
     pub(crate) merge_reads: bool,
     pub(crate) coalesce_writes: bool,
     pub(crate) coalesce_max: u32,
+    /// How long a connection may go without traffic before it is probed (`worker.keepalive_ms`).
+    pub(crate) keepalive: Option<Duration>,
 }
 
 impl WorkerCfg {
@@ -62,6 +64,7 @@ impl WorkerCfg {
             merge_reads: s.merge_reads,
             coalesce_writes: s.coalesce_writes,
             coalesce_max: s.coalesce_max_bytes,
+            keepalive: (w.keepalive_ms > 0).then(|| Duration::from_millis(w.keepalive_ms.into())),
         }
     }
 }

@@ -161,6 +161,8 @@ pub(crate) struct Conn<P: Provider> {
     pub(crate) grants: Vec<(u32, Exposed<P>)>,
     /// The next grant's number.
     pub(crate) next_grant: u32,
+    /// What the keepalive keeps of it (heard from since its last pass, its probe out).
+    pub(crate) live: super::keepalive::Liveness,
 }
 
 impl<P: Provider> Conn<P> {
@@ -171,6 +173,9 @@ impl<P: Provider> Conn<P> {
         owner: Origin,
         lanes: ArrayVec<Lane<P>, MAX_QPS_PER_CONN>,
     ) -> Self {
+        // Probed when idle: only a peer that is an engine (whose header always says its
+        // receive size), so a plain rdma_cm program's QP, perhaps refusing remote writes, is not.
+        let probed = info.peer_recv_size.is_some();
         Conn {
             id,
             info,
@@ -183,6 +188,7 @@ impl<P: Provider> Conn<P> {
             disconnect_sent: false,
             grants: Vec::new(),
             next_grant: 0,
+            live: super::keepalive::Liveness::new(probed),
         }
     }
 

@@ -386,6 +386,28 @@ impl<P: Provider> Cx<P> {
         Ok(id)
     }
 
+    /// Queues a keepalive probe on `conn` (a zero-length RDMA write, first in its class order);
+    /// refused (no buffer, a full request table), it is tried again at the next pass.
+    pub(crate) fn probe(&mut self, conn: ConnId) {
+        let queued = self.pool.get(0).ok().is_some_and(|buf| {
+            let op = Op::Write { buf, remote: RemoteAddr::default(), imm: None };
+            self.accept_with(conn, op, 0, Origin::Keepalive, (), Some(0)).is_ok()
+        });
+        match self.conns.get_mut(conn) {
+            Ok(c) if !queued => c.live.probing = false,
+            _ => self.metrics.keepalive_probes += u64::from(queued),
+        }
+    }
+
+    /// A keepalive probe of `conn` ended with `status` (a failure closed the connection).
+    #[cold]
+    pub(crate) fn probe_done(&mut self, conn: ConnId, status: WcStatus) {
+        self.metrics.keepalive_failures += u64::from(!status.is_success());
+        if let Ok(c) = self.conns.get_mut(conn) {
+            c.live.probing = false;
+        }
+    }
+
     /// Checks that `conn` takes requests (see [`Conns::taking`]).
     pub(crate) fn check_open(&mut self, conn: ConnId) -> Result<()> {
         self.conns.taking(conn, self.stopping).map(|_| ())

@@ -12,6 +12,7 @@ mod conns;
 mod cx;
 mod ids;
 mod intake;
+mod keepalive;
 mod notice;
 mod outbox;
 mod requests;
@@ -37,7 +38,9 @@ use crate::metrics::{thread_context_switches, Metrics};
 use crate::pool::{Buf, Pool};
 use crate::request::{CloseReason, ConnId, ConnInfo, Done, Message};
 use crate::ring::{Consumer, Producer};
-use crate::tunables::{CLIENT_BATCH, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY};
+use crate::tunables::{
+    CLIENT_BATCH, KEEPALIVE_EVERY, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY,
+};
 use clients::Clients;
 use conn::{Conn, Lane, Phase};
 pub(crate) use conns::Conns;
@@ -86,6 +89,8 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
     pub(crate) stopped: bool,
     /// The request queues' misses already counted in the metrics.
     pub(crate) queue_misses: u64,
+    /// Probes of idle connections (`worker.keepalive_ms`; `None`: off).
+    pub(crate) keepalive: Option<keepalive::Keepalive>,
 }
 
 /// What a worker is given to own: its CQ and PD (made by the engine, shared with the control
@@ -121,6 +126,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let recv_class = [(res.recv_size as usize, recvs)];
         let Owned { cq, pd, own_context, to_control, from_control, wake } = owned;
         let (pool, recv_pool) = (Pool::new(&*pd, &classes)?, Pool::new(&*pd, &recv_class)?);
+        let keepalive = cfg.keepalive.map(|k| keepalive::Keepalive::new(k, res.max_conns as usize));
         let cx = Cx {
             index,
             now: std::cell::Cell::new(None),
@@ -153,6 +159,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             stopped_sent: false,
             queue_misses: 0,
             stopped: false,
+            keepalive,
         })
     }
 
@@ -248,12 +255,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if self.clients.backlogged() {
             self.clients.flush();
         }
-        if self.cx.metrics.polls % METRICS_EVERY == 0 {
-            self.publish();
-            if self.from_control.is_abandoned() {
-                // The engine is gone without a shutdown (it failed to start): stop too.
-                self.cx.begin_shutdown();
-            }
+        if self.cx.metrics.polls % KEEPALIVE_EVERY == 0 {
+            self.periodic();
         }
         // Stops once every client's queued submissions were taken (and refused): none is lost.
         if self.cx.stopping
@@ -273,6 +276,34 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             }
         }
         n > 0 || took || posted || controlled
+    }
+
+    /// Every `KEEPALIVE_EVERY` iterations (out of line: most iterations skip it with one test):
+    /// the keepalive, and every `METRICS_EVERY` the metrics' publication.
+    #[inline(never)]
+    fn periodic(&mut self) {
+        if self.keepalive.is_some() {
+            self.keepalive_pass();
+        }
+        if self.cx.metrics.polls % METRICS_EVERY == 0 {
+            self.publish();
+            if self.from_control.is_abandoned() {
+                // The engine is gone without a shutdown (it failed to start): stop too.
+                self.cx.begin_shutdown();
+            }
+        }
+    }
+
+    /// Probes the connections idle since the last keepalive pass, if one is due.
+    fn keepalive_pass(&mut self) {
+        let Worker { cx, keepalive: Some(k), .. } = self else { return };
+        if cx.stopping || !k.due(cx.now()) {
+            return;
+        }
+        let conns = cx.conns.iter_mut().map(|c| (c.id, c.phase == Phase::Open, &mut c.live));
+        for &conn in k.pick(conns) {
+            cx.probe(conn);
+        }
     }
 
     fn publish(&mut self) {
@@ -325,8 +356,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             return;
         }
         let written = write_imm.then_some(wc.byte_len);
+        c.live.heard = true;
         match c.owner {
-            Origin::Handler => {
+            // (a probe owns no connection)
+            Origin::Handler | Origin::Keepalive => {
                 let msg = Message { data: buf.as_slice(), imm: wc.imm, written };
                 self.handler.on_message(&mut self.cx, conn, &msg);
             }
@@ -484,7 +517,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         // The connection is its connect's issuer's (an accepted one the handler's): its
         // messages and its close go there.
         match origin {
-            Origin::Handler => self.handler.on_connected(&mut self.cx, id, &info),
+            // (a probe connects nothing)
+            Origin::Handler | Origin::Keepalive => {
+                self.handler.on_connected(&mut self.cx, id, &info)
+            }
             Origin::Client(n) => self.clients.tell(n, Event::Connected { conn: id, info }),
         }
         if post_failed {

@@ -22,8 +22,15 @@ pub(crate) enum Notice<P: Provider> {
 impl<P: Provider> Notice<P> {
     /// The notice telling the issuer of request `id` (taken out as `r`) that it ended with
     /// `status` off the device. `data` is an external client's vector (see `Requests`).
-    pub(crate) fn failed(id: ReqId, r: Req<P>, status: WcStatus, data: Vec<u8>) -> Notice<P> {
-        match r.origin {
+    /// `None` for the worker's own keepalive probe, which nobody waits for.
+    pub(crate) fn failed(
+        id: ReqId,
+        r: Req<P>,
+        status: WcStatus,
+        data: Vec<u8>,
+    ) -> Option<Notice<P>> {
+        Some(match r.origin {
+            Origin::Keepalive => return None,
             Origin::Handler => Notice::Done(Done {
                 conn: r.conn,
                 token: r.token,
@@ -35,13 +42,14 @@ impl<P: Provider> Notice<P> {
             Origin::Client(n) => {
                 Notice::Client(n, Event::Done(Retired::of(id, r).client_done(status, data, None)))
             }
-        }
+        })
     }
 
     /// The notice that connection `conn`, owned by `owner`, closed.
     pub(crate) fn closed(owner: Origin, conn: ConnId, reason: CloseReason) -> Notice<P> {
         match owner {
-            Origin::Handler => Notice::Closed(conn, reason),
+            // (a probe owns no connection)
+            Origin::Handler | Origin::Keepalive => Notice::Closed(conn, reason),
             Origin::Client(n) => Notice::Client(n, Event::Closed { conn, reason }),
         }
     }
@@ -49,7 +57,8 @@ impl<P: Provider> Notice<P> {
     /// The notice that connect `token` of `origin` failed.
     pub(crate) fn connect_failed(origin: Origin, token: u64, error: EngineError) -> Notice<P> {
         match origin {
-            Origin::Handler => Notice::ConnectFailed(token, error),
+            // (a probe connects nothing)
+            Origin::Handler | Origin::Keepalive => Notice::ConnectFailed(token, error),
             Origin::Client(n) => Notice::Client(n, Event::ConnectFailed { token, error }),
         }
     }

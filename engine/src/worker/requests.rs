@@ -194,7 +194,7 @@ impl<P: Provider> Requests<P> {
     pub(crate) fn vector(&mut self, id: ReqId, origin: Origin) -> Vec<u8> {
         match origin {
             Origin::Client(_) => std::mem::take(&mut self.ext[id.slot()]),
-            Origin::Handler => Vec::new(),
+            Origin::Handler | Origin::Keepalive => Vec::new(),
         }
     }
 
@@ -234,7 +234,9 @@ impl<P: Provider> Requests<P> {
         while let Some(n) = next {
             let Some((r, data)) = self.remove(n) else { break };
             next = r.next;
-            outbox.notify(Notice::failed(n, r, status, data));
+            if let Some(n) = Notice::failed(n, r, status, data) {
+                outbox.notify(n);
+            }
         }
     }
 

@@ -9,7 +9,7 @@ use super::conn::Phase;
 use super::requests::{ReqId, Retired};
 use super::{Handler, Worker};
 use crate::handoff::Origin;
-use crate::request::{Done, OpKind};
+use crate::request::{CloseReason, Done, OpKind};
 
 impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// A send-queue completion of request `done` (every request completes once, so each
@@ -25,10 +25,14 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             };
             let mine = r.id == done;
             let status = if mine { wc.status } else { WcStatus::Success };
+            c.live.heard = true;
             if r.is_rd_atomic() {
                 lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
             }
             if status != WcStatus::Success && c.phase == Phase::Open {
+                if r.origin == Origin::Keepalive {
+                    c.reason = Some(CloseReason::Unanswered(status));
+                }
                 c.note_error(status);
                 self.cx.conns.mark(slot);
             }
@@ -64,7 +68,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// Tells the issuer of a request (just taken out as `r`) how it ended.
     #[inline(always)]
     pub(super) fn complete(&mut self, r: Retired<P>, status: WcStatus) {
-        self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
         let old_value = match r.kind {
             OpKind::FetchAdd | OpKind::CompareSwap if status.is_success() => {
                 let mut w = [0u8; 8];
@@ -75,11 +78,15 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         };
         match r.origin {
             Origin::Handler => {
+                self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
                 let Retired { conn, token, kind, buf, .. } = r;
                 let done = Done { conn, token, kind, status, buf: Some(buf), old_value };
                 self.handler.on_completion(&mut self.cx, done);
             }
+            // (its buffer goes back to the pool; a failure closed its connection above)
+            Origin::Keepalive => self.cx.probe_done(r.conn, status),
             Origin::Client(n) => {
+                self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
                 let ext = self.cx.reqs.vector(r.id, r.origin);
                 let done = r.client_done(status, ext, old_value);
                 self.clients.tell(n, crate::client::Event::Done(done));

@@ -1,6 +1,8 @@
 //! RDMA write and write-with-immediate over RC and UC.
 
-use corelink_verbs::{AccessFlags, Mr, Provider, Qp, QpType, SendOp, SendWr, WcOpcode, WcStatus};
+use corelink_verbs::{
+    AccessFlags, Mr, Provider, Qp, QpType, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus,
+};
 
 use crate::expect;
 use crate::harness::*;
@@ -63,4 +65,34 @@ pub fn uc_write<P: Provider>(t: &Target) -> CaseResult {
 /// UC write with immediate.
 pub fn uc_write_with_imm<P: Provider>(t: &Target) -> CaseResult {
     write::<P>(t, QpType::Uc, Some(IMM))
+}
+
+/// RC zero-length write to no memory at all (address and key 0): it succeeds and touches
+/// nothing, since a responder checks no key for a zero-length access (IB C9-88; rxe's
+/// `check_rkey`); the QP stays usable. The engine's keepalive probe is this write.
+pub fn rc_zero_length_write_without_key<P: Provider>(t: &Target) -> CaseResult {
+    let (da, db) = devs::<P>(t)?;
+    let src = da.mr(64, AccessFlags::LOCAL_WRITE)?;
+    let dst = db.mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    let rbuf = db.mr(64, AccessFlags::LOCAL_WRITE)?;
+    let (mut a, mut b) = pair(&da, &db, &PairOpts::new(QpType::Rc))?;
+    let before = fill(&dst, 0x80)?;
+    // SAFETY: `rbuf` lives until the end of the case.
+    unsafe { recv::<P>(&mut b.qp, 9, &rbuf, 64) }?;
+    let sgl = [sge(&src, 0, 0)?];
+    let op = SendOp::Write(RemoteAddr { addr: 0, rkey: 0 });
+    // SAFETY: `src` outlives the completion, which `exec` polls.
+    let wc = unsafe { exec::<P>(&mut a.qp, &a.scq, SendWr::new(1, op, &sgl)) }?;
+    check_wc(&wc, 1, WcStatus::Success, WcOpcode::RdmaWrite)?;
+    ensure_eq!(wc.byte_len, 0, "byte_len of a zero-length write");
+    expect_quiet(&b.rcq, "a zero-length write consumes no receive")?;
+    let data = fill(&src, 3)?;
+    let sgl = [sge(&src, 0, 64)?];
+    // SAFETY: as above.
+    let wc = unsafe {
+        exec::<P>(&mut a.qp, &a.scq, SendWr::new(2, SendOp::Write(dst.remote(0)), &sgl))
+    }?;
+    check_wc(&wc, 2, WcStatus::Success, WcOpcode::RdmaWrite)?;
+    check_bytes(&dst, 0, &data, "a write after the zero-length one")?;
+    check_bytes(&dst, 64, &before[64..], "the rest of the target")
 }

@@ -154,10 +154,54 @@ struct Attempt {
     answer: Signal<Answer>,
 }
 
-/// Both ends' event queues.
-#[derive(Debug, Default)]
+/// Both ends' event queues, the address of the listener that accepted the connection, and
+/// both ends' QPs (for [`cut`]).
+#[derive(Debug)]
 struct Link {
     sides: [Signal<VecDeque<CmEvent>>; 2],
+    listener: SocketAddr,
+    qps: Mutex<[Weak<QpShared>; 2]>,
+    /// Its wire is cut: the connection manager's messages do not cross it either.
+    cut: AtomicBool,
+}
+
+impl Link {
+    /// A new link for a connection accepted at `listener`, recorded for [`cut`].
+    fn new(listener: SocketAddr) -> Arc<Link> {
+        let link = Arc::new(Link {
+            sides: Default::default(),
+            listener,
+            qps: Mutex::new([Weak::new(), Weak::new()]),
+            cut: AtomicBool::new(false),
+        });
+        let mut links = lock(&LINKS);
+        if links.len() >= 64 && links.len().is_power_of_two() {
+            links.retain(|l| l.strong_count() > 0);
+        }
+        links.push(Arc::downgrade(&link));
+        link
+    }
+}
+
+/// Every link made, while it lives (dead ones are pruned as the list grows).
+static LINKS: Mutex<Vec<Weak<Link>>> = Mutex::new(Vec::new());
+
+/// Fault injection: cuts the wire of every live connection accepted at the listener bound to
+/// `listener`, as if the host behind it died or its cable was pulled, without either side
+/// being told. From then on nothing either end sends arrives: RC requests end with
+/// `RetryExcErr` (at once: `soft` does not wait out the retries), UC and UD ones are lost,
+/// and neither end hears the other's disconnect. Connections made later are not affected; a
+/// cut QP heals when it is reset. Returns the connections cut.
+pub fn cut(listener: SocketAddr) -> usize {
+    let links: Vec<Arc<Link>> =
+        lock(&LINKS).iter().filter_map(Weak::upgrade).filter(|l| l.listener == listener).collect();
+    for link in &links {
+        link.cut.store(true, Ordering::Release);
+        for qp in lock(&link.qps).iter().filter_map(Weak::upgrade) {
+            qp.cut();
+        }
+    }
+    links.len()
 }
 
 /// A listener as connectors find it.
@@ -242,7 +286,8 @@ impl crate::Listener<Soft> for SoftListener {
             .wait_until(deadline, |q| !q.is_empty() || woken.swap(false, Ordering::AcqRel));
         while let Some(a) = q.pop_front() {
             if !matches!(*lock(&a.answer.value), Answer::Abandoned) {
-                return Ok(Some(SoftConnRequest { attempt: a, ctx: self.ctx.clone() }));
+                let (ctx, listener) = (self.ctx.clone(), self.addr);
+                return Ok(Some(SoftConnRequest { attempt: a, ctx, listener }));
             }
         }
         Ok(None)
@@ -255,6 +300,8 @@ pub struct SoftConnRequest {
     attempt: Arc<Attempt>,
     /// The listener's context.
     ctx: Arc<CtxShared>,
+    /// The listener's address.
+    listener: SocketAddr,
 }
 
 impl Drop for SoftConnRequest {
@@ -365,7 +412,7 @@ impl crate::ConnRequest<Soft> for SoftConnRequest {
             )));
         }
         bring_up(qp, attr, a.qpn)?;
-        let link = Arc::new(Link::default());
+        let link = Link::new(self.listener);
         let answer = Answer::Accepted {
             qpn: qp.qp_num(),
             private_data: private_data.to_vec(),
@@ -523,6 +570,10 @@ pub struct SoftConnection {
 
 impl SoftConnection {
     fn new(link: Arc<Link>, side: usize, peer_private_data: Vec<u8>, qp: &Arc<QpShared>) -> Self {
+        lock(&link.qps)[side] = Arc::downgrade(qp);
+        if link.cut.load(Ordering::Acquire) {
+            qp.cut();
+        }
         link.sides[side].update(|q| q.push_back(CmEvent::Established));
         SoftConnection {
             link,
@@ -556,8 +607,12 @@ impl crate::Connection for SoftConnection {
         if let Some(qp) = self.qp.upgrade() {
             qp.set_error();
         }
-        for side in &self.link.sides {
-            side.update(|q| q.push_back(CmEvent::Disconnected));
+        // (Across a cut wire only this side hears it.)
+        let cut = self.link.cut.load(Ordering::Acquire);
+        for (i, side) in self.link.sides.iter().enumerate() {
+            if i == self.side || !cut {
+                side.update(|q| q.push_back(CmEvent::Disconnected));
+            }
         }
         Ok(())
     }

@@ -282,7 +282,7 @@ pub(crate) unsafe fn execute(
             }
         }
         _ => match sq.peer() {
-            Some(t) if t.receiving() && t.qp_type == qp.qp_type => t,
+            Some(t) if t.receiving() && t.qp_type == qp.qp_type && !qp.is_cut() => t,
             // Nobody answers: a reliable transport retries until it gives up.
             _ if reliable => return Step::Done(WcStatus::RetryExcErr, 0),
             _ => return sent,

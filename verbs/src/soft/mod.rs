@@ -25,6 +25,12 @@ pub use cm::{
     SoftListener, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
 pub use context::SoftContext;
+
+/// Faults `soft` can inject into a running fabric (tests and tools; nothing here costs the
+/// data path more than one predictable branch while no fault is set).
+pub mod faults {
+    pub use super::cm::cut;
+}
 pub use cq::SoftCq;
 pub use mem::{SoftAh, SoftMr, SoftMw, SoftPd};
 pub use qp::{SoftQp, SoftSrq};

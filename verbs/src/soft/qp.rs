@@ -3,7 +3,7 @@
 //! requests is in [`super::exec`].
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -195,6 +195,9 @@ pub(crate) struct QpShared {
     sq: Mutex<SendQueue>,
     /// Incoming messages dropped (UC/UD with no receive, UD qkey mismatch or oversize).
     pub(crate) dropped: AtomicU64,
+    /// Its connection's wire is cut (`soft::faults::cut`): nothing it sends arrives, as with a
+    /// peer whose host died. Cleared when the QP is reset for reuse.
+    cut: AtomicBool,
 }
 
 impl QpShared {
@@ -224,6 +227,17 @@ impl QpShared {
     pub(crate) fn receiving(&self) -> bool {
         let s = self.state.load(Ordering::Acquire);
         s == QpState::Rtr as u8 || s == QpState::Rts as u8
+    }
+
+    /// Whether its connection's wire is cut (one relaxed load on the data path).
+    #[inline(always)]
+    pub(crate) fn is_cut(&self) -> bool {
+        self.cut.load(Ordering::Relaxed)
+    }
+
+    /// Cuts its connection's wire (see [`QpShared::is_cut`]).
+    pub(crate) fn cut(&self) {
+        self.cut.store(true, Ordering::Relaxed);
     }
 
     pub(crate) fn access(&self) -> AccessFlags {
@@ -482,6 +496,7 @@ impl SoftQp {
                 mtu: AtomicU32::new(limits::MTU.bytes()),
                 sq: Mutex::new(SendQueue::default()),
                 dropped: AtomicU64::new(0),
+                cut: AtomicBool::new(false),
             })
         });
         attr.send_cq.shared.register(&shared);
@@ -537,6 +552,7 @@ impl crate::Qp<Soft> for SoftQp {
         }
         match attr.state {
             QpState::Reset => {
+                qp.cut.store(false, Ordering::Relaxed);
                 let mut sq = qp.sq();
                 sq.pending.clear();
                 if let RecvSource::Own(q) = &qp.rq {

@@ -353,3 +353,59 @@ fn siblings_are_one_device() {
     });
     drop(other);
 }
+
+/// A cut wire (`faults::cut`): a write from either end fails with retry exceeded (the other
+/// end's memory untouched), and a disconnect reaches only the side that made it.
+#[test]
+fn a_cut_wire_delivers_nothing_and_tells_nobody() {
+    let server_ctx = Soft::open(DEVICE_NAME).unwrap();
+    let addr: std::net::SocketAddr = "10.9.9.77:4791".parse().unwrap();
+    let mut listener = server_ctx.listen(addr).unwrap();
+    let t = std::thread::spawn(move || {
+        let mut c = side(Soft::open(DEVICE_NAME).unwrap(), QpType::Rc);
+        let ctx = c._ctx.clone();
+        let conn = ctx.connect(
+            addr,
+            &mut c.qp,
+            &QpAttr::default(),
+            b"",
+            std::time::Duration::from_secs(5),
+        );
+        (c, conn.unwrap())
+    });
+    let req = listener.get_request(std::time::Duration::from_secs(5)).unwrap().unwrap();
+    let mut s = side(server_ctx, QpType::Rc);
+    let mut sconn = req.accept(&mut s.qp, &QpAttr::default(), b"").unwrap();
+    let (mut c, mut cconn) = t.join().unwrap();
+    // Before the cut, a write arrives.
+    c.mr.write_at(0, b"before").unwrap();
+    let sge = [c.mr.sge(0, 6).unwrap()];
+    // SAFETY: the regions outlive the completions polled below.
+    unsafe { c.qp.post_send(&[SendWr::new(1, SendOp::Write(s.mr.remote(0)), &sge)]).unwrap() };
+    assert_eq!(poll_one(&c.cq).status, WcStatus::Success);
+    assert_eq!(faults::cut(addr), 1);
+    c.mr.write_at(0, b"after!").unwrap();
+    // SAFETY: as above.
+    unsafe { c.qp.post_send(&[SendWr::new(2, SendOp::Write(s.mr.remote(0)), &sge)]).unwrap() };
+    assert_eq!(poll_one(&c.cq).status, WcStatus::RetryExcErr);
+    let sge = [s.mr.sge(0, 6).unwrap()];
+    // SAFETY: as above.
+    unsafe { s.qp.post_send(&[SendWr::new(3, SendOp::Write(c.mr.remote(100)), &sge)]).unwrap() };
+    assert_eq!(poll_one(&s.cq).status, WcStatus::RetryExcErr);
+    let mut out = [0u8; 6];
+    s.mr.read_at(0, &mut out).unwrap();
+    assert_eq!(&out, b"before");
+    let drain = |conn: &mut SoftConnection| {
+        while let Some(e) = conn.poll_event(std::time::Duration::ZERO).unwrap() {
+            assert_eq!(e, CmEvent::Established);
+        }
+    };
+    drain(&mut sconn);
+    drain(&mut cconn);
+    sconn.disconnect().unwrap();
+    assert_eq!(sconn.poll_event(std::time::Duration::ZERO).unwrap(), Some(CmEvent::Disconnected));
+    assert_eq!(cconn.poll_event(std::time::Duration::from_millis(20)).unwrap(), None);
+    // A QP reset for reuse is whole again.
+    s.qp.modify(&QpAttr { state: QpState::Reset, ..QpAttr::default() }).unwrap();
+    assert!(!s.qp.shared.is_cut());
+}
