@@ -141,10 +141,13 @@
 //! - [`Endpoint::members`] shows each member's picks ([`Member::picks`]: calls placed on it
 //!   since it joined); [`RpcMetrics::balanced`] counts the calls placed through groups.
 //!
+//! - From other threads: [`Handle::group`], [`Handle::add_member`],
+//!   [`Handle::remove_member`], [`Handle::call_group`] and [`Handle::call_group_async`] do the
+//!   same on the handle's worker.
+//!
 //! TODO (issue 12, next steps): sessions surviving a reconnect (the at-most-once table is per
-//! session; a group's member does not come back by itself); calls on a group from a
-//! [`Handle`]; large calls that wait for an arena slot instead of being refused; per-session
-//! order kept across large requests.
+//! session; a group's member does not come back by itself); large calls that wait for an
+//! arena slot instead of being refused; per-session order kept across large requests.
 //!
 //! # Examples
 //!

@@ -446,6 +446,8 @@ impl Service<Soft> for Refusals {
             let _ = tx.send((6, r.map(|_| Vec::new())));
             let no_server = rpc.endpoint().metrics().no_server;
             let _ = tx.send((7, Ok(no_server.to_le_bytes().to_vec())));
+            let r = rpc.add_member(g, back);
+            let _ = tx.send((9, r.map(|_| Vec::new())));
         });
         let _ = self.tx.send((4, r.map(|(s, _)| s.to_wire().to_le_bytes().to_vec())));
         let _ = self.tx.send((8, Ok(back.to_wire().to_le_bytes().to_vec())));
@@ -472,7 +474,7 @@ fn a_group_with_no_member_up_refuses_until_one_joins() {
         RpcHandler::new(ep, svc)
     })
     .unwrap();
-    let mut got = take(&rx, 9);
+    let mut got = take(&rx, 10);
     got.sort_by_key(|(t, _)| *t);
     let r = |i: usize| &got[i].1;
     assert_eq!(r(0).as_ref().unwrap(), &[0], "both failed sessions left the group");
@@ -483,10 +485,47 @@ fn a_group_with_no_member_up_refuses_until_one_joins() {
     assert_eq!(r(5).as_ref().unwrap(), b"back");
     assert!(matches!(r(6), Err(RpcError::NoServer { .. })), "{:?}", r(6));
     assert_eq!(r(7).as_ref().unwrap(), &2u64.to_le_bytes(), "two refusals counted");
+    assert!(matches!(r(9), Err(RpcError::SessionClosed)), "a closing one joins nothing");
     assert!(rx.recv_timeout(Duration::from_millis(50)).is_err(), "refused calls never end");
     assert_eq!(live.ran.load(Ordering::Relaxed), 1);
     engine.shutdown().unwrap();
     live.engine.shutdown().unwrap();
+}
+
+#[test]
+fn a_handle_calls_a_group_from_another_thread() {
+    // One worker serves ECHO; this thread's handle opens three sessions from it to itself.
+    let map = map("10.98.41.61:7000");
+    let res = map.map.worker.clone();
+    let (tx, rx) = channel();
+    let tx = Mutex::new(tx);
+    let engine = Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| {
+        let mut ep = Endpoint::new(EndpointConfig::for_worker(&res), &res).unwrap();
+        ep.register(ECHO, |req, resp| resp.write(req.data).map_err(|_| Reject(1))).unwrap();
+        let (handle, inbox) = corelink_rpc::handle(64);
+        tx.lock().unwrap().send(handle).unwrap();
+        RpcHandler::new(ep, Serve).with_inbox(inbox)
+    })
+    .unwrap();
+    let mut h = rx.recv_timeout(HANG).unwrap();
+    let sessions: Vec<SessionId> =
+        (0..3).map(|_| h.connect(addr("10.98.41.61")).unwrap()).collect();
+    let g = h.group(&sessions).unwrap();
+    for i in 0..30u64 {
+        assert_eq!(h.call_group(g, ECHO, &i.to_le_bytes(), LONG).unwrap(), i.to_le_bytes());
+    }
+    let f = h.call_group_async(g, ECHO, b"async".to_vec(), LONG);
+    assert_eq!(corelink_rpc::block_on(f).unwrap(), b"async");
+    assert!(!h.add_member(g, sessions[0]).unwrap(), "a member already");
+    assert!(h.remove_member(g, sessions[0]).unwrap());
+    assert_eq!(h.call_group(g, ECHO, b"two left", LONG).unwrap(), b"two left");
+    for &s in &sessions[1..] {
+        h.close(s).unwrap();
+    }
+    let r = h.call_group(g, ECHO, b"anyone?", LONG);
+    assert!(matches!(r, Err(RpcError::NoServer { group }) if group == g), "{r:?}");
+    drop(h);
+    engine.shutdown().unwrap();
 }
 
 #[test]

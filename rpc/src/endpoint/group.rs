@@ -28,7 +28,8 @@ impl<P: Provider> Endpoint<P> {
     /// count once) that calls can be balanced across ([`crate::Rpc::call_group`]); none is
     /// fine (members join with [`Endpoint::add_member`]). A member leaves the group by
     /// itself when its session closes or fails. Refused, and no group made, with
-    /// [`RpcError::NoSuchSession`] naming a member that is not such a session, or
+    /// [`RpcError::NoSuchSession`] naming a member that is not a client session of this
+    /// endpoint, [`RpcError::SessionClosed`] for one that is closing, or
     /// [`RpcError::TooManyGroups`] once the endpoint has as many groups as
     /// [`crate::EndpointConfig::max_sessions`].
     ///
@@ -48,8 +49,8 @@ impl<P: Provider> Endpoint<P> {
         if self.groups.len() >= max {
             return Err(RpcError::TooManyGroups { max });
         }
-        if let Some(&bad) = members.iter().find(|&&s| load_of(&self.sessions, s).is_none()) {
-            return Err(RpcError::NoSuchSession(bad));
+        for &s in members {
+            self.may_join(s)?;
         }
         let mut group = Group::with_capacity(members.len());
         for &s in members {
@@ -63,9 +64,10 @@ impl<P: Provider> Endpoint<P> {
 
     /// Adds `session` (a client session of this endpoint, connecting or open: a new one, a
     /// server's replacement after a reconnect) to `group`; `false` if it was a member
-    /// already. Refused with [`RpcError::NoSuchGroup`] or [`RpcError::NoSuchSession`].
+    /// already. Refused with [`RpcError::NoSuchGroup`], or as [`Endpoint::group`] refuses the
+    /// session.
     pub fn add_member(&mut self, group: GroupId, session: SessionId) -> Result<bool> {
-        load_of(&self.sessions, session).ok_or(RpcError::NoSuchSession(session))?;
+        self.may_join(session)?;
         let g = self.groups.get_mut(group.index()).ok_or(RpcError::NoSuchGroup(group))?;
         Ok(g.add(session))
     }
@@ -89,6 +91,18 @@ impl<P: Provider> Endpoint<P> {
     /// balances.
     pub fn outstanding(&self, session: SessionId) -> Option<usize> {
         load_of(&self.sessions, session)
+    }
+
+    /// Whether `session` may be a member: a client session of this endpoint
+    /// ([`RpcError::NoSuchSession`]) that is not closing ([`RpcError::SessionClosed`]).
+    fn may_join(&self, session: SessionId) -> Result<()> {
+        match self.session(session) {
+            Some(s) if s.served.is_empty() && s.phase == Phase::Closing => {
+                Err(RpcError::SessionClosed)
+            }
+            Some(s) if s.served.is_empty() => Ok(()),
+            _ => Err(RpcError::NoSuchSession(session)),
+        }
     }
 
     /// Takes `session` out of every group (it is closing or gone).
