@@ -4,7 +4,7 @@ use std::fmt;
 
 use corelink_engine::EngineError;
 
-use crate::ids::{ReqType, SessionId};
+use crate::ids::{GroupId, ReqType, SessionId};
 
 /// Why a call ended without a response, or an endpoint refused something.
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +106,22 @@ pub enum RpcError {
     /// engine (that call has the engine's error).
     #[error("the identical call this one was merged with failed in the engine")]
     MergedEngineFailure,
+    /// No member of the group is up (every one closed, failed or was removed): the call on
+    /// the group was not made ([`crate::Rpc::call_group`]).
+    #[error("no session of {group} is up to take the call")]
+    NoServer {
+        /// The group.
+        group: GroupId,
+    },
+    /// No group has this id on this endpoint.
+    #[error("no {0} on this endpoint")]
+    NoSuchGroup(GroupId),
+    /// The endpoint's table of groups is full (as many as `EndpointConfig::max_sessions`).
+    #[error("{max} groups are on this endpoint already (as many as EndpointConfig::max_sessions)")]
+    TooManyGroups {
+        /// The table's size.
+        max: usize,
+    },
     /// A message that breaks the wire format (counted in the endpoint's metrics).
     #[error("malformed message: {0}")]
     Malformed(Malformed),
@@ -139,6 +155,9 @@ impl RpcError {
             RpcError::NoSuchClass { class, classes } => {
                 RpcError::NoSuchClass { class: *class, classes: *classes }
             }
+            RpcError::NoServer { group } => RpcError::NoServer { group: *group },
+            RpcError::NoSuchGroup(g) => RpcError::NoSuchGroup(*g),
+            RpcError::TooManyGroups { max } => RpcError::TooManyGroups { max: *max },
             RpcError::MergedEngineFailure | RpcError::Engine(_) => RpcError::MergedEngineFailure,
             RpcError::Malformed(m) => RpcError::Malformed(*m),
         }

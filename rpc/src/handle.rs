@@ -17,9 +17,9 @@ use corelink_engine::verbs::Provider;
 use futures_channel::oneshot;
 
 use crate::config::HANDLE_BATCH;
-use crate::endpoint::{Ask, Rpc};
+use crate::endpoint::{Ask, GroupAsk, Rpc};
 use crate::error::{Result, RpcError};
-use crate::ids::{ReqType, SessionId};
+use crate::ids::{GroupId, ReqType, SessionId};
 
 /// What a handle asks of its worker.
 pub(crate) enum Order {
@@ -37,6 +37,27 @@ pub(crate) enum Order {
     Close {
         session: SessionId,
         reply: oneshot::Sender<Result<()>>,
+    },
+    CallGroup {
+        group: GroupId,
+        ty: ReqType,
+        request: Vec<u8>,
+        timeout: Duration,
+        reply: oneshot::Sender<Result<Vec<u8>>>,
+    },
+    Group {
+        members: Vec<SessionId>,
+        reply: oneshot::Sender<Result<GroupId>>,
+    },
+    AddMember {
+        group: GroupId,
+        session: SessionId,
+        reply: oneshot::Sender<Result<bool>>,
+    },
+    RemoveMember {
+        group: GroupId,
+        session: SessionId,
+        reply: oneshot::Sender<Result<bool>>,
     },
 }
 
@@ -151,6 +172,54 @@ impl Handle {
         self.wait(rx)
     }
 
+    /// Makes a group of the worker's sessions `members` (as [`Rpc::group`]).
+    pub fn group(&mut self, members: &[SessionId]) -> Result<GroupId> {
+        let (reply, rx) = oneshot::channel();
+        self.push_blocking(Order::Group { members: members.to_vec(), reply })?;
+        self.wait(rx)
+    }
+
+    /// Adds the worker's `session` to `group` (as [`Rpc::add_member`]).
+    pub fn add_member(&mut self, group: GroupId, session: SessionId) -> Result<bool> {
+        let (reply, rx) = oneshot::channel();
+        self.push_blocking(Order::AddMember { group, session, reply })?;
+        self.wait(rx)
+    }
+
+    /// Takes the worker's `session` out of `group` (as [`Rpc::remove_member`]).
+    pub fn remove_member(&mut self, group: GroupId, session: SessionId) -> Result<bool> {
+        let (reply, rx) = oneshot::channel();
+        self.push_blocking(Order::RemoveMember { group, session, reply })?;
+        self.wait(rx)
+    }
+
+    /// Calls `ty` on the worker's `group` (on its member with the fewest outstanding calls,
+    /// as [`Rpc::call_group`]) and waits for the answer, as [`Handle::call`].
+    pub fn call_group(
+        &mut self,
+        group: GroupId,
+        ty: ReqType,
+        request: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
+        let (reply, rx) = oneshot::channel();
+        let request = request.to_vec();
+        self.push_blocking(Order::CallGroup { group, ty, request, timeout, reply })?;
+        self.wait(rx)
+    }
+
+    /// The same call on a group as a `Future` (as [`Handle::call_async`]).
+    pub fn call_group_async(
+        &mut self,
+        group: GroupId,
+        ty: ReqType,
+        request: Vec<u8>,
+        timeout: Duration,
+    ) -> CallFuture {
+        let (reply, rx) = oneshot::channel();
+        self.future(Order::CallGroup { group, ty, request, timeout, reply }, rx)
+    }
+
     /// Calls `ty` on the worker's `session` with `request` and waits for the answer, which
     /// comes by `timeout` at the latest ([`RpcError::Timeout`]). The request is copied into a
     /// registered buffer on the worker, the response out of the receive buffer.
@@ -182,7 +251,12 @@ impl Handle {
         timeout: Duration,
     ) -> CallFuture {
         let (reply, rx) = oneshot::channel();
-        let order = Order::Call { session, ty, request, timeout, reply };
+        self.future(Order::Call { session, ty, request, timeout, reply }, rx)
+    }
+
+    /// A call's future: its order pushed now, or at the future's first poll if the ring is
+    /// full.
+    fn future(&mut self, order: Order, rx: oneshot::Receiver<Result<Vec<u8>>>) -> CallFuture {
         let unsent = match push(&self.outbox, &self.worker, order) {
             Ok(()) => None,
             Err(Pushed::Full(order)) => Some((order, self.outbox.clone(), self.worker.clone())),
@@ -364,6 +438,26 @@ impl Inbox {
                     if let Err((e, then)) = ep.call_with(cx, ask, fill, then) {
                         then(rpc, Err(e));
                     }
+                }
+                Order::CallGroup { group, ty, request, timeout, reply } => {
+                    let then = Box::new(move |_: &mut Rpc<'_, P>, out: Result<&[u8]>| {
+                        let _ = reply.send(out.map(<[u8]>::to_vec));
+                    });
+                    let fill = |b: &mut [u8]| b.copy_from_slice(&request);
+                    let (ep, cx) = (&mut *rpc.ep, &mut *rpc.cx);
+                    let ask = GroupAsk { group, ty, len: request.len(), timeout };
+                    if let Err((e, then)) = ep.call_group_with(cx, ask, fill, then) {
+                        then(rpc, Err(e));
+                    }
+                }
+                Order::Group { members, reply } => {
+                    let _ = reply.send(rpc.group(&members));
+                }
+                Order::AddMember { group, session, reply } => {
+                    let _ = reply.send(rpc.add_member(group, session));
+                }
+                Order::RemoveMember { group, session, reply } => {
+                    let _ = reply.send(rpc.remove_member(group, session));
                 }
                 Order::Connect { addr, reply } => {
                     let _ = reply.send(rpc.connect(addr));

@@ -49,6 +49,25 @@ impl fmt::Display for SessionId {
     }
 }
 
+/// A group of an endpoint's client sessions that calls are balanced across
+/// ([`crate::Endpoint::group`], [`crate::Rpc::call_group`]): its index in the endpoint's
+/// table of groups (groups are never removed, so an id names one group for the endpoint's
+/// life).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GroupId(pub(crate) u16);
+
+impl GroupId {
+    pub(crate) fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
+impl fmt::Display for GroupId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "group {}", self.0)
+    }
+}
+
 /// A call in flight on an endpoint (its index in the call table and that entry's generation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CallId(pub(crate) u64);

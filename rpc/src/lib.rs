@@ -115,9 +115,39 @@
 //!   priorities on an urgent call made after a burst of bulk ones reaches the device, the
 //!   server and the answer first.
 //!
-//! TODO (issue 12, next steps): load balancing across servers; sessions
-//! surviving a reconnect (the at-most-once table is per session); large calls that wait for
-//! an arena slot instead of being refused; per-session order kept across large requests.
+//! # Load balancing
+//! A service with several servers (peers, or a peer's workers: its engine places each
+//! session it accepts on one of them), one client session to each, puts those sessions in a
+//! **group** ([`Rpc::group`] or [`Endpoint::group`], a [`GroupId`]; members join and leave
+//! with [`Rpc::add_member`] and [`Rpc::remove_member`]) and calls the group
+//! ([`Rpc::call_group`], [`Rpc::call_method_group`]) instead of a session:
+//! - Each call goes to the member with the fewest **outstanding** calls
+//!   ([`Endpoint::outstanding`]: requests on the wire, timed-out ones still holding their
+//!   credit, and calls waiting for a credit), ties broken round robin (the scan starts after
+//!   the member picked last), so equal servers get equal shares and a slow one, whose calls
+//!   stay outstanding longer, gets fewer. The pick looks at each member once and allocates
+//!   nothing; from there the call is an ordinary call on that session (its credits, order,
+//!   merging and request class are the session's) and `call_group` says which session it
+//!   went to.
+//! - Members are client sessions that are up (connecting or open). A session that closes
+//!   (this side's [`Rpc::close`]) or fails (its connect, the connection going down, or a send
+//!   that finds the connection closing: a peer that went away) leaves every group at once,
+//!   before its calls end with [`RpcError::SessionClosed`], so no new call goes to it, none
+//!   made from those calls' continuations either (a session whose calls fail at once would
+//!   otherwise look the least loaded and draw every call). A server reached again is a new
+//!   session, added back with [`Rpc::add_member`].
+//! - A call on a group with no member up is refused at once with [`RpcError::NoServer`] (the
+//!   continuation dropped unrun, as for `call`'s other refusals; [`RpcMetrics::no_server`]).
+//! - [`Endpoint::members`] shows each member's picks ([`Member::picks`]: calls placed on it
+//!   since it joined); [`RpcMetrics::balanced`] counts the calls placed through groups.
+//!
+//! - From other threads: [`Handle::group`], [`Handle::add_member`],
+//!   [`Handle::remove_member`], [`Handle::call_group`] and [`Handle::call_group_async`] do the
+//!   same on the handle's worker.
+//!
+//! TODO (issue 12, next steps): sessions surviving a reconnect (the at-most-once table is per
+//! session; a group's member does not come back by itself); large calls that wait for an
+//! arena slot instead of being refused; per-session order kept across large requests.
 //!
 //! # Examples
 //!
@@ -168,6 +198,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod balance;
 mod config;
 mod endpoint;
 mod error;
@@ -180,12 +211,13 @@ mod service;
 mod typed;
 pub mod wire;
 
+pub use balance::Member;
 pub use config::{recvs_per_session, EndpointConfig, DEFAULT_CREDITS, EXPIRE_EVERY, HANDLE_BATCH};
 pub use endpoint::{Continuation, Endpoint, Rpc};
 pub use error::{Malformed, Result, RpcError};
 pub use handle::{block_on, handle, CallFuture, Handle, Inbox};
 pub use handler::RpcHandler;
-pub use ids::{CallId, ReqType, SessionId};
+pub use ids::{CallId, GroupId, ReqType, SessionId};
 pub use metrics::RpcMetrics;
 pub use service::{Reject, Request, Response, Serve, Service, SessionEvent};
 pub use typed::{decode, encode, encoded_len, Method, MethodFuture, UNDECODABLE};

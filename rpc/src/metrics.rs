@@ -10,6 +10,11 @@ pub struct RpcMetrics {
     /// Calls merged with an identical one in flight (`Endpoint::set_mergeable`): not sent,
     /// ended with that one's outcome.
     pub merged: u64,
+    /// Calls placed on a member of a group ([`crate::Rpc::call_group`]; also in `calls`).
+    pub balanced: u64,
+    /// Calls on a group refused because none of its members was up
+    /// ([`crate::RpcError::NoServer`]; not in `calls`).
+    pub no_server: u64,
     /// Calls ended with a response.
     pub responses: u64,
     /// Calls ended with an error (any [`crate::RpcError`]).

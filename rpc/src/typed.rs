@@ -20,10 +20,10 @@ use corelink_engine::verbs::Provider;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::endpoint::{Ask, Endpoint, Rpc};
+use crate::endpoint::{Ask, Endpoint, GroupAsk, Rpc};
 use crate::error::{Result, RpcError};
 use crate::handle::{CallFuture, Handle};
-use crate::ids::{CallId, ReqType, SessionId};
+use crate::ids::{CallId, GroupId, ReqType, SessionId};
 use crate::service::{Reject, Request};
 
 /// The code a typed handler's endpoint rejects a request with when its bytes do not decode
@@ -133,6 +133,28 @@ impl<P: Provider> Rpc<'_, P> {
         });
         let ask = Ask { session, ty: M::TYPE, len, timeout };
         self.ep.call_with(self.cx, ask, fill, then).map_err(|(e, _)| e)
+    }
+
+    /// Calls method `M` on the member of `group` with the fewest outstanding calls, as
+    /// [`Rpc::call_method`] on that session (with [`Rpc::call_group`]'s refusals); returns
+    /// the session it went to and the call.
+    pub fn call_method_group<M: Method>(
+        &mut self,
+        group: GroupId,
+        request: &M::Request,
+        timeout: Duration,
+        then: impl FnOnce(&mut Rpc<'_, P>, Result<M::Response>) + 'static,
+    ) -> Result<(SessionId, CallId)> {
+        let len = encoded_len(request)?;
+        let fill = |b: &mut [u8]| {
+            // Exactly `len` bytes, as in `call_method`.
+            let _ = encode_into(request, b);
+        };
+        let then = Box::new(move |rpc: &mut Rpc<'_, P>, out: Result<&[u8]>| {
+            then(rpc, out.and_then(decode::<M::Response>));
+        });
+        let ask = GroupAsk { group, ty: M::TYPE, len, timeout };
+        self.ep.call_group_with(self.cx, ask, fill, then).map_err(|(e, _)| e)
     }
 }
 

@@ -131,6 +131,7 @@ impl<P: Provider> Endpoint<P> {
             self.send_call(cx, session, id);
         } else {
             s.waiting.push_back(id);
+            s.queued += 1;
             self.metrics.waited += 1;
         }
         Ok(id)
@@ -239,6 +240,8 @@ impl<P: Provider> Endpoint<P> {
         m[6..8].copy_from_slice(&slot.to_le_bytes());
         m[12..20].copy_from_slice(&seq.to_le_bytes());
         if let Err((_, e)) = self.send_typed(cx, conn, ty, buf, id.0) {
+            let down =
+                matches!(e, EngineError::ConnectionClosing(_) | EngineError::NoSuchConnection(_));
             let why = match e {
                 EngineError::MessageTooLarge { len, max, .. } => {
                     let (len, max) =
@@ -251,6 +254,9 @@ impl<P: Provider> Endpoint<P> {
                 e => RpcError::Engine(e),
             };
             self.free_slot(session, slot);
+            if down {
+                self.going_down(session);
+            }
             if let Some(call) = self.take_call(id) {
                 self.finish(cx, call, Err(why));
             }
@@ -279,6 +285,9 @@ impl<P: Provider> Endpoint<P> {
             }
             let Some(id) = s.waiting.pop_front() else { return };
             if self.call_live(id) {
+                if let Some(s) = self.session_mut(session) {
+                    s.queued = s.queued.saturating_sub(1);
+                }
                 self.send_call(cx, session, id);
             }
         }
@@ -303,6 +312,12 @@ impl<P: Provider> Endpoint<P> {
             self.deadlines.pop();
             let id = CallId(id);
             let Some(call) = self.take_call(id) else { continue };
+            if call.slot.is_none() && call.request.is_some() {
+                // It was waiting for a credit (its id stays queued, skipped when it comes up).
+                if let Some(s) = self.session_mut(call.session) {
+                    s.queued = s.queued.saturating_sub(1);
+                }
+            }
             if let Some(slot) = call.slot {
                 if let Some(cs) =
                     self.session_mut(call.session).and_then(|s| s.slots.get_mut(usize::from(slot)))

@@ -4,6 +4,7 @@
 //! (requests, handlers, stored answers) in `server.rs`.
 
 mod client;
+mod group;
 mod server;
 
 use std::cmp::Reverse;
@@ -17,9 +18,10 @@ use corelink_config::WorkerResources;
 use corelink_engine::verbs::{Provider, RemoteRegion};
 use corelink_engine::{Buf, ConnId, ConnInfo, Cx, Done};
 
+use crate::balance::Group;
 use crate::config::{recvs_per_session, EndpointConfig};
 use crate::error::{Malformed, Result, RpcError};
-use crate::ids::{CallId, IdMap, ReqType, SessionId};
+use crate::ids::{CallId, GroupId, IdMap, ReqType, SessionId};
 use crate::large::{Arena, ArenaSlot};
 use crate::metrics::RpcMetrics;
 use crate::service::{Reject, Request, Response, SessionEvent};
@@ -105,6 +107,98 @@ impl<P: Provider> Rpc<'_, P> {
         self.ep.call_with(self.cx, ask, fill, then).map_err(|(e, _)| e)
     }
 
+    /// Calls `ty` with `request` on the member of `group` with the fewest outstanding calls
+    /// (in flight and waiting for a credit; ties round robin), as [`Rpc::call`] on that
+    /// session: `then` runs exactly once, merging and request classes apply per session.
+    /// Returns the session it went to and the call. Refused here (and `then` dropped unrun)
+    /// with [`RpcError::NoServer`] when no member is up, [`RpcError::NoSuchGroup`] for an id
+    /// not of this endpoint, or as [`Rpc::call`] refuses on the member picked (the pick is
+    /// then not counted). The pick looks at each member once and allocates nothing.
+    ///
+    /// # Examples
+    ///
+    /// One worker opens three sessions to itself (three servers, as far as the group can
+    /// tell), groups them and calls the group nine times at once: each session gets three.
+    ///
+    /// ```
+    /// use std::sync::mpsc::{channel, Sender};
+    /// use std::time::Duration;
+    /// use corelink_engine::verbs::soft::Soft;
+    /// use corelink_engine::{Engine, Placement};
+    /// use corelink_rpc::{Endpoint, EndpointConfig, ReqType, Rpc, RpcHandler, Service};
+    ///
+    /// const ECHO: ReqType = ReqType(1);
+    ///
+    /// struct Caller { addr: std::net::SocketAddr, started: bool, told: Sender<Vec<u64>> }
+    ///
+    /// impl Service<Soft> for Caller {
+    ///     fn poll(&mut self, rpc: &mut Rpc<'_, Soft>) {
+    ///         if std::mem::replace(&mut self.started, true) {
+    ///             return;
+    ///         }
+    ///         let servers: Vec<_> = (0..3).map(|_| rpc.connect(self.addr).unwrap()).collect();
+    ///         let group = rpc.group(&servers).unwrap();
+    ///         for i in 0..9u8 {
+    ///             let told = self.told.clone();
+    ///             rpc.call_group(group, ECHO, &[i], Duration::from_secs(30), move |rpc, r| {
+    ///                 assert_eq!(r.unwrap(), [i]);
+    ///                 if i == 8 {
+    ///                     let m = rpc.endpoint().members(group).unwrap();
+    ///                     told.send(m.iter().map(|m| m.picks()).collect()).unwrap();
+    ///                 }
+    ///             })
+    ///             .unwrap();
+    ///         }
+    ///     }
+    /// }
+    ///
+    /// let addr: std::net::SocketAddr = "10.98.12.3:7000".parse()?;
+    /// let map = corelink_config::parse(&format!(
+    ///     "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{addr}\""
+    /// ))?
+    /// .validate(&corelink_config::MachineTopology::load()?)?;
+    /// let res = map.map.worker.clone();
+    /// let (tx, rx) = channel();
+    /// let engine = Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| {
+    ///     let mut endpoint = Endpoint::new(EndpointConfig::for_worker(&res), &res).unwrap();
+    ///     endpoint.register(ECHO, |req, resp| {
+    ///         resp.write(req.data).map_err(|_| corelink_rpc::Reject(1))
+    ///     }).unwrap();
+    ///     RpcHandler::new(endpoint, Caller { addr, started: false, told: tx.clone() })
+    /// })?;
+    /// assert_eq!(rx.recv_timeout(Duration::from_secs(30))?, [3, 3, 3]);
+    /// engine.shutdown()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn call_group(
+        &mut self,
+        group: GroupId,
+        ty: ReqType,
+        request: &[u8],
+        timeout: Duration,
+        then: impl FnOnce(&mut Rpc<'_, P>, Result<&[u8], RpcError>) + 'static,
+    ) -> Result<(SessionId, CallId)> {
+        let fill = |b: &mut [u8]| b.copy_from_slice(request);
+        let then = Box::new(then);
+        let ask = GroupAsk { group, ty, len: request.len(), timeout };
+        self.ep.call_group_with(self.cx, ask, fill, then).map_err(|(e, _)| e)
+    }
+
+    /// A group of `members` to balance calls across (as [`Endpoint::group`]).
+    pub fn group(&mut self, members: &[SessionId]) -> Result<GroupId> {
+        self.ep.group(members)
+    }
+
+    /// Adds `session` to `group` (as [`Endpoint::add_member`]).
+    pub fn add_member(&mut self, group: GroupId, session: SessionId) -> Result<bool> {
+        self.ep.add_member(group, session)
+    }
+
+    /// Takes `session` out of `group` (as [`Endpoint::remove_member`]).
+    pub fn remove_member(&mut self, group: GroupId, session: SessionId) -> Result<bool> {
+        self.ep.remove_member(group, session)
+    }
+
     /// Closes `session`: its calls end with [`RpcError::SessionClosed`] (those in flight once
     /// the connection is down).
     pub fn close(&mut self, session: SessionId) -> Result<()> {
@@ -155,6 +249,9 @@ pub struct Endpoint<P: Provider> {
     merges: HashMap<(SessionId, ReqType, u64), MergeGroup>,
     /// Registered on first need when large messages are on (`EndpointConfig::large_max`).
     arena: Option<Arena<P>>,
+    /// Groups of client sessions that calls are balanced across, by `GroupId` (never
+    /// removed; at most `max_sessions`).
+    groups: Vec<Group>,
     metrics: RpcMetrics,
     _thread_bound: PhantomData<Rc<()>>,
 }
@@ -164,6 +261,7 @@ impl<P: Provider> std::fmt::Debug for Endpoint<P> {
         f.debug_struct("Endpoint")
             .field("sessions", &self.by_conn.len())
             .field("calls", &self.live_calls)
+            .field("groups", &self.groups.len())
             .field("metrics", &self.metrics)
             .finish()
     }
@@ -178,7 +276,8 @@ struct SessionEntry<P: Provider> {
 enum Phase {
     Connecting,
     Open,
-    /// Closed by this side; the connection is going down.
+    /// Closed by this side, or its connection found closing (the peer went away): the
+    /// connection is going down, and the session's calls end when it is down.
     Closing,
 }
 
@@ -196,6 +295,8 @@ struct Session<P: Provider> {
     /// Calls waiting for a credit, oldest first (ids of calls that ended meanwhile are
     /// skipped).
     waiting: VecDeque<CallId>,
+    /// The live calls in `waiting` (those that timed out there are not).
+    queued: usize,
     /// A server's slots (empty on a client session).
     served: Vec<ServedSlot<P>>,
 }
@@ -237,6 +338,17 @@ struct ServedSlot<P: Provider> {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ask {
     pub(crate) session: SessionId,
+    pub(crate) ty: ReqType,
+    /// Payload bytes.
+    pub(crate) len: usize,
+    pub(crate) timeout: Duration,
+}
+
+/// What a call on a group asks: as an [`Ask`], with the group in place of the session (the
+/// session is the group's pick).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GroupAsk {
+    pub(crate) group: GroupId,
     pub(crate) ty: ReqType,
     /// Payload bytes.
     pub(crate) len: usize,
@@ -294,6 +406,7 @@ impl<P: Provider> Endpoint<P> {
             classes: vec![None; usize::from(cfg.max_types)],
             merges: HashMap::new(),
             arena: None,
+            groups: Vec::new(),
             metrics: RpcMetrics::default(),
             cfg,
             _thread_bound: PhantomData,
@@ -555,6 +668,7 @@ impl<P: Provider> Endpoint<P> {
             // Popped from the back: slot 0 goes first.
             free_slots: (0..credits).rev().collect(),
             waiting: VecDeque::with_capacity(usize::from(credits)),
+            queued: 0,
             served: Vec::new(),
         };
         let id = self.new_session(s)?;
@@ -569,6 +683,8 @@ impl<P: Provider> Endpoint<P> {
         let s = self.session_mut(id).ok_or(RpcError::NoSuchSession(id))?;
         let conn = s.conn;
         s.phase = Phase::Closing;
+        // No call on a group goes to it from now on.
+        self.leave_groups(id);
         match conn {
             Some(conn) => {
                 // Its calls end when the connection is down (`on_closed`).
@@ -578,6 +694,19 @@ impl<P: Provider> Endpoint<P> {
             None => self.end_session(cx, id),
         }
         Ok(())
+    }
+
+    /// The engine refused a send on `session` because its connection is closing or gone (the
+    /// peer went away; the session ends when the engine says the connection is down): no
+    /// call goes to it from now on, on a group (it leaves its groups: a session whose calls
+    /// fail at once would look like the least loaded member and draw every call) or on the
+    /// session itself (refused with [`RpcError::SessionClosed`], as after [`Rpc::close`]);
+    /// its calls waiting for a credit end with the session.
+    fn going_down(&mut self, session: SessionId) {
+        if let Some(s) = self.session_mut(session) {
+            s.phase = Phase::Closing;
+        }
+        self.leave_groups(session);
     }
 
     /// Registers the arena for large messages, if they are on and it is not there yet.
@@ -642,6 +771,7 @@ impl<P: Provider> Endpoint<P> {
             slots: Vec::new(),
             free_slots: Vec::new(),
             waiting: VecDeque::new(),
+            queued: 0,
             served: (0..credits)
                 .map(|_| ServedSlot {
                     seq: 0,
@@ -691,6 +821,9 @@ impl<P: Provider> Endpoint<P> {
     /// Takes session `id` out and ends every call of it with `SessionClosed`.
     fn end_session(&mut self, cx: &mut Cx<P>, id: SessionId) {
         let Some(s) = self.remove_session(id) else { return };
+        // Out of its groups before its calls end: calls their continuations make on a group
+        // go to the members still up.
+        self.leave_groups(id);
         let on_slots = s.slots.iter().filter_map(|cs| match cs.used {
             SlotUse::Call(c) => Some(c),
             _ => None,
