@@ -35,7 +35,7 @@ else
 fi
 
 echo "== the RPC examples on soft, one process each"
-for example in kv_store sequencer; do
+for example in kv_store sequencer file_read; do
   cargo run -q -p corelink-apps --example "$example"
 done
 
