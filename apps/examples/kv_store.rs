@@ -70,7 +70,7 @@ const MID: usize = VALUE_AT + VALUE_MAX / 2;
 /// The occupied flag.
 const OCCUPIED: u32 = 1;
 /// How long a slot stays half-written.
-const GAP: Duration = Duration::from_micros(20);
+const GAP: Duration = Duration::from_micros(100);
 /// A deadline no call here reaches unless something is broken.
 const CALL: Duration = Duration::from_secs(10);
 /// Reject codes.
