@@ -469,8 +469,24 @@ fn client<P: Provider>(a: &Common, addr: SocketAddr) -> Result<(), Fail> {
     res
 }
 
+/// The check itself, on slots made here: a slot whose halves are two values' (a read that
+/// overtook a writer between its steps, the version word already even) fails the checksum; an
+/// odd version fails; an intact slot passes.
+fn check_the_check() -> Result<(), Fail> {
+    let (a, b) = (image(4, Some((9, &value(9, 1)))), image(4, Some((9, &value(9, 2)))));
+    let mut spliced = a;
+    spliced[MID..].copy_from_slice(&b[MID..]);
+    let mut odd = b;
+    odd[..8].copy_from_slice(&5u64.to_le_bytes());
+    match (inspect(&spliced, 9), inspect(&odd, 9), inspect(&a, 9)) {
+        (Seen::Torn, Seen::Odd, Seen::Value(v)) if v == value(9, 1) => Ok(()),
+        got => Err(Fail::Run(format!("the slot check is wrong: {got:?}"))),
+    }
+}
+
 /// Puts, gets (exact values), deletes.
 fn round(kv: &mut Kv) -> Result<String, Fail> {
+    check_the_check()?;
     let keys: Vec<u64> = (0..32).collect();
     for &k in &keys {
         kv.put(k, value(k, (k % 200) as u8 + 1))?;
@@ -505,7 +521,8 @@ fn round(kv: &mut Kv) -> Result<String, Fail> {
     let s = kv.stats;
     Ok(format!(
         "kv_store client: round: {} puts, {} gets all exact ({} by one RDMA read, {} by RPC: \
-         {} keys not in their slot), {deleted} deletes (gone after)",
+         {} keys not in their slot), {deleted} deletes (gone after); the slot check refuses \
+         a spliced slot (checksum) and an odd version",
         keys.len(),
         s.gets,
         s.hits,
