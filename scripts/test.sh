@@ -34,6 +34,11 @@ else
   echo "== fuzz: skipped, cargo-fuzz not installed (scripts/install-deps.sh installs it)"
 fi
 
+echo "== the RPC examples on soft, one process each"
+for example in kv_store sequencer file_read; do
+  cargo run -q -p corelink-apps --example "$example"
+done
+
 if [ -n "${CORELINK_IBV_DEVICE:-}" ]; then
   # A host with a real RDMA device (or rxe loaded): the same batch, without the guest.
   echo "== RDMA checks on this host's $CORELINK_IBV_DEVICE (CORELINK_IP=${CORELINK_IP:-unset})"

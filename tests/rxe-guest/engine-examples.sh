@@ -2,10 +2,13 @@
 # Runs in the Soft-RoCE guest (tests/rxe-guest/run -- bash tests/rxe-guest/engine-examples.sh): the
 # engine examples on ibverbs as two processes each over rdma_cm on the guest's IP: the echo server
 # and client (every echo checked byte for byte), then the one_sided server and client (sequencer,
-# compare-and-swap lock, optimistic reads of records updated in place). The server takes a core
-# map written here (--config); the client builds its own from CORELINK_IBV_*. The guest has two
-# vCPUs: each process pins its control core to 0 and its worker to 1 (they share them; idle
-# workers park). Build first: cargo build -p corelink-apps --examples.
+# compare-and-swap lock, optimistic reads of records updated in place), then the RPC examples
+# (kv_store: put/get/delete and optimistic one-sided gets against concurrent writers;
+# sequencer: numbers by RPC and by fetch-and-add, 4 sessions, each number once; file_read: a
+# file's blocks from three servers, identical requests merged). The
+# server takes a core map written here (--config); the client builds its own from
+# CORELINK_IBV_*. The guest has two vCPUs: each process pins its control core to 0 and its
+# worker to 1 (they share them; idle workers park). Build first: cargo build -p corelink-apps --examples.
 set -u
 dir=${ENGINE_EXAMPLES:-${CARGO_TARGET_DIR:-target}/debug/examples}
 : "${CORELINK_IP:?run this inside tests/rxe-guest/run}"
@@ -38,5 +41,8 @@ pair() {
 }
 pair echo 7481 --count 1000 --size 256 --window 2
 pair one_sided 7482 --count 2000
+pair kv_store 7483 --count 500
+pair sequencer 7484 --count 500
+pair file_read 7485 --reads 2 # its three servers: 7485 to 7487
 echo "engine-examples: $passed passed, $failed failed"
 [ $failed = 0 ]

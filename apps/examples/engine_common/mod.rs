@@ -33,7 +33,7 @@ pub enum Prov {
     Ibverbs,
 }
 
-fn role_name(r: Role) -> &'static str {
+pub fn role_name(r: Role) -> &'static str {
     match r {
         Role::Server => "server",
         Role::Client => "client",
@@ -122,7 +122,7 @@ fn env<T: std::str::FromStr>(name: &str) -> Result<Option<T>, Fail> {
 
 /// The core map: `--config`, or control on core 0 and one worker on core 1 (parking when idle),
 /// with `ibverbs`'s device, port and GID index from `CORELINK_IBV_*` when set.
-fn core_map(a: &Common, listen: Option<SocketAddr>) -> Result<Validated, Fail> {
+pub fn core_map(a: &Common, listen: Option<SocketAddr>) -> Result<Validated, Fail> {
     let mut map = match &a.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)

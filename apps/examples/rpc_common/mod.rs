@@ -1,0 +1,509 @@
+//! What the RPC examples (`kv_store`, `sequencer`, `file_read`) share: the provider dispatch
+//! after the command line (`engine_common`'s flags and core map), an engine whose one worker
+//! runs an RPC endpoint, and one-sided requests from application threads.
+//!
+//! - [`Host`] is the worker's engine handler: the RPC layer's `RpcHandler` plus what its
+//!   `Service` does not hear: the completions of the service's own one-sided requests (the
+//!   endpoint takes every completion and drops those that are not its own), the engine
+//!   connection of each client session (a one-sided request names a connection), and the
+//!   connection of a session just accepted (a server grants memory per connection).
+//! - [`Agent`] is the service: it carries out [`OneSided`] orders (reads and fetch-and-adds
+//!   from other threads, as the RPC layer's `Handle` carries out calls), runs an example's
+//!   server part ([`Serving`]), publishes the endpoint's metrics and says when a session it
+//!   served closed.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use corelink_config::{ProviderKind, Validated, WorkerResources};
+use corelink_engine::verbs::{Provider, RemoteAddr, Waker, WcStatus};
+use corelink_engine::{
+    Buf, CloseReason, ConnId, ConnInfo, Cx, Done, Engine, EngineError, Handler, Message, OpKind,
+    Placement,
+};
+use corelink_rpc::{
+    Endpoint, Handle, Inbox, Rpc, RpcError, RpcHandler, RpcMetrics, Service, SessionEvent,
+    SessionId,
+};
+
+use crate::engine_common::{core_map, role_name, Common, Fail, Role};
+
+/// Bits 62 and 63 of an engine token name the endpoint's own reads (of large payloads); the
+/// agent's tokens keep them clear, and its requests are never sends, so a completion that is
+/// not a send and has them clear is the agent's.
+const ENDPOINT_KINDS: u64 = 3 << 62;
+
+/// An example: what it runs in each role on provider `P`.
+pub trait Example {
+    /// Runs `role` on `P`; `addr` is where the (first) server listens.
+    fn run<P: Provider>(&self, role: Role, a: &Common, addr: SocketAddr) -> Result<(), Fail>;
+}
+
+/// An example's main, after clap: the role and address, the provider, the exit status (2: bad
+/// usage, 1: a check failed or something broke).
+pub fn main(
+    name: &str,
+    a: &Common,
+    default: SocketAddr,
+    ex: &impl Example,
+) -> std::process::ExitCode {
+    let role = a.role.unwrap_or(Role::Both);
+    let res = (|| {
+        let addr = match (role, a.addr) {
+            (Role::Both, addr) => addr.unwrap_or(default),
+            (_, Some(addr)) => addr,
+            (r, None) => {
+                return Err(Fail::Usage(format!(
+                    "{name} {}: ADDR (IP:PORT) is needed",
+                    role_name(r)
+                )))
+            }
+        };
+        match core_map(a, None)?.map.provider {
+            ProviderKind::Soft => ex.run::<corelink_verbs::soft::Soft>(role, a, addr),
+            #[cfg(feature = "ibverbs")]
+            ProviderKind::Ibverbs => ex.run::<corelink_verbs::ibverbs::Ibverbs>(role, a, addr),
+            #[cfg(not(feature = "ibverbs"))]
+            ProviderKind::Ibverbs => Err(Fail::Usage("built without the ibverbs feature".into())),
+        }
+    })();
+    match res {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(Fail::Usage(e)) => {
+            eprintln!("{name}: {e} (see --help)");
+            std::process::ExitCode::from(2)
+        }
+        Err(Fail::Run(e)) => {
+            eprintln!("{name} {}: FAILED: {e}", role_name(role));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The core map of one engine of an example: `--config` or the default (one worker), listening
+/// on `listen` if given. Without `--config`, a worker that finds nothing to do yields its core
+/// (several engines of one process, each busy-polling, may share a core).
+pub fn map(a: &Common, listen: Option<SocketAddr>) -> Result<Validated, Fail> {
+    let mut cfg = core_map(a, listen)?;
+    if cfg.workers.len() != 1 {
+        return Err(Fail::Usage(format!(
+            "the core map has {} workers; these examples run one per engine (the service's \
+             state is the worker's)",
+            cfg.workers.len()
+        )));
+    }
+    if a.config.is_none() {
+        cfg.map.worker.yield_after_empty_polls = 64;
+    }
+    Ok(cfg)
+}
+
+/// What a [`Host`] tells its [`Agent`]: what the RPC layer's service does not hear.
+pub struct Links<P: Provider> {
+    /// The engine connection of each client session.
+    conns: HashMap<SessionId, ConnId>,
+    /// The connection just accepted (its session is announced right after).
+    accepted: Option<ConnId>,
+    /// Completions of the agent's own requests, for its next poll.
+    done: VecDeque<Done<Buf<P>>>,
+}
+
+/// A worker's engine handler: the endpoint's `RpcHandler`, and the [`Links`] it shares with
+/// its [`Agent`].
+pub struct Host<P: Provider, S: Service<P>> {
+    inner: RpcHandler<P, S>,
+    links: Rc<RefCell<Links<P>>>,
+}
+
+impl<P: Provider, S: Service<P>> Handler<P> for Host<P, S> {
+    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
+        {
+            let mut l = self.links.borrow_mut();
+            if info.initiated {
+                l.conns.insert(SessionId::from_wire(info.token as u32), conn);
+            } else {
+                l.accepted = Some(conn);
+            }
+        }
+        self.inner.on_connected(cx, conn, info);
+        self.links.borrow_mut().accepted = None;
+    }
+
+    fn on_connect_failed(&mut self, cx: &mut Cx<P>, token: u64, error: &EngineError) {
+        self.inner.on_connect_failed(cx, token, error);
+    }
+
+    fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
+        self.inner.on_message(cx, conn, msg);
+    }
+
+    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
+        if done.kind != OpKind::Send && done.token & ENDPOINT_KINDS == 0 {
+            self.links.borrow_mut().done.push_back(done);
+        } else {
+            self.inner.on_completion(cx, done);
+        }
+    }
+
+    fn on_closed(&mut self, cx: &mut Cx<P>, conn: ConnId, reason: &CloseReason) {
+        self.links.borrow_mut().conns.retain(|_, c| *c != conn);
+        self.inner.on_closed(cx, conn, reason);
+    }
+
+    fn on_timer(&mut self, cx: &mut Cx<P>, token: u64) {
+        self.inner.on_timer(cx, token);
+    }
+
+    fn poll(&mut self, cx: &mut Cx<P>) {
+        self.inner.poll(cx);
+    }
+}
+
+/// An example's server part, run by its worker's [`Agent`].
+#[allow(unused_variables)]
+pub trait Serving<P: Provider>: 'static {
+    /// Every loop iteration.
+    fn poll(&mut self, rpc: &mut Rpc<'_, P>) {}
+    /// A peer opened `session`, on engine connection `conn` (to grant it memory).
+    fn accepted(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId, conn: ConnId) {}
+    /// A session it served closed.
+    fn closed(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId) {}
+}
+
+/// A worker that serves nothing of its own (a client's).
+pub struct NoServer;
+
+impl<P: Provider> Serving<P> for NoServer {}
+
+/// A one-sided request from another thread.
+enum OneOp {
+    Read { remote: RemoteAddr, len: usize },
+    FetchAdd { remote: RemoteAddr, add: u64 },
+}
+
+/// An order for the agent: a request on a session's connection, and where to answer.
+struct Order {
+    session: SessionId,
+    op: OneOp,
+    seq: u64,
+    reply: Sender<Answer>,
+}
+
+/// An answer to a thread's order: its sequence number and outcome.
+type Answer = (u64, Result<Outcome, OpError>);
+
+/// What a one-sided request brought back: a read's bytes, or an atomic's old value.
+enum Outcome {
+    Bytes(Vec<u8>),
+    Old(u64),
+}
+
+/// Why a one-sided request from a thread failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    /// The session has no open connection on the worker.
+    #[error("session {0} has no open connection")]
+    NoConnection(SessionId),
+    /// The engine refused the request.
+    #[error("the engine refused the request")]
+    Engine(#[source] EngineError),
+    /// It completed with an error status.
+    #[error("it completed with {0:?}")]
+    Status(WcStatus),
+    /// No answer within the timeout, or the worker is gone.
+    #[error("no answer from the worker")]
+    NoAnswer,
+}
+
+/// The service of a worker: [`OneSided`] orders, the example's [`Serving`] part, metrics.
+pub struct Agent<P: Provider, H> {
+    links: Rc<RefCell<Links<P>>>,
+    serving: H,
+    orders: Receiver<Order>,
+    waker: Arc<OnceLock<Waker>>,
+    pending: HashMap<u64, (u64, Sender<Answer>)>,
+    token: u64,
+    served: HashSet<SessionId>,
+    metrics: Arc<Mutex<RpcMetrics>>,
+    closed: Sender<SessionId>,
+}
+
+impl<P: Provider, H: Serving<P>> Agent<P, H> {
+    fn issue(&mut self, rpc: &mut Rpc<'_, P>, o: Order) {
+        let conn = self.links.borrow().conns.get(&o.session).copied();
+        let Some(conn) = conn else {
+            let _ = o.reply.send((o.seq, Err(OpError::NoConnection(o.session))));
+            return;
+        };
+        self.token = (self.token + 1) & !ENDPOINT_KINDS;
+        let t = self.token;
+        let cx = rpc.cx();
+        let res = match o.op {
+            OneOp::Read { remote, len } => match cx.alloc(len) {
+                Ok(b) => cx.read(conn, b, remote, t).map_err(|(_, e)| e),
+                Err(e) => Err(e),
+            },
+            OneOp::FetchAdd { remote, add } => {
+                cx.fetch_add(conn, remote, add, t).map_err(|(_, e)| e)
+            }
+        };
+        match res {
+            Ok(()) => {
+                self.pending.insert(t, (o.seq, o.reply));
+            }
+            Err(e) => {
+                let _ = o.reply.send((o.seq, Err(OpError::Engine(e))));
+            }
+        }
+    }
+
+    fn complete(&mut self, done: Done<Buf<P>>) {
+        let Some((seq, reply)) = self.pending.remove(&done.token) else { return };
+        let out = match (done.status.is_success(), done.kind, done.buf, done.old_value) {
+            (false, ..) => Err(OpError::Status(done.status)),
+            (true, OpKind::Read, Some(b), _) => Ok(Outcome::Bytes(b.as_slice().to_vec())),
+            (true, _, _, Some(old)) => Ok(Outcome::Old(old)),
+            (true, ..) => Err(OpError::Status(done.status)),
+        };
+        let _ = reply.send((seq, out));
+    }
+}
+
+impl<P: Provider, H: Serving<P>> Service<P> for Agent<P, H> {
+    fn poll(&mut self, rpc: &mut Rpc<'_, P>) {
+        if self.waker.get().is_none() {
+            let _ = self.waker.set(rpc.cx().waker());
+        }
+        loop {
+            let done = self.links.borrow_mut().done.pop_front();
+            match done {
+                Some(d) => self.complete(d),
+                None => break,
+            }
+        }
+        while let Ok(o) = self.orders.try_recv() {
+            self.issue(rpc, o);
+        }
+        self.serving.poll(rpc);
+        if let Ok(mut m) = self.metrics.try_lock() {
+            m.clone_from(rpc.endpoint().metrics());
+        }
+    }
+
+    fn on_session(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId, event: SessionEvent) {
+        match event {
+            SessionEvent::Accepted => {
+                let conn = self.links.borrow_mut().accepted.take();
+                if let Some(conn) = conn {
+                    self.served.insert(session);
+                    self.serving.accepted(rpc, session, conn);
+                }
+            }
+            SessionEvent::Closed if self.served.remove(&session) => {
+                self.serving.closed(rpc, session);
+                let _ = self.closed.send(session);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// One-sided requests on a worker's client sessions, from another thread (one per thread:
+/// [`OneSided::another`] makes the next); each call blocks until its completion.
+pub struct OneSided {
+    orders: Sender<Order>,
+    waker: Arc<OnceLock<Waker>>,
+    reply_tx: Sender<Answer>,
+    reply_rx: Receiver<Answer>,
+    seq: u64,
+}
+
+impl OneSided {
+    /// Another, for another thread.
+    pub fn another(&self) -> OneSided {
+        let (reply_tx, reply_rx) = mpsc::channel();
+        OneSided {
+            orders: self.orders.clone(),
+            waker: self.waker.clone(),
+            reply_tx,
+            reply_rx,
+            seq: 0,
+        }
+    }
+
+    fn run(&mut self, session: SessionId, op: OneOp) -> Result<Outcome, OpError> {
+        self.seq += 1;
+        let order = Order { session, op, seq: self.seq, reply: self.reply_tx.clone() };
+        self.orders.send(order).map_err(|_| OpError::NoAnswer)?;
+        if let Some(w) = self.waker.get() {
+            w.wake();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.reply_rx.recv_timeout(left) {
+                Ok((seq, out)) if seq == self.seq => return out,
+                Ok(_) => continue, // the answer to an order that timed out
+                Err(_) => return Err(OpError::NoAnswer),
+            }
+        }
+    }
+
+    /// Reads `len` bytes at `remote` over `session`'s connection.
+    pub fn read(
+        &mut self,
+        session: SessionId,
+        remote: RemoteAddr,
+        len: usize,
+    ) -> Result<Vec<u8>, OpError> {
+        match self.run(session, OneOp::Read { remote, len })? {
+            Outcome::Bytes(b) => Ok(b),
+            Outcome::Old(_) => Err(OpError::Status(WcStatus::GeneralErr)),
+        }
+    }
+
+    /// Adds `add` to the 64-bit word at `remote`; its old value.
+    pub fn fetch_add(
+        &mut self,
+        session: SessionId,
+        remote: RemoteAddr,
+        add: u64,
+    ) -> Result<u64, OpError> {
+        match self.run(session, OneOp::FetchAdd { remote, add })? {
+            Outcome::Old(v) => Ok(v),
+            Outcome::Bytes(_) => Err(OpError::Status(WcStatus::GeneralErr)),
+        }
+    }
+}
+
+/// A running engine of an example, and the threads' ways into its worker.
+pub struct Started<P: Provider> {
+    pub engine: Engine<P>,
+    /// RPC handles into the worker, one per application thread.
+    pub handles: Vec<Handle>,
+    /// One-sided requests into the worker ([`OneSided::another`] for more threads).
+    pub one_sided: OneSided,
+    /// The worker's endpoint's metrics, as last published.
+    pub metrics: Arc<Mutex<RpcMetrics>>,
+    /// Sessions the worker served that closed.
+    pub closed: Receiver<SessionId>,
+}
+
+impl<P: Provider> Started<P> {
+    /// Waits for `n` sessions it served to close (`timeout` at most).
+    pub fn wait_closed(&self, n: u32, timeout: Duration) -> Result<(), Fail> {
+        let deadline = Instant::now() + timeout;
+        for i in 0..n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.closed.recv_timeout(left).is_err() {
+                return Err(Fail::Run(format!(
+                    "{i} of {n} client sessions closed within {} s",
+                    timeout.as_secs()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The endpoint's metrics once `ready` holds of them (or as they are after 5 s).
+    pub fn metrics_when(&self, ready: impl Fn(&RpcMetrics) -> bool) -> RpcMetrics {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let m = self.metrics.lock().map(|m| m.clone()).unwrap_or_default();
+            if ready(&m) || Instant::now() > deadline {
+                return m;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Shuts the engine down.
+    pub fn shutdown(self) -> Result<(), Fail> {
+        drop(self.handles);
+        self.engine.shutdown().map(|_| ()).map_err(|e| Fail::Run(format!("shutdown: {e}")))
+    }
+}
+
+/// How an example makes its worker's endpoint (its types registered) and server part.
+pub trait Make<P: Provider, H>:
+    Fn(&WorkerResources) -> Result<(Endpoint<P>, H), RpcError> + Send + Sync + 'static
+{
+}
+impl<P: Provider, H, F> Make<P, H> for F where
+    F: Fn(&WorkerResources) -> Result<(Endpoint<P>, H), RpcError> + Send + Sync + 'static
+{
+}
+
+/// Starts an engine on `cfg` (one worker) whose worker runs the endpoint and server part
+/// `make` makes, with `handles` RPC handles into it. `make` runs once here first, so that its
+/// errors are this thread's.
+pub fn start<P: Provider, H: Serving<P>>(
+    name: &str,
+    cfg: &Validated,
+    handles: usize,
+    make: impl Make<P, H>,
+) -> Result<Started<P>, Fail> {
+    let res = cfg.map.worker.clone();
+    drop(make(&res).map_err(|e| Fail::Run(format!("{name}: the endpoint: {e}")))?);
+    let (hs, inboxes): (Vec<Handle>, Vec<Inbox>) =
+        (0..handles).map(|_| corelink_rpc::handle(256)).unzip();
+    let inboxes = Mutex::new(Some(inboxes));
+    let (orders_tx, orders_rx) = mpsc::channel();
+    let orders_rx = Mutex::new(Some(orders_rx));
+    let waker = Arc::new(OnceLock::new());
+    let metrics = Arc::new(Mutex::new(RpcMetrics::default()));
+    let (closed_tx, closed_rx) = mpsc::channel();
+    let (w, m) = (waker.clone(), metrics.clone());
+    let closed_tx = Mutex::new(closed_tx);
+    let engine = Engine::<P>::start(cfg, Placement::RoundRobin, move |_| {
+        // Checked above; the same again cannot fail (the resources are the same).
+        let (endpoint, serving) = make(&res).expect("the endpoint was made once already");
+        let links = Rc::new(RefCell::new(Links {
+            conns: HashMap::new(),
+            accepted: None,
+            done: VecDeque::new(),
+        }));
+        let orders =
+            orders_rx.lock().ok().and_then(|mut o| o.take()).unwrap_or_else(|| mpsc::channel().1);
+        let agent = Agent {
+            links: links.clone(),
+            serving,
+            orders,
+            waker: w.clone(),
+            pending: HashMap::new(),
+            token: 0,
+            served: HashSet::new(),
+            metrics: m.clone(),
+            closed: closed_tx.lock().map(|t| t.clone()).unwrap_or_else(|_| mpsc::channel().0),
+        };
+        let mut inner = RpcHandler::new(endpoint, agent);
+        for inbox in inboxes.lock().ok().and_then(|mut i| i.take()).unwrap_or_default() {
+            inner = inner.with_inbox(inbox);
+        }
+        Host { inner, links }
+    })
+    .map_err(|e| {
+        Fail::Run(format!("{name}: starting the engine: {}", corelink_verbs::chain(&e)))
+    })?;
+    let (reply_tx, reply_rx) = mpsc::channel();
+    let one_sided = OneSided { orders: orders_tx, waker, reply_tx, reply_rx, seq: 0 };
+    Ok(Started { engine, handles: hs, one_sided, metrics, closed: closed_rx })
+}
+
+/// An RPC error as a run failure, with what was being done.
+pub fn rpc_fail(what: &str) -> impl Fn(RpcError) -> Fail + '_ {
+    move |e| Fail::Run(format!("{what}: {}", corelink_verbs::chain(&e)))
+}
+
+/// FNV-1a, 64 bits, of `data` (after `seed`, to chain pieces).
+pub fn fnv1a64(seed: u64, data: &[u8]) -> u64 {
+    data.iter().fold(seed, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// FNV-1a's starting value.
+pub const FNV_SEED: u64 = 0xcbf2_9ce4_8422_2325;
