@@ -4,8 +4,9 @@
 #  2. loom's model check of the SPSC rings, and a bounded fuzz run of the RPC wire decoder
 #     (when cargo-fuzz is installed);
 #  3. in one boot of the Soft-RoCE guest (tests/rxe-guest/run): the conformance suite on
-#     `ibverbs` against rxe0, the fidelity comparison soft vs rxe0, and the two-process
-#     connection-manager exchange.
+#     `ibverbs` against rxe0, the fidelity comparison soft vs rxe0, the two-process
+#     connection-manager exchange, and the engine's and the RPC layer's end-to-end tests on
+#     ibverbs, among the rest of tests/rxe-guest/ci.sh.
 # Step 3 needs the guest's packages (scripts/install-deps.sh installs them); without them it is
 # skipped with a message, except under CI, where it is required. CORELINK_SKIP_GUEST=1 skips it.
 # With CORELINK_IBV_DEVICE (and CORELINK_IP) set, step 3 runs on this host's device instead.
@@ -64,7 +65,8 @@ echo "== Soft-RoCE guest: build on the host"
 cargo build -q -p corelink-apps --bins --examples
 cargo test -q --no-run -p corelink-tests --test conformance_ibverbs
 cargo test -q --no-run -p corelink-verbs --test ibverbs_smoke
-cargo test -q --no-run -p corelink-engine --test engine_ibverbs
+cargo test -q --no-run -p corelink-engine --test engine_ibverbs --test qp_pool_ibverbs
+cargo test -q --no-run -p corelink-rpc --features ibverbs --test rpc_ibverbs
 mkdir -p target/fidelity
 target/debug/corelink-conformance --provider soft --json > target/fidelity/soft.jsonl
 

@@ -7,13 +7,16 @@
 #    made on the host with the soft provider); any difference fails, printed side by side;
 # 4. the two-process connection-manager exchange (cm-pair.sh);
 # 5. the engine's end-to-end tests on ibverbs (requests, scheduler scenarios, QP pools and lanes);
-# 6. the engine examples (echo, one-sided) as two processes (engine-examples.sh);
-# 7. corelink-perf's eight tests as server and client processes (perf-smoke.sh);
-# 8. with a second device (rxe1, added last): sibling contexts and the connection manager's
+# 6. the RPC layer's end-to-end tests on ibverbs (rpc/tests/rpc_ibverbs.rs: ordering, credits,
+#    deadlines, every error kind, at-most-once under duplicated requests, 1 B to 8 MiB byte for
+#    byte, a thousand sessions on one server, merging, request classes, typed calls, the handle);
+# 7. the engine examples (echo, one-sided) as two processes (engine-examples.sh);
+# 8. corelink-perf's eight tests as server and client processes (perf-smoke.sh);
+# 9. with a second device (rxe1, added last): sibling contexts and the connection manager's
 #    refusal of another device's QP (two-devices.sh);
-# 9. librdmacm's rdma_client against the echo example's server: refused without
+# 10. librdmacm's rdma_client against the echo example's server: refused without
 #    accept_foreign, echoed with it (foreign-peer.sh);
-# 10. on the runner's second wire (--wire: rxea <-> rxeb over a veth pair, netem on both ends),
+# 11. on the runner's second wire (--wire: rxea <-> rxeb over a veth pair, netem on both ends),
 #    RC completes every iteration at 1 % loss and, at 100 % loss from mid-run, the client fails
 #    (not hangs) naming IBV_WC_RETRY_EXC_ERR, and on an idle connection both sides see 100 %
 #    loss through the keepalive (wire-check.sh, about 20 s). Skipped, and said so,
@@ -43,6 +46,9 @@ bash "$here/cm-pair.sh" || failed+=(cm-pair)
 step "the engine on ibverbs"
 cargo test --offline -q -p corelink-engine --test engine_ibverbs --test qp_pool_ibverbs || failed+=(engine)
 
+step "the RPC layer on ibverbs"
+cargo test --offline -q -p corelink-rpc --features ibverbs --test rpc_ibverbs || failed+=(rpc)
+
 step "engine examples as two processes"
 bash "$here/engine-examples.sh" || failed+=(engine-examples)
 
@@ -65,7 +71,7 @@ fi
 echo
 if [ ${#failed[@]} -eq 0 ]; then
   note=; [ $skipped = 0 ] || note=", 1 skipped (no wire)"
-  echo "guest checks: $((10 - skipped)) passed, 0 failed$note"
+  echo "guest checks: $((11 - skipped)) passed, 0 failed$note"
 else
   echo "guest checks failed: ${failed[*]}"
   exit 1

@@ -1,7 +1,19 @@
-//! What the RPC tests on `soft` share: an engine whose one worker runs an endpoint with the
-//! standard request types and a scripted service, and the outcomes of its calls.
+//! What the RPC tests share, generic over the provider: where an engine listens and its core
+//! map (a [`Site`]), an engine whose one worker runs an endpoint with the standard request
+//! types and a scripted service, and the outcomes of its calls.
+//!
+//! The checks themselves are in the modules below, each a set of generic functions; the
+//! `*_soft.rs` files run them on `soft` (the process-wide soft fabric, each test on addresses
+//! of its own) and `rpc_ibverbs.rs` on `ibverbs` (one device, each test on ports of its own).
 
 #![allow(dead_code)]
+
+pub mod at_most_once;
+pub mod calls;
+pub mod handle;
+pub mod large;
+pub mod sched;
+pub mod typed;
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -11,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use corelink_config::{parse, StaticTopology, Validated};
-use corelink_engine::verbs::soft::Soft;
+use corelink_engine::verbs::Provider;
 use corelink_engine::{Engine, Placement};
 use corelink_rpc::{
     Endpoint, EndpointConfig, Reject, ReqType, Rpc, RpcError, RpcHandler, RpcMetrics, Service,
@@ -44,26 +56,48 @@ impl corelink_rpc::Method for AddOne {
 /// A call's outcome, as a test reads it: its tag and the response's bytes or the error.
 pub type Outcome = (u64, Result<Vec<u8>, RpcError>);
 
-/// A one-worker soft core map listening on `listen`, with `worker` lines in its `[worker]`.
-pub fn map(listen: &str, worker: &str) -> Validated {
-    let text = format!(
-        "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{listen}\"\n\
-         [worker]\nidle_after_us = 1000\n{worker}"
-    );
-    parse(&text).unwrap().validate(&StaticTopology::uniform(4)).unwrap()
+/// Where a check's engine listens, with the core map's lines that come from the provider.
+#[derive(Clone, Debug)]
+pub struct Site {
+    /// The provider's lines: `provider = "soft"`, or for `ibverbs` the provider, device, port
+    /// and GID index.
+    pub provider: String,
+    /// `[worker]` lines the provider wants before the check's own (each ending in a newline).
+    pub worker: &'static str,
+    /// The address the engine listens on (and its sessions to itself connect to).
+    pub listen: SocketAddr,
 }
 
-/// The same with two workers (cores 1 and 2).
-pub fn map2(listen: &str, worker: &str) -> Validated {
-    let text = format!(
-        "provider = \"soft\"\ncontrol_core = 0\nworkers = [1, 2]\nlisten = \"{listen}\"\n\
-         [worker]\nidle_after_us = 1000\n{worker}"
-    );
-    parse(&text).unwrap().validate(&StaticTopology::uniform(4)).unwrap()
+impl Site {
+    /// A site on the soft fabric: `ip` with the tests' port.
+    pub fn soft(ip: &str) -> Site {
+        Site { provider: "provider = \"soft\"".into(), worker: "", listen: addr(ip) }
+    }
+
+    /// A one-worker core map listening here, with `worker` lines in its `[worker]`.
+    pub fn map(&self, worker: &str) -> Validated {
+        self.map_on("[1]", worker)
+    }
+
+    /// The same with two workers (cores 1 and 2).
+    pub fn map2(&self, worker: &str) -> Validated {
+        self.map_on("[1, 2]", worker)
+    }
+
+    /// The core map with `workers` (the topology is four cores whatever the machine: a worker
+    /// on a core the machine lacks runs unpinned, with a warning).
+    fn map_on(&self, workers: &str, worker: &str) -> Validated {
+        let text = format!(
+            "{}\ncontrol_core = 0\nworkers = {workers}\nlisten = \"{}\"\n\
+             [worker]\nidle_after_us = 1000\n{}{worker}",
+            self.provider, self.listen, self.worker
+        );
+        parse(&text).unwrap().validate(&StaticTopology::uniform(4)).unwrap()
+    }
 }
 
 /// Registers the standard types on `ep`.
-pub fn serve(ep: &mut Endpoint<Soft>) {
+pub fn serve<P: Provider>(ep: &mut Endpoint<P>) {
     ep.register(ECHO, |req, resp| resp.write(req.data).map_err(|_| Reject(1))).unwrap();
     let runs = Rc::new(Cell::new(0u64));
     ep.register(COUNT, move |_, resp| {
@@ -95,8 +129,8 @@ pub struct Driver<F> {
     metrics: Arc<Mutex<RpcMetrics>>,
 }
 
-impl<F: FnMut(&mut Rpc<'_, Soft>, Ev) + 'static> Service<Soft> for Driver<F> {
-    fn poll(&mut self, rpc: &mut Rpc<'_, Soft>) {
+impl<P: Provider, F: FnMut(&mut Rpc<'_, P>, Ev) + 'static> Service<P> for Driver<F> {
+    fn poll(&mut self, rpc: &mut Rpc<'_, P>) {
         if !std::mem::replace(&mut self.started, true) {
             (self.f)(rpc, Ev::Start);
         }
@@ -105,23 +139,25 @@ impl<F: FnMut(&mut Rpc<'_, Soft>, Ev) + 'static> Service<Soft> for Driver<F> {
         }
     }
 
-    fn on_session(&mut self, rpc: &mut Rpc<'_, Soft>, session: SessionId, event: SessionEvent) {
+    fn on_session(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId, event: SessionEvent) {
         (self.f)(rpc, Ev::Session(session, event));
     }
 }
 
 /// A running engine with the standard types on its worker, `script` (made by `make` on the
 /// worker) driving its service, and the endpoint's metrics as last published.
-pub struct Rig {
-    pub engine: Engine<Soft>,
+pub struct Rig<P: Provider> {
+    /// The engine.
+    pub engine: Engine<P>,
+    /// The endpoint's metrics, as its service last published them.
     pub metrics: Arc<Mutex<RpcMetrics>>,
 }
 
-impl Rig {
+impl<P: Provider> Rig<P> {
     /// Starts it on `map` with `credits` per session.
-    pub fn start<F, M>(map: &Validated, credits: u16, make: M) -> Rig
+    pub fn start<F, M>(map: &Validated, credits: u16, make: M) -> Rig<P>
     where
-        F: FnMut(&mut Rpc<'_, Soft>, Ev) + 'static,
+        F: FnMut(&mut Rpc<'_, P>, Ev) + 'static,
         M: Fn() -> F + Send + Sync + 'static,
     {
         Rig::start_with(map, move |cfg| cfg.with_credits(credits), make)
@@ -132,15 +168,15 @@ impl Rig {
         map: &Validated,
         tune: impl Fn(EndpointConfig) -> EndpointConfig + Send + Sync + 'static,
         make: M,
-    ) -> Rig
+    ) -> Rig<P>
     where
-        F: FnMut(&mut Rpc<'_, Soft>, Ev) + 'static,
+        F: FnMut(&mut Rpc<'_, P>, Ev) + 'static,
         M: Fn() -> F + Send + Sync + 'static,
     {
         let res = map.map.worker.clone();
         let metrics = Arc::new(Mutex::new(RpcMetrics::default()));
         let published = metrics.clone();
-        let engine = Engine::<Soft>::start(map, Placement::RoundRobin, move |_| {
+        let engine = Engine::<P>::start(map, Placement::RoundRobin, move |_| {
             let cfg = tune(EndpointConfig::for_worker(&res));
             let mut ep = Endpoint::new(cfg, &res).unwrap();
             serve(&mut ep);
@@ -171,8 +207,8 @@ pub fn outcomes() -> (Sender<Outcome>, Receiver<Outcome>) {
 }
 
 /// Calls `ty` with `request` on `session`, telling `tx` the outcome under `tag`.
-pub fn call(
-    rpc: &mut Rpc<'_, Soft>,
+pub fn call<P: Provider>(
+    rpc: &mut Rpc<'_, P>,
     session: SessionId,
     ty: ReqType,
     request: &[u8],
@@ -183,8 +219,8 @@ pub fn call(
 }
 
 /// The same with deadline `timeout`.
-pub fn call_within(
-    rpc: &mut Rpc<'_, Soft>,
+pub fn call_within<P: Provider>(
+    rpc: &mut Rpc<'_, P>,
     session: SessionId,
     ty: ReqType,
     request: &[u8],
@@ -204,7 +240,12 @@ pub fn take(rx: &Receiver<Outcome>, n: usize) -> Vec<Outcome> {
     (0..n).map(|i| rx.recv_timeout(HANG).unwrap_or_else(|e| panic!("outcome {i}: {e}"))).collect()
 }
 
-/// The address `ip` with the tests' port.
+/// A payload of `n` bytes where every byte says where it is.
+pub fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+/// The address `ip` with the soft tests' port.
 pub fn addr(ip: &str) -> SocketAddr {
     format!("{ip}:7000").parse().unwrap()
 }
