@@ -296,6 +296,11 @@ impl<P: Provider> Control<P> {
         loop {
             match link.to.push(m) {
                 Ok(()) => break,
+                Err(_) if link.to.is_abandoned() => {
+                    // The worker is gone without its `Stopped` (it panicked): nobody will read.
+                    link.stopped = true;
+                    return;
+                }
                 Err(back) => {
                     m = back;
                     link.thread.unpark();
@@ -405,6 +410,13 @@ impl<P: Provider> Control<P> {
                     ToControl::Release { cm_key, qp } => self.release(w, cm_key, qp),
                     ToControl::Stopped => self.workers[w].stopped = true,
                 }
+            }
+            // A worker that panicked dropped its ring ends without saying `Stopped`: it has
+            // stopped all the same (`Engine::shutdown` reports the panic when it joins it).
+            let link = &mut self.workers[w];
+            if !link.stopped && link.from.is_abandoned() {
+                link.stopped = true;
+                any = true;
             }
         }
         any
