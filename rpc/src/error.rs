@@ -39,6 +39,18 @@ pub enum RpcError {
     /// No open session has this id on this endpoint.
     #[error("no session {0} on this endpoint")]
     NoSuchSession(SessionId),
+    /// A service's own request's token is beyond what the endpoint keeps for it.
+    #[error("a service request's token {token:#x} is beyond {max:#x} (MAX_SERVICE_TOKEN)")]
+    ServiceToken {
+        /// The token given.
+        token: u64,
+        /// The largest a service may use.
+        max: u64,
+    },
+    /// A service's own send on a session (`Rpc::submit`): messages on a session are the
+    /// endpoint's (they would be taken for malformed RPC messages).
+    #[error("{0}: a session's messages are the endpoint's; sends go as calls")]
+    SendOnSession(SessionId),
     /// The endpoint's call table is full (`EndpointConfig::max_calls`): the call was not made.
     #[error("{max} calls are in flight on this endpoint already (EndpointConfig::max_calls)")]
     TooManyCalls {
@@ -142,6 +154,10 @@ impl RpcError {
             RpcError::NoSuchType(t) => RpcError::NoSuchType(*t),
             RpcError::PeerBusy => RpcError::PeerBusy,
             RpcError::NoSuchSession(s) => RpcError::NoSuchSession(*s),
+            RpcError::ServiceToken { token, max } => {
+                RpcError::ServiceToken { token: *token, max: *max }
+            }
+            RpcError::SendOnSession(s) => RpcError::SendOnSession(*s),
             RpcError::TooManyCalls { max } => RpcError::TooManyCalls { max: *max },
             RpcError::TooManySessions { max } => RpcError::TooManySessions { max: *max },
             RpcError::TooManyCredits { credits, recvs } => {

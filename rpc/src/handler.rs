@@ -8,7 +8,7 @@ use corelink_engine::{
 use crate::endpoint::{Endpoint, Rpc};
 use crate::handle::Inbox;
 use crate::ids::SessionId;
-use crate::service::{Service, SessionEvent};
+use crate::service::{Service, SessionEnd, SessionEvent};
 
 /// A worker's engine handler for RPC: it owns the worker's [`Endpoint`] and the [`Service`]
 /// that uses it, turns the engine's connections and messages into sessions and calls, and
@@ -45,6 +45,19 @@ impl<P: Provider, S: Service<P>> RpcHandler<P, S> {
         &self.endpoint
     }
 
+    /// After a session's `Closed`, why it ended.
+    fn tell_end(
+        &mut self,
+        cx: &mut Cx<P>,
+        event: Option<(SessionId, SessionEvent)>,
+        end: SessionEnd<'_>,
+    ) {
+        if let Some((session, SessionEvent::Closed)) = event {
+            let mut rpc = Rpc { ep: &mut self.endpoint, cx };
+            self.service.on_session_end(&mut rpc, session, end);
+        }
+    }
+
     fn tell(&mut self, cx: &mut Cx<P>, event: Option<(SessionId, SessionEvent)>) {
         if let Some((session, event)) = event {
             let mut rpc = Rpc { ep: &mut self.endpoint, cx };
@@ -59,9 +72,10 @@ impl<P: Provider, S: Service<P>> Handler<P> for RpcHandler<P, S> {
         self.tell(cx, event);
     }
 
-    fn on_connect_failed(&mut self, cx: &mut Cx<P>, token: u64, _error: &EngineError) {
+    fn on_connect_failed(&mut self, cx: &mut Cx<P>, token: u64, error: &EngineError) {
         let event = self.endpoint.on_connect_failed(cx, token);
         self.tell(cx, event);
+        self.tell_end(cx, event, SessionEnd::ConnectFailed(error));
     }
 
     fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
@@ -69,12 +83,16 @@ impl<P: Provider, S: Service<P>> Handler<P> for RpcHandler<P, S> {
     }
 
     fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
-        self.endpoint.on_completion(cx, done);
+        if let Some(done) = self.endpoint.on_completion(cx, done) {
+            let mut rpc = Rpc { ep: &mut self.endpoint, cx };
+            self.service.on_completion(&mut rpc, done);
+        }
     }
 
-    fn on_closed(&mut self, cx: &mut Cx<P>, conn: ConnId, _reason: &CloseReason) {
+    fn on_closed(&mut self, cx: &mut Cx<P>, conn: ConnId, reason: &CloseReason) {
         let event = self.endpoint.on_closed(cx, conn);
         self.tell(cx, event);
+        self.tell_end(cx, event, SessionEnd::Closed(reason));
     }
 
     fn on_timer(&mut self, cx: &mut Cx<P>, token: u64) {

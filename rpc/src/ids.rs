@@ -73,9 +73,10 @@ impl fmt::Display for GroupId {
 pub struct CallId(pub(crate) u64);
 
 impl CallId {
-    /// Generations keep to 30 bits: bits 62 and 63 of an engine token tell the other kinds
-    /// of request (a response's send, the reads of large payloads).
-    pub(crate) const GENERATION_MASK: u32 = 0x3fff_ffff;
+    /// Generations keep to 29 bits: bits 62 and 63 of an engine token tell the other kinds
+    /// of request (a response's send, the reads of large payloads), and bit 61 marks the
+    /// service's own requests (`Rpc::submit`).
+    pub(crate) const GENERATION_MASK: u32 = 0x1fff_ffff;
 
     pub(crate) fn new(index: u32, generation: u32) -> Self {
         CallId(u64::from(generation & Self::GENERATION_MASK) << 32 | u64::from(index))

@@ -85,6 +85,15 @@
 //! waiting for a credit hold slots too, and one made with every slot out is refused rather
 //! than waiting.
 //!
+//! # A service's own requests, and why sessions end
+//! A session is an engine connection: [`Rpc::conn`] names it (what `Cx::grant` exposes memory
+//! to), and [`Rpc::submit`] puts the service's own one-sided requests on it (reads, writes and
+//! atomics on memory the peer granted; not sends, which are the endpoint's), their completions
+//! coming to [`Service::on_completion`] with the service's token (at most
+//! [`MAX_SERVICE_TOKEN`]). After a session's [`SessionEvent::Closed`],
+//! [`Service::on_session_end`] says why ([`SessionEnd`]: the connect's engine error, or the
+//! connection's close reason).
+//!
 //! # Calls from other threads
 //! [`handle`] makes a [`Handle`] (`Send`, not `Clone`: one per calling thread) and the
 //! [`Inbox`] its worker's [`RpcHandler::with_inbox`] drains: up to [`HANDLE_BATCH`] orders
@@ -213,11 +222,11 @@ pub mod wire;
 
 pub use balance::Member;
 pub use config::{recvs_per_session, EndpointConfig, DEFAULT_CREDITS, EXPIRE_EVERY, HANDLE_BATCH};
-pub use endpoint::{Continuation, Endpoint, Rpc};
+pub use endpoint::{Continuation, Endpoint, Rpc, MAX_SERVICE_TOKEN};
 pub use error::{Malformed, Result, RpcError};
 pub use handle::{block_on, handle, CallFuture, Handle, Inbox};
 pub use handler::RpcHandler;
 pub use ids::{CallId, GroupId, ReqType, SessionId};
 pub use metrics::RpcMetrics;
-pub use service::{Reject, Request, Response, Serve, Service, SessionEvent};
+pub use service::{Reject, Request, Response, Serve, Service, SessionEnd, SessionEvent};
 pub use typed::{decode, encode, encoded_len, Method, MethodFuture, UNDECODABLE};

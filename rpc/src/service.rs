@@ -3,7 +3,9 @@
 //! beside its endpoint.
 
 use corelink_engine::verbs::Provider;
-use corelink_engine::{Buf, Cx};
+use std::fmt;
+
+use corelink_engine::{Buf, CloseReason, Cx, Done, EngineError};
 
 use crate::endpoint::Rpc;
 use crate::error::{Result, RpcError};
@@ -126,6 +128,26 @@ pub enum SessionEvent {
     Closed,
 }
 
+/// Why a session ended (after [`SessionEvent::Closed`], [`Service::on_session_end`] tells).
+#[derive(Clone, Copy, Debug)]
+pub enum SessionEnd<'a> {
+    /// Its connect failed (refused, timed out, a limit of the engine reached...).
+    ConnectFailed(&'a EngineError),
+    /// Its connection closed, for this reason (this side closed it, the peer went away...).
+    Closed(&'a CloseReason),
+}
+
+impl fmt::Display for SessionEnd<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SessionEnd::ConnectFailed(e) => {
+                write!(f, "its connect failed: {}", corelink_engine::verbs::chain(*e))
+            }
+            SessionEnd::Closed(r) => write!(f, "its connection closed: {r}"),
+        }
+    }
+}
+
 /// What runs on each worker beside its endpoint: it makes calls (from [`Service::poll`], from
 /// continuations) and hears of sessions and timers. Request handlers are registered on the
 /// endpoint ([`crate::Endpoint::register`]).
@@ -135,8 +157,13 @@ pub trait Service<P: Provider>: 'static {
     fn poll(&mut self, rpc: &mut Rpc<'_, P>) {}
     /// A session opened or closed.
     fn on_session(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId, event: SessionEvent) {}
+    /// Why a session ended, right after its [`SessionEvent::Closed`].
+    fn on_session_end(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId, end: SessionEnd<'_>) {}
     /// A timer set with the engine's `Cx::set_timer` (through [`Rpc::cx`]) fired.
     fn on_timer(&mut self, rpc: &mut Rpc<'_, P>, token: u64) {}
+    /// One of the service's own requests ([`Rpc::submit`]) ended, with the token it was
+    /// submitted with (a failure closes the session's connection, as any failed request does).
+    fn on_completion(&mut self, rpc: &mut Rpc<'_, P>, done: Done<Buf<P>>) {}
 }
 
 /// A service that only serves (its endpoint's handlers do the work).

@@ -23,6 +23,10 @@
 #    without --wire (a host's own device has no wire to spoil).
 # Everything must have been built on the host first (cargo runs --offline here).
 set -u
+# On ibverbs every engine connection holds a file descriptor (its rdma_cm event channel): the
+# thousand sessions of step 6, both ends in one test process beside its other tests, need more
+# than the usual soft limit of 1024.
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 soft_report=${1:?usage: ci.sh SOFT_REPORT}
 : "${CORELINK_IBV_DEVICE:?run this inside tests/rxe-guest/run}"
 here=$(dirname "${BASH_SOURCE[0]}")

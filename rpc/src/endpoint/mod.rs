@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use corelink_config::WorkerResources;
 use corelink_engine::verbs::{Provider, RemoteRegion};
-use corelink_engine::{Buf, ConnId, ConnInfo, Cx, Done};
+use corelink_engine::{Buf, ConnId, ConnInfo, Cx, Done, Op};
 
 use crate::balance::Group;
 use crate::config::{recvs_per_session, EndpointConfig};
@@ -50,6 +50,14 @@ const SERVER_READ: u64 = 1 << 62;
 const CLIENT_READ: u64 = 3 << 62;
 /// The sequence bits a slot's token keeps (enough to tell its slot's last from older).
 const TOKEN_SEQ_MASK: u64 = 0x3fff;
+/// Bit 61 with kind 0: a request the service made itself ([`Rpc::submit`]); the bits below
+/// are its own token.
+const SERVICE_TOKEN: u64 = 1 << 61;
+/// The tokens a service's own requests may carry (bits 0..61).
+pub const MAX_SERVICE_TOKEN: u64 = SERVICE_TOKEN - 1;
+
+// (A call's token, its `CallId`, stays below the service's bit.)
+const _: () = assert!((CallId::GENERATION_MASK as u64) << 32 < SERVICE_TOKEN);
 
 /// The token of a request of kind `kind` for `session`'s `slot` at sequence number `seq`.
 fn slot_token(kind: u64, session: SessionId, slot: u16, seq: u64) -> u64 {
@@ -197,6 +205,36 @@ impl<P: Provider> Rpc<'_, P> {
     /// Takes `session` out of `group` (as [`Endpoint::remove_member`]).
     pub fn remove_member(&mut self, group: GroupId, session: SessionId) -> Result<bool> {
         self.ep.remove_member(group, session)
+    }
+
+    /// The engine connection under `session` (while it has one): what `Cx::grant` exposes
+    /// memory to, and what the session's peer is on the engine.
+    pub fn conn(&self, session: SessionId) -> Option<ConnId> {
+        self.ep.session(session)?.conn
+    }
+
+    /// Submits one of the service's own requests (a one-sided read, write or atomic, say on
+    /// memory the peer granted) on `session`'s connection, through the engine's scheduler
+    /// (`Cx::submit`); its completion goes to [`crate::Service::on_completion`] with `token`
+    /// (at most [`MAX_SERVICE_TOKEN`]). A send is refused: messages on a session are the
+    /// endpoint's. Refused: the request back, with why.
+    #[allow(clippy::result_large_err)]
+    pub fn submit(
+        &mut self,
+        session: SessionId,
+        op: Op<Buf<P>>,
+        token: u64,
+    ) -> std::result::Result<(), (Op<Buf<P>>, RpcError)> {
+        if token > MAX_SERVICE_TOKEN {
+            return Err((op, RpcError::ServiceToken { token, max: MAX_SERVICE_TOKEN }));
+        }
+        if matches!(op, Op::Send { .. }) {
+            return Err((op, RpcError::SendOnSession(session)));
+        }
+        let Some(conn) = self.conn(session) else {
+            return Err((op, RpcError::NoSuchSession(session)));
+        };
+        self.cx.submit(conn, op, SERVICE_TOKEN | token).map_err(|(op, e)| (op, RpcError::Engine(e)))
     }
 
     /// Closes `session`: its calls end with [`RpcError::SessionClosed`] (those in flight once
@@ -838,7 +876,22 @@ impl<P: Provider> Endpoint<P> {
 
     /// A request of this worker completed: a response's buffer is kept for its slot (or sent
     /// again, when its request came again meanwhile); a large payload read is handled.
-    pub(crate) fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
+    /// A completion of the endpoint's own requests; one of the service's ([`Rpc::submit`])
+    /// comes back, with its own token.
+    pub(crate) fn on_completion(
+        &mut self,
+        cx: &mut Cx<P>,
+        mut done: Done<Buf<P>>,
+    ) -> Option<Done<Buf<P>>> {
+        if done.token & (TOKEN_KIND | SERVICE_TOKEN) == SERVICE_TOKEN {
+            done.token &= MAX_SERVICE_TOKEN;
+            return Some(done);
+        }
+        self.own_completion(cx, done);
+        None
+    }
+
+    fn own_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         if !done.status.is_success() {
             // The connection closes, and its calls end then.
             return;

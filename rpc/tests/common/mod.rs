@@ -27,7 +27,7 @@ use corelink_engine::verbs::Provider;
 use corelink_engine::{Engine, Placement};
 use corelink_rpc::{
     Endpoint, EndpointConfig, Reject, ReqType, Rpc, RpcError, RpcHandler, RpcMetrics, Service,
-    SessionEvent, SessionId,
+    SessionEnd, SessionEvent, SessionId,
 };
 
 /// How long a step may take before the test calls it a hang (not a performance bound).
@@ -141,6 +141,14 @@ impl<P: Provider, F: FnMut(&mut Rpc<'_, P>, Ev) + 'static> Service<P> for Driver
 
     fn on_session(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId, event: SessionEvent) {
         (self.f)(rpc, Ev::Session(session, event));
+    }
+
+    /// (Said on stderr, which a failed test shows: why a session ended, unless this side
+    /// closed it.)
+    fn on_session_end(&mut self, _rpc: &mut Rpc<'_, P>, session: SessionId, end: SessionEnd<'_>) {
+        if !matches!(end, SessionEnd::Closed(corelink_engine::CloseReason::Local)) {
+            eprintln!("rpc test: {session} ended: {end}");
+        }
     }
 }
 
