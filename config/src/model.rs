@@ -298,6 +298,11 @@ pub struct CoreMap {
     /// `ConnInfo::private_data` is the peer's whole private data, answered with none. Off by
     /// default: such a request is rejected, with the reason in the reject.
     pub accept_foreign: bool,
+    /// Milliseconds a connect may take, from `Cx::connect` to the connection (address, route,
+    /// the peer's answer), queueing behind the control core's other connects included;
+    /// beyond, it fails with a timeout. An accepting side waits twice this long for a
+    /// connection's last lane. Raise it where many connects start at once on a slow host.
+    pub connect_timeout_ms: u32,
     /// Every worker's resources.
     pub worker: WorkerResources,
 }
@@ -315,6 +320,7 @@ impl Default for CoreMap {
             pin: PinPolicy::Warn,
             listen: None,
             accept_foreign: false,
+            connect_timeout_ms: 10_000,
             worker: WorkerResources::default(),
         }
     }

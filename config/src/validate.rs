@@ -40,6 +40,8 @@ pub mod limits {
     pub const MIN_RECVS_PER_LANE: u32 = 8;
     /// The largest RNR retry count that is finite (`worker.rnr_retry`; 7 retries for ever).
     pub const RNR_RETRY_INFINITE: u8 = 7;
+    /// The longest connect timeout (`connect_timeout_ms`): ten minutes.
+    pub const MAX_CONNECT_TIMEOUT_MS: u32 = 600_000;
     /// The longest keepalive interval (`worker.keepalive_ms`): an hour.
     pub const MAX_KEEPALIVE_MS: u32 = 3_600_000;
 }
@@ -317,6 +319,7 @@ impl CoreMap {
         use limits::*;
         let w = &self.worker;
         range("worker.max_conns", w.max_conns, 1, MAX_CONNS_PER_WORKER)?;
+        range("connect_timeout_ms", self.connect_timeout_ms, 1, MAX_CONNECT_TIMEOUT_MS)?;
         range("worker.recvs_per_conn", w.recvs_per_conn, 1, MAX_RECVS_PER_CONN)?;
         range("worker.recv_size", w.recv_size, 1, 1 << 30)?;
         range("worker.rnr_retry", u32::from(w.rnr_retry), 0, u32::from(RNR_RETRY_INFINITE))?;
@@ -468,6 +471,7 @@ mod tests {
             ("[worker]\nrnr_retry = 8", "worker.rnr_retry"),
             ("[worker]\nmin_rnr_timer = 32", "worker.min_rnr_timer"),
             ("[worker]\nkeepalive_ms = 3600001", "worker.keepalive_ms"),
+            ("connect_timeout_ms = 0", "connect_timeout_ms"),
             ("[worker]\ntimeout = 0", "worker.timeout"),
             ("[worker]\ntimeout = 32", "worker.timeout"),
             ("[worker]\nretry_cnt = 8", "worker.retry_cnt"),

@@ -216,6 +216,7 @@ impl<P: Provider> Engine<P> {
             per_conn: w.qps.per_conn as usize,
             recv_size: w.recv_size,
             accept_foreign: map.accept_foreign,
+            connect_timeout: std::time::Duration::from_millis(map.connect_timeout_ms.into()),
         };
         let control = Control::new(
             ctx,

@@ -267,3 +267,25 @@ fn a_failed_request_closes_every_lane_of_its_connection() {
     }
     shutdown_within_hang(e, c);
 }
+
+/// A connect to a listener that never answers fails after `connect_timeout_ms` with a timeout
+/// (the engine's connects waited a fixed 10 s; the key makes it the map's).
+#[test]
+fn a_connect_nobody_answers_fails_after_connect_timeout_ms() {
+    use corelink_engine::verbs::{Context, Provider};
+    // A plain listener that never takes its requests.
+    let ctx = Soft::open("soft0").unwrap();
+    let addr: SocketAddr = "10.81.0.9:7000".parse().unwrap();
+    let _silent = ctx.listen(addr).unwrap();
+    let text =
+        "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"10.81.0.1:7000\"\n\
+                connect_timeout_ms = 200\n[worker]\nidle_after_us = 1000";
+    let mut e = engine(text, &Arc::default());
+    let mut c = e.client(0).unwrap();
+    c.connect(addr, b"", 5).unwrap();
+    let h = wait(&mut c);
+    assert_eq!((h.token, h.conn), (5, None));
+    let why = chain(h.error.as_ref().expect("a reason")).to_string();
+    assert!(why.contains("timed out") && why.contains("10.81.0.9:7000"), "{why}");
+    e.shutdown().unwrap();
+}

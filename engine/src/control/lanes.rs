@@ -15,7 +15,7 @@
 //! goes to the worker when its last lane is up (the
 //! lane count is the connector's, whatever this side's `per_conn`). A group whose lane fails
 //! (no QP within `worker.qps.max`, a failed accept, a lane disconnected) or that waits longer
-//! than [`GROUP_TIMEOUT`] is dropped: its lanes are disconnected and recycled, and its late
+//! than twice `connect_timeout_ms` is dropped: its lanes are disconnected and recycled, and its late
 //! lanes rejected with the reason.
 
 use std::collections::HashMap;
@@ -32,12 +32,6 @@ use super::{Control, Reservation};
 use crate::error::EngineError;
 use crate::handoff::{Origin, ToWorker};
 use crate::request::ConnInfo;
-
-/// How long an outgoing lane's connect may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long an accepted connection waits for the rest of its lanes (the connector gives up
-/// on a lane after [`CONNECT_TIMEOUT`]).
-pub(super) const GROUP_TIMEOUT: Duration = Duration::from_secs(20);
 
 type Up<P> = (<P as Provider>::Qp, <P as Provider>::Connection);
 
@@ -260,7 +254,13 @@ impl<P: Provider> Control<P> {
                 app: app.to_vec(),
             }
             .to_bytes();
-            match self.ctx.connect_start(addr, &mut qp, &self.cfg.attr, &hdr, CONNECT_TIMEOUT) {
+            match self.ctx.connect_start(
+                addr,
+                &mut qp,
+                &self.cfg.attr,
+                &hdr,
+                self.cfg.connect_timeout,
+            ) {
                 Ok(connecting) => {
                     self.outgoing.lanes.push(LaneConnecting { conn: id, lane, qp, connecting })
                 }
@@ -434,7 +434,7 @@ impl<P: Provider> Control<P> {
                 };
                 let group = Accepting {
                     worker: w,
-                    deadline: Instant::now() + GROUP_TIMEOUT,
+                    deadline: Instant::now() + self.cfg.group_timeout(),
                     info,
                     lanes: (0..k).map(|_| None).collect(),
                     failed: None,
@@ -470,7 +470,7 @@ impl<P: Provider> Control<P> {
         // `finish_accepts`, one poll per loop, so that a slow or half-open peer delays no one.
         match req.accept_start(&mut qp, &self.cfg.attr, &answer) {
             Ok(accepting) => {
-                let deadline = Instant::now() + ACCEPT_WAIT.min(GROUP_TIMEOUT);
+                let deadline = Instant::now() + ACCEPT_WAIT.min(self.cfg.group_timeout());
                 let p = PendingLane { nonce, lane, lanes: k, worker: w, qp, accepting, deadline };
                 self.incoming.pending.push(p);
             }
@@ -616,7 +616,10 @@ impl<P: Provider> Control<P> {
             .map(|(n, _)| *n)
             .collect();
         for nonce in due {
-            let why = format!("not all lanes came within {GROUP_TIMEOUT:?}");
+            let why = format!(
+                "not all lanes came within {:?} (twice connect_timeout_ms)",
+                self.cfg.group_timeout()
+            );
             self.fail_incoming(nonce, why);
             self.incoming.groups.remove(&nonce);
         }

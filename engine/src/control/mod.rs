@@ -105,6 +105,16 @@ pub(crate) struct ControlCfg {
     pub(crate) recv_size: u32,
     /// Whether requests without the engine's header are accepted (`accept_foreign`).
     pub(crate) accept_foreign: bool,
+    /// How long a connect may take (`connect_timeout_ms`).
+    pub(crate) connect_timeout: Duration,
+}
+
+impl ControlCfg {
+    /// How long an accepted connection waits for the rest of its lanes: twice what its
+    /// connector gives each lane.
+    pub(crate) fn group_timeout(&self) -> Duration {
+        self.connect_timeout * 2
+    }
 }
 
 /// A lane handed to a worker, by cm key.

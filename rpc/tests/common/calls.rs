@@ -388,6 +388,10 @@ pub const MANY_SESSIONS: &str = "max_conns = 1024\nrecvs_per_conn = 8\nrecv_size
                                  [worker.batching]\nsignal_every = 8\n\
                                  [worker.qps]\nmax = 1100";
 
+/// The thousand connects start at once and queue behind each other on both control cores:
+/// in the emulated Soft-RoCE guest the last of them came after more than the default 10 s.
+pub const MANY_TOP: &str = "connect_timeout_ms = 120000";
+
 /// `sessions` sessions (at most 1,000) from one engine's worker (listening on `client`) to
 /// another's (the server, on `server`), opened together, three calls on each, every one
 /// answered with its echo; the server accepts each session once and holds them all at once.
@@ -396,7 +400,7 @@ pub fn many_sessions_on_one_server<P: Provider>(server: &Site, client: &Site, se
     // Sessions accepted, and the most the server's endpoint held at once.
     let (accepted, peak) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let (counted, peaked) = (accepted.clone(), peak.clone());
-    let server_rig = Rig::<P>::start(&server.map(MANY_SESSIONS), 8, move || {
+    let server_rig = Rig::<P>::start(&server.map_with(MANY_TOP, MANY_SESSIONS), 8, move || {
         let (counted, peaked) = (counted.clone(), peaked.clone());
         move |rpc, ev| {
             if let Ev::Session(_, SessionEvent::Accepted) = ev {
@@ -407,7 +411,7 @@ pub fn many_sessions_on_one_server<P: Provider>(server: &Site, client: &Site, se
     });
     let at = server.listen;
     let (tx, rx) = outcomes();
-    let client_rig = Rig::<P>::start(&client.map(MANY_SESSIONS), 8, move || {
+    let client_rig = Rig::<P>::start(&client.map_with(MANY_TOP, MANY_SESSIONS), 8, move || {
         let tx = tx.clone();
         move |rpc, ev| {
             if let Ev::Start = ev {

@@ -84,11 +84,20 @@ impl Site {
         self.map_on("[1, 2]", worker)
     }
 
+    /// A one-worker core map with `top` lines before its `[worker]` and `worker` lines in it.
+    pub fn map_with(&self, top: &str, worker: &str) -> Validated {
+        self.map_full("[1]", top, worker)
+    }
+
     /// The core map with `workers` (the topology is four cores whatever the machine: a worker
     /// on a core the machine lacks runs unpinned, with a warning).
     fn map_on(&self, workers: &str, worker: &str) -> Validated {
+        self.map_full(workers, "", worker)
+    }
+
+    fn map_full(&self, workers: &str, top: &str, worker: &str) -> Validated {
         let text = format!(
-            "{}\ncontrol_core = 0\nworkers = {workers}\nlisten = \"{}\"\n\
+            "{}\ncontrol_core = 0\nworkers = {workers}\nlisten = \"{}\"\n{top}\n\
              [worker]\nidle_after_us = 1000\n{}{worker}",
             self.provider, self.listen, self.worker
         );
