@@ -42,7 +42,7 @@ use corelink_config::{PoolClass, Validated};
 use corelink_engine::verbs::Provider;
 use corelink_rpc::{block_on, Endpoint, EndpointConfig, Handle, Reject, ReqType, SessionId};
 use engine_common::{Common, Fail, Role};
-use rpc_common::{rpc_fail, Example, NoServer, Started};
+use rpc_common::{rpc_fail, Ends, Example, NoServer, Started};
 
 /// The file: its id, bytes, block size, servers.
 const FILE_ID: u32 = 7;
@@ -182,22 +182,30 @@ struct Reads {
 }
 
 /// Reads the whole file: every block request at once (to its first holder), then the answers
-/// in order; a block whose call failed is asked again of its holders in turn.
-fn read_file(h: &mut Handle, sessions: &[SessionId], retries: &mut u64) -> Result<Vec<u8>, Fail> {
+/// in order; a block whose call failed is asked again of its holders in turn. A failure says
+/// why the session of the last try ended, if it did.
+fn read_file(
+    h: &mut Handle,
+    sessions: &[SessionId],
+    ends: &Ends,
+    retries: &mut u64,
+) -> Result<Vec<u8>, Fail> {
     let calls: Vec<_> = (0..BLOCKS)
         .map(|b| h.call_async(sessions[holders(b)[0]], READ_BLOCK, request(b).to_vec(), CALL))
         .collect();
     let mut file = vec![0u8; FILE];
     for (b, call) in calls.into_iter().enumerate() {
         let mut got = block_on(call);
+        let mut on = sessions[holders(b)[0]];
         for &s in holders(b).iter().cycle().skip(1).take(3) {
             if got.is_ok() {
                 break;
             }
             *retries += 1;
-            got = h.call(sessions[s], READ_BLOCK, &request(b), CALL);
+            on = sessions[s];
+            got = h.call(on, READ_BLOCK, &request(b), CALL);
         }
-        let bytes = got.map_err(rpc_fail(&format!("block {b}")))?;
+        let bytes = got.map_err(ends.fail(&format!("block {b}"), on))?;
         if bytes.len() != BLOCK {
             return Err(Fail::Run(format!("block {b}: {} bytes, {BLOCK} expected", bytes.len())));
         }
@@ -249,12 +257,13 @@ fn client<P: Provider>(a: &Common, addr: SocketAddr, reads: u32) -> Result<Reads
             .drain(..)
             .map(|mut h| {
                 let (sessions, want, barrier) = (sessions.clone(), want.clone(), barrier.clone());
+                let ends = c.ends.clone();
                 std::thread::spawn(move || -> Result<(u64, Duration), Fail> {
                     let (mut retries, mut took) = (0, Duration::ZERO);
                     for r in 0..reads {
                         barrier.wait();
                         let t = Instant::now();
-                        let file = read_file(&mut h, &sessions, &mut retries);
+                        let file = read_file(&mut h, &sessions, &ends, &mut retries);
                         took += t.elapsed();
                         match file {
                             Ok(f) if f == *want => {}
@@ -296,7 +305,7 @@ fn client<P: Provider>(a: &Common, addr: SocketAddr, reads: u32) -> Result<Reads
             m.calls - m.merged
         );
         for &s in &sessions {
-            control.close(s).map_err(rpc_fail("close"))?;
+            control.close(s).map_err(c.ends.fail("close", s))?;
         }
         Ok(Reads { calls: m.calls, merged: m.merged, retries })
     })();

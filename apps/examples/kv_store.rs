@@ -48,10 +48,10 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use corelink_engine::verbs::{AccessFlags, Provider, RemoteAddr, RemoteRegion};
-use corelink_engine::{ConnId, Memory};
+use corelink_engine::Memory;
 use corelink_rpc::{Endpoint, EndpointConfig, Handle, Method, Reject, ReqType, Rpc, SessionId};
 use engine_common::{Common, Fail, Role};
-use rpc_common::{fnv1a64, rpc_fail, Example, OneSided, Serving, FNV_SEED};
+use rpc_common::{fnv1a64, rpc_fail, Ends, Example, OneSided, Serving, FNV_SEED};
 use serde::{Deserialize, Serialize};
 
 /// Slots in the table, and bytes per slot.
@@ -318,10 +318,10 @@ impl<P: Provider> Serving<P> for KvServer<P> {
         }
     }
 
-    fn accepted(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId, conn: ConnId) {
+    fn accepted(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId) {
         self.ensure_memory(rpc);
         let mut s = self.0.borrow_mut();
-        let Some(mem) = s.mem.as_ref() else { return };
+        let (Some(mem), Some(conn)) = (s.mem.as_ref(), rpc.conn(session)) else { return };
         match rpc.cx().grant(conn, mem, 0, SLOTS * SLOT, AccessFlags::REMOTE_READ) {
             Ok(g) => {
                 s.grants.insert(session, g.region);
@@ -395,18 +395,26 @@ impl Stats {
 struct Kv {
     rpc: Handle,
     os: OneSided,
+    /// Why sessions ended, for the failures.
+    ends: Ends,
     session: SessionId,
     table: TableInfo,
     stats: Stats,
 }
 
 impl Kv {
+    fn new(rpc: Handle, os: OneSided, ends: &Ends, session: SessionId, table: TableInfo) -> Kv {
+        Kv { rpc, os, ends: ends.clone(), session, table, stats: Stats::default() }
+    }
+
     fn put(&mut self, key: u64, v: Vec<u8>) -> Result<(), Fail> {
-        self.rpc.call_method::<Put>(self.session, &(key, v), CALL).map_err(rpc_fail("put"))
+        let fail = self.ends.fail("put", self.session);
+        self.rpc.call_method::<Put>(self.session, &(key, v), CALL).map_err(fail)
     }
 
     fn delete(&mut self, key: u64) -> Result<bool, Fail> {
-        self.rpc.call_method::<Delete>(self.session, &key, CALL).map_err(rpc_fail("delete"))
+        let fail = self.ends.fail("delete", self.session);
+        self.rpc.call_method::<Delete>(self.session, &key, CALL).map_err(fail)
     }
 
     /// One RDMA read of the key's slot, checked; the `get` RPC if the check fails.
@@ -431,7 +439,8 @@ impl Kv {
             Seen::Elsewhere => self.stats.elsewhere += 1,
         }
         self.stats.fallbacks += 1;
-        self.rpc.call_method::<Get>(self.session, &key, CALL).map_err(rpc_fail("get"))
+        let fail = self.ends.fail("get", self.session);
+        self.rpc.call_method::<Get>(self.session, &key, CALL).map_err(fail)
     }
 }
 
@@ -449,7 +458,8 @@ fn client<P: Provider>(a: &Common, addr: SocketAddr) -> Result<(), Fail> {
     let res = (|| {
         let mut h = c.handles.remove(0);
         let session = h.connect(addr).map_err(rpc_fail("connect"))?;
-        let table = h.call_method::<Hello>(session, &(), CALL).map_err(rpc_fail("hello"))?;
+        let table =
+            h.call_method::<Hello>(session, &(), CALL).map_err(c.ends.fail("hello", session))?;
         if table.slot as usize != SLOT {
             return Err(Fail::Run(format!("a slot of {} B, {SLOT} expected", table.slot)));
         }
@@ -457,11 +467,10 @@ fn client<P: Provider>(a: &Common, addr: SocketAddr) -> Result<(), Fail> {
             "kv_store client: table at {:#x} (rkey {:#x}): {} slots of {} B, read-only",
             table.addr, table.rkey, table.slots, table.slot
         );
-        let mut kv =
-            Kv { rpc: h, os: c.one_sided.another(), session, table, stats: Stats::default() };
+        let mut kv = Kv::new(h, c.one_sided.another(), &c.ends, session, table);
         let basic = round(&mut kv)?;
-        let stress = torn_reads(&mut c.handles, &c.one_sided, session, table, a.count)?;
-        kv.rpc.close(session).map_err(rpc_fail("close"))?;
+        let stress = torn_reads(&mut c.handles, &c.one_sided, &c.ends, session, table, a.count)?;
+        kv.rpc.close(session).map_err(c.ends.fail("close", session))?;
         println!("{basic}\n{stress}");
         Ok(())
     })();
@@ -536,12 +545,12 @@ fn round(kv: &mut Kv) -> Result<String, Fail> {
 fn torn_reads(
     handles: &mut Vec<Handle>,
     os: &OneSided,
+    ends: &Ends,
     session: SessionId,
     table: TableInfo,
     count: u32,
 ) -> Result<String, Fail> {
-    let mut first =
-        Kv { rpc: handles.remove(0), os: os.another(), session, table, stats: Stats::default() };
+    let mut first = Kv::new(handles.remove(0), os.another(), ends, session, table);
     for &k in &HOT {
         first.put(k, value(k, 0))?;
     }
@@ -551,7 +560,7 @@ fn torn_reads(
     let mut writers = Vec::new();
     let mut readers = Vec::new();
     for (i, h) in handles.drain(..).enumerate() {
-        let mut kv = Kv { rpc: h, os: os.another(), session, table, stats: Stats::default() };
+        let mut kv = Kv::new(h, os.another(), ends, session, table);
         let stop = stop.clone();
         if i < WRITERS {
             writers.push(std::thread::spawn(move || -> Result<u64, Fail> {

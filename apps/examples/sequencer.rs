@@ -19,8 +19,8 @@
 //! usual `IBV_ATOMIC_HCA`), not with the server CPU's, so an RPC handler that incremented the
 //! word the NICs add to could lose or repeat numbers. Both paths here include the hand-over
 //! from the client's thread to its worker (an RPC through a `Handle`, a fetch-and-add through
-//! the worker's order channel). Exit status: 0 when every check held, 1 if not, 2 on bad
-//! usage.
+//! the worker's order channel, which its service submits with `Rpc::submit`). Exit status: 0
+//! when every check held, 1 if not, 2 on bad usage.
 
 #[allow(dead_code)] // its command line and core map; not its handler pair
 mod engine_common;
@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use corelink_engine::verbs::{AccessFlags, Provider, RemoteAddr, RemoteRegion};
-use corelink_engine::{ConnId, Memory};
+use corelink_engine::Memory;
 use corelink_rpc::{Endpoint, EndpointConfig, Method, Reject, ReqType, Rpc, SessionId};
 use engine_common::{Common, Fail, Role};
 use rpc_common::{rpc_fail, Example, Serving};
@@ -91,14 +91,14 @@ struct Seq<P: Provider> {
 }
 
 impl<P: Provider> Serving<P> for Seq<P> {
-    fn accepted(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId, conn: ConnId) {
+    fn accepted(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId) {
         if self.mem.is_none() {
             match rpc.cx().register_memory(64, false) {
                 Ok(m) => self.mem = Some(m),
                 Err(e) => return eprintln!("sequencer server: registering the word: {e}"),
             }
         }
-        let Some(mem) = &self.mem else { return };
+        let (Some(mem), Some(conn)) = (&self.mem, rpc.conn(session)) else { return };
         let rights = AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_READ;
         match rpc.cx().grant(conn, mem, 0, 8, rights) {
             Ok(g) => self.grants.borrow_mut().push((session, g.region)),
@@ -189,10 +189,10 @@ fn client<P: Provider>(a: &Common, addr: SocketAddr) -> Result<(), Fail> {
         .drain(..)
         .map(|mut h| {
             let mut os = c.one_sided.another();
-            let barrier = barrier.clone();
+            let (ends, barrier) = (c.ends.clone(), barrier.clone());
             std::thread::spawn(move || -> Result<[(Vec<u64>, Duration); 2], Fail> {
                 let setup = h.connect(addr).map_err(rpc_fail("connect")).and_then(|s| {
-                    let w = h.call_method::<Hello>(s, &(), CALL).map_err(rpc_fail("hello"))?;
+                    let w = h.call_method::<Hello>(s, &(), CALL).map_err(ends.fail("hello", s))?;
                     Ok((s, RemoteAddr { addr: w.addr, rkey: w.rkey }))
                 });
                 // Every client waits for the others at each step, whatever its own came to
@@ -200,7 +200,7 @@ fn client<P: Provider>(a: &Common, addr: SocketAddr) -> Result<(), Fail> {
                 barrier.wait(); // every client connected
                 let by_rpc = match &setup {
                     Ok((s, _)) => take(count, || {
-                        h.call_method::<Next>(*s, &(), CALL).map_err(rpc_fail("next"))
+                        h.call_method::<Next>(*s, &(), CALL).map_err(ends.fail("next", *s))
                     }),
                     Err(_) => Ok((Vec::new(), Duration::ZERO)),
                 };
@@ -214,7 +214,7 @@ fn client<P: Provider>(a: &Common, addr: SocketAddr) -> Result<(), Fail> {
                 };
                 barrier.wait(); // every client took its numbers one-sided
                 let (session, _) = setup?;
-                h.close(session).map_err(rpc_fail("close"))?;
+                h.close(session).map_err(ends.fail("close", session))?;
                 Ok([by_rpc?, one_sided?])
             })
         })

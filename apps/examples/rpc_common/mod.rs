@@ -1,42 +1,30 @@
 //! What the RPC examples (`kv_store`, `sequencer`, `file_read`) share: the provider dispatch
 //! after the command line (`engine_common`'s flags and core map), an engine whose one worker
-//! runs an RPC endpoint, and one-sided requests from application threads.
+//! runs an RPC endpoint (its engine handler the plain `RpcHandler`), and one-sided requests from
+//! application threads.
 //!
-//! - [`Host`] is the worker's engine handler: the RPC layer's `RpcHandler` plus what its
-//!   `Service` does not hear: the completions of the service's own one-sided requests (the
-//!   endpoint takes every completion and drops those that are not its own), the engine
-//!   connection of each client session (a one-sided request names a connection), and the
-//!   connection of a session just accepted (a server grants memory per connection).
-//! - [`Agent`] is the service: it carries out [`OneSided`] orders (reads and fetch-and-adds
-//!   from other threads, as the RPC layer's `Handle` carries out calls), runs an example's
-//!   server part ([`Serving`]), publishes the endpoint's metrics and says when a session it
-//!   served closed.
+//! [`Agent`] is the worker's service: it carries out [`OneSided`] orders (reads and
+//! fetch-and-adds from other threads, as the RPC layer's `Handle` carries out calls) with
+//! `Rpc::submit` on the session's connection, hearing their completions in
+//! `Service::on_completion`; runs an example's server part ([`Serving`], which grants memory to
+//! `Rpc::conn` of each session it accepts); publishes the endpoint's metrics; and keeps why
+//! each session ended (`Service::on_session_end`, [`Ends`]) for the examples' failure reports.
 
-use std::cell::RefCell;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::rc::Rc;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use corelink_config::{ProviderKind, Validated, WorkerResources};
 use corelink_engine::verbs::{Provider, RemoteAddr, Waker, WcStatus};
-use corelink_engine::{
-    Buf, CloseReason, ConnId, ConnInfo, Cx, Done, Engine, EngineError, Handler, Message, OpKind,
-    Placement,
-};
+use corelink_engine::{Buf, Done, Engine, EngineError, Op, OpKind, Placement};
 use corelink_rpc::{
-    Endpoint, Handle, Inbox, Rpc, RpcError, RpcHandler, RpcMetrics, Service, SessionEvent,
-    SessionId,
+    Endpoint, Handle, Inbox, Rpc, RpcError, RpcHandler, RpcMetrics, Service, SessionEnd,
+    SessionEvent, SessionId, MAX_SERVICE_TOKEN,
 };
 
 use crate::engine_common::{core_map, role_name, Common, Fail, Role};
-
-/// Bits 62 and 63 of an engine token name the endpoint's own reads (of large payloads); the
-/// agent's tokens keep them clear, and its requests are never sends, so a completion that is
-/// not a send and has them clear is the agent's.
-const ENDPOINT_KINDS: u64 = 3 << 62;
 
 /// An example: what it runs in each role on provider `P`.
 pub trait Example {
@@ -103,75 +91,15 @@ pub fn map(a: &Common, listen: Option<SocketAddr>) -> Result<Validated, Fail> {
     Ok(cfg)
 }
 
-/// What a [`Host`] tells its [`Agent`]: what the RPC layer's service does not hear.
-pub struct Links<P: Provider> {
-    /// The engine connection of each client session.
-    conns: HashMap<SessionId, ConnId>,
-    /// The connection just accepted (its session is announced right after).
-    accepted: Option<ConnId>,
-    /// Completions of the agent's own requests, for its next poll.
-    done: VecDeque<Done<Buf<P>>>,
-}
-
-/// A worker's engine handler: the endpoint's `RpcHandler`, and the [`Links`] it shares with
-/// its [`Agent`].
-pub struct Host<P: Provider, S: Service<P>> {
-    inner: RpcHandler<P, S>,
-    links: Rc<RefCell<Links<P>>>,
-}
-
-impl<P: Provider, S: Service<P>> Handler<P> for Host<P, S> {
-    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
-        {
-            let mut l = self.links.borrow_mut();
-            if info.initiated {
-                l.conns.insert(SessionId::from_wire(info.token as u32), conn);
-            } else {
-                l.accepted = Some(conn);
-            }
-        }
-        self.inner.on_connected(cx, conn, info);
-        self.links.borrow_mut().accepted = None;
-    }
-
-    fn on_connect_failed(&mut self, cx: &mut Cx<P>, token: u64, error: &EngineError) {
-        self.inner.on_connect_failed(cx, token, error);
-    }
-
-    fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
-        self.inner.on_message(cx, conn, msg);
-    }
-
-    fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
-        if done.kind != OpKind::Send && done.token & ENDPOINT_KINDS == 0 {
-            self.links.borrow_mut().done.push_back(done);
-        } else {
-            self.inner.on_completion(cx, done);
-        }
-    }
-
-    fn on_closed(&mut self, cx: &mut Cx<P>, conn: ConnId, reason: &CloseReason) {
-        self.links.borrow_mut().conns.retain(|_, c| *c != conn);
-        self.inner.on_closed(cx, conn, reason);
-    }
-
-    fn on_timer(&mut self, cx: &mut Cx<P>, token: u64) {
-        self.inner.on_timer(cx, token);
-    }
-
-    fn poll(&mut self, cx: &mut Cx<P>) {
-        self.inner.poll(cx);
-    }
-}
-
 /// An example's server part, run by its worker's [`Agent`].
 #[allow(unused_variables)]
 pub trait Serving<P: Provider>: 'static {
     /// Every loop iteration.
     fn poll(&mut self, rpc: &mut Rpc<'_, P>) {}
-    /// A peer opened `session`, on engine connection `conn` (to grant it memory).
-    fn accepted(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId, conn: ConnId) {}
-    /// A session it served closed.
+    /// A peer opened `session` (`rpc.conn(session)` is its engine connection, to grant it
+    /// memory).
+    fn accepted(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId) {}
+    /// A session it served ended.
     fn closed(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId) {}
 }
 
@@ -179,6 +107,47 @@ pub trait Serving<P: Provider>: 'static {
 pub struct NoServer;
 
 impl<P: Provider> Serving<P> for NoServer {}
+
+/// Why each client session of a worker ended, as its service heard it
+/// (`Service::on_session_end`): what the examples' failure reports add to an error on a
+/// session. (A served session's end goes to [`Started::closed`].)
+#[derive(Clone, Default)]
+pub struct Ends(Arc<Mutex<HashMap<SessionId, String>>>);
+
+impl Ends {
+    fn record(&self, session: SessionId, why: String) {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(session, why);
+        }
+    }
+
+    /// Why `session` ended, if it did: waits up to a second for the worker to hear it (a
+    /// failed request or call comes first, its connection's close just after).
+    pub fn why(&self, session: SessionId) -> Option<String> {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            if let Some(why) = self.0.lock().ok().and_then(|m| m.get(&session).cloned()) {
+                return Some(why);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// An RPC error on `session` as a run failure, with what was being done and, when the
+    /// session ended, why.
+    pub fn fail<'a>(&'a self, what: &'a str, session: SessionId) -> impl Fn(RpcError) -> Fail + 'a {
+        move |e| {
+            let e = corelink_verbs::chain(&e);
+            match self.why(session) {
+                Some(why) => Fail::Run(format!("{what}: {e} (session {session} ended: {why})")),
+                None => Fail::Run(format!("{what}: {e}")),
+            }
+        }
+    }
+}
 
 /// A one-sided request from another thread.
 enum OneOp {
@@ -206,85 +175,74 @@ enum Outcome {
 /// Why a one-sided request from a thread failed.
 #[derive(Debug, thiserror::Error)]
 pub enum OpError {
-    /// The session has no open connection on the worker.
-    #[error("session {0} has no open connection")]
-    NoConnection(SessionId),
-    /// The engine refused the request.
-    #[error("the engine refused the request")]
-    Engine(#[source] EngineError),
+    /// No buffer for a read.
+    #[error("no buffer for the read: {}", corelink_verbs::chain(.0))]
+    Alloc(EngineError),
+    /// The endpoint refused it (`Rpc::submit`: no such session, the engine's refusal...).
+    #[error("the endpoint refused it: {}", corelink_verbs::chain(.0))]
+    Refused(RpcError),
     /// It completed with an error status.
     #[error("it completed with {0:?}")]
     Status(WcStatus),
     /// No answer within the timeout, or the worker is gone.
     #[error("no answer from the worker")]
     NoAnswer,
+    /// It failed, and its session ended: why.
+    #[error("{error} (session {session} ended: {why})")]
+    Ended {
+        /// The session.
+        session: SessionId,
+        /// How the request failed.
+        error: Box<OpError>,
+        /// Why the session ended (`SessionEnd`, as it displays).
+        why: String,
+    },
 }
 
-/// The service of a worker: [`OneSided`] orders, the example's [`Serving`] part, metrics.
-pub struct Agent<P: Provider, H> {
-    links: Rc<RefCell<Links<P>>>,
+/// The service of a worker: [`OneSided`] orders, the example's [`Serving`] part, metrics,
+/// why sessions ended.
+pub struct Agent<H> {
     serving: H,
     orders: Receiver<Order>,
     waker: Arc<OnceLock<Waker>>,
+    /// The orders submitted, by their service token.
     pending: HashMap<u64, (u64, Sender<Answer>)>,
     token: u64,
     served: HashSet<SessionId>,
     metrics: Arc<Mutex<RpcMetrics>>,
-    closed: Sender<SessionId>,
+    ends: Ends,
+    closed: Sender<(SessionId, String)>,
 }
 
-impl<P: Provider, H: Serving<P>> Agent<P, H> {
-    fn issue(&mut self, rpc: &mut Rpc<'_, P>, o: Order) {
-        let conn = self.links.borrow().conns.get(&o.session).copied();
-        let Some(conn) = conn else {
-            let _ = o.reply.send((o.seq, Err(OpError::NoConnection(o.session))));
-            return;
-        };
-        self.token = (self.token + 1) & !ENDPOINT_KINDS;
+impl<H> Agent<H> {
+    fn issue<P: Provider>(&mut self, rpc: &mut Rpc<'_, P>, o: Order) {
+        self.token = (self.token + 1) & MAX_SERVICE_TOKEN;
         let t = self.token;
-        let cx = rpc.cx();
-        let res = match o.op {
-            OneOp::Read { remote, len } => match cx.alloc(len) {
-                Ok(b) => cx.read(conn, b, remote, t).map_err(|(_, e)| e),
-                Err(e) => Err(e),
+        let op = match o.op {
+            OneOp::Read { remote, len } => match rpc.cx().alloc(len) {
+                Ok(buf) => Op::Read { buf, remote },
+                Err(e) => {
+                    let _ = o.reply.send((o.seq, Err(OpError::Alloc(e))));
+                    return;
+                }
             },
-            OneOp::FetchAdd { remote, add } => {
-                cx.fetch_add(conn, remote, add, t).map_err(|(_, e)| e)
-            }
+            OneOp::FetchAdd { remote, add } => Op::FetchAdd { remote, add },
         };
-        match res {
+        match rpc.submit(o.session, op, t) {
             Ok(()) => {
                 self.pending.insert(t, (o.seq, o.reply));
             }
-            Err(e) => {
-                let _ = o.reply.send((o.seq, Err(OpError::Engine(e))));
+            Err((_, e)) => {
+                let _ = o.reply.send((o.seq, Err(OpError::Refused(e))));
             }
         }
-    }
-
-    fn complete(&mut self, done: Done<Buf<P>>) {
-        let Some((seq, reply)) = self.pending.remove(&done.token) else { return };
-        let out = match (done.status.is_success(), done.kind, done.buf, done.old_value) {
-            (false, ..) => Err(OpError::Status(done.status)),
-            (true, OpKind::Read, Some(b), _) => Ok(Outcome::Bytes(b.as_slice().to_vec())),
-            (true, _, _, Some(old)) => Ok(Outcome::Old(old)),
-            (true, ..) => Err(OpError::Status(done.status)),
-        };
-        let _ = reply.send((seq, out));
     }
 }
 
-impl<P: Provider, H: Serving<P>> Service<P> for Agent<P, H> {
+impl<P: Provider, H: Serving<P>> Service<P> for Agent<H> {
     fn poll(&mut self, rpc: &mut Rpc<'_, P>) {
         if self.waker.get().is_none() {
             let _ = self.waker.set(rpc.cx().waker());
-        }
-        loop {
-            let done = self.links.borrow_mut().done.pop_front();
-            match done {
-                Some(d) => self.complete(d),
-                None => break,
-            }
         }
         while let Ok(o) = self.orders.try_recv() {
             self.issue(rpc, o);
@@ -295,20 +253,31 @@ impl<P: Provider, H: Serving<P>> Service<P> for Agent<P, H> {
         }
     }
 
+    fn on_completion(&mut self, _rpc: &mut Rpc<'_, P>, done: Done<Buf<P>>) {
+        let Some((seq, reply)) = self.pending.remove(&done.token) else { return };
+        let out = match (done.status.is_success(), done.kind, done.buf, done.old_value) {
+            (false, ..) => Err(OpError::Status(done.status)),
+            (true, OpKind::Read, Some(b), _) => Ok(Outcome::Bytes(b.as_slice().to_vec())),
+            (true, _, _, Some(old)) => Ok(Outcome::Old(old)),
+            (true, ..) => Err(OpError::Status(done.status)),
+        };
+        let _ = reply.send((seq, out));
+    }
+
     fn on_session(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId, event: SessionEvent) {
-        match event {
-            SessionEvent::Accepted => {
-                let conn = self.links.borrow_mut().accepted.take();
-                if let Some(conn) = conn {
-                    self.served.insert(session);
-                    self.serving.accepted(rpc, session, conn);
-                }
-            }
-            SessionEvent::Closed if self.served.remove(&session) => {
-                self.serving.closed(rpc, session);
-                let _ = self.closed.send(session);
-            }
-            _ => {}
+        if event == SessionEvent::Accepted {
+            self.served.insert(session);
+            self.serving.accepted(rpc, session);
+        }
+    }
+
+    fn on_session_end(&mut self, rpc: &mut Rpc<'_, P>, session: SessionId, end: SessionEnd<'_>) {
+        let why = end.to_string();
+        if self.served.remove(&session) {
+            self.serving.closed(rpc, session);
+            let _ = self.closed.send((session, why));
+        } else {
+            self.ends.record(session, why);
         }
     }
 }
@@ -321,6 +290,7 @@ pub struct OneSided {
     reply_tx: Sender<Answer>,
     reply_rx: Receiver<Answer>,
     seq: u64,
+    ends: Ends,
 }
 
 impl OneSided {
@@ -333,10 +303,20 @@ impl OneSided {
             reply_tx,
             reply_rx,
             seq: 0,
+            ends: self.ends.clone(),
         }
     }
 
+    /// Has the worker's service submit `op` on `session` and waits for its completion; a
+    /// failure says why the session ended, if it did.
     fn run(&mut self, session: SessionId, op: OneOp) -> Result<Outcome, OpError> {
+        self.answer(session, op).map_err(|error| match self.ends.why(session) {
+            Some(why) => OpError::Ended { session, error: Box::new(error), why },
+            None => error,
+        })
+    }
+
+    fn answer(&mut self, session: SessionId, op: OneOp) -> Result<Outcome, OpError> {
         self.seq += 1;
         let order = Order { session, op, seq: self.seq, reply: self.reply_tx.clone() };
         self.orders.send(order).map_err(|_| OpError::NoAnswer)?;
@@ -390,21 +370,32 @@ pub struct Started<P: Provider> {
     pub one_sided: OneSided,
     /// The worker's endpoint's metrics, as last published.
     pub metrics: Arc<Mutex<RpcMetrics>>,
-    /// Sessions the worker served that closed.
-    pub closed: Receiver<SessionId>,
+    /// Why the worker's client sessions ended.
+    pub ends: Ends,
+    /// Sessions the worker served that ended, and why.
+    pub closed: Receiver<(SessionId, String)>,
 }
 
 impl<P: Provider> Started<P> {
-    /// Waits for `n` sessions it served to close (`timeout` at most).
+    /// Waits for `n` sessions it served to close (`timeout` at most); a failure says why
+    /// those that did ended.
     pub fn wait_closed(&self, n: u32, timeout: Duration) -> Result<(), Fail> {
         let deadline = Instant::now() + timeout;
+        let mut ended = Vec::new();
         for i in 0..n {
             let left = deadline.saturating_duration_since(Instant::now());
-            if self.closed.recv_timeout(left).is_err() {
-                return Err(Fail::Run(format!(
-                    "{i} of {n} client sessions closed within {} s",
-                    timeout.as_secs()
-                )));
+            match self.closed.recv_timeout(left) {
+                Ok((session, why)) => ended.push(format!("{session}: {why}")),
+                Err(_) => {
+                    let why = match ended.is_empty() {
+                        true => String::new(),
+                        false => format!(" ({})", ended.join("; ")),
+                    };
+                    return Err(Fail::Run(format!(
+                        "{i} of {n} client sessions closed within {} s{why}",
+                        timeout.as_secs()
+                    )));
+                }
             }
         }
         Ok(())
@@ -457,21 +448,16 @@ pub fn start<P: Provider, H: Serving<P>>(
     let orders_rx = Mutex::new(Some(orders_rx));
     let waker = Arc::new(OnceLock::new());
     let metrics = Arc::new(Mutex::new(RpcMetrics::default()));
+    let ends = Ends::default();
     let (closed_tx, closed_rx) = mpsc::channel();
-    let (w, m) = (waker.clone(), metrics.clone());
+    let (w, m, e) = (waker.clone(), metrics.clone(), ends.clone());
     let closed_tx = Mutex::new(closed_tx);
     let engine = Engine::<P>::start(cfg, Placement::RoundRobin, move |_| {
         // Checked above; the same again cannot fail (the resources are the same).
         let (endpoint, serving) = make(&res).expect("the endpoint was made once already");
-        let links = Rc::new(RefCell::new(Links {
-            conns: HashMap::new(),
-            accepted: None,
-            done: VecDeque::new(),
-        }));
         let orders =
             orders_rx.lock().ok().and_then(|mut o| o.take()).unwrap_or_else(|| mpsc::channel().1);
         let agent = Agent {
-            links: links.clone(),
             serving,
             orders,
             waker: w.clone(),
@@ -479,20 +465,22 @@ pub fn start<P: Provider, H: Serving<P>>(
             token: 0,
             served: HashSet::new(),
             metrics: m.clone(),
+            ends: e.clone(),
             closed: closed_tx.lock().map(|t| t.clone()).unwrap_or_else(|_| mpsc::channel().0),
         };
-        let mut inner = RpcHandler::new(endpoint, agent);
+        let mut handler = RpcHandler::new(endpoint, agent);
         for inbox in inboxes.lock().ok().and_then(|mut i| i.take()).unwrap_or_default() {
-            inner = inner.with_inbox(inbox);
+            handler = handler.with_inbox(inbox);
         }
-        Host { inner, links }
+        handler
     })
     .map_err(|e| {
         Fail::Run(format!("{name}: starting the engine: {}", corelink_verbs::chain(&e)))
     })?;
     let (reply_tx, reply_rx) = mpsc::channel();
-    let one_sided = OneSided { orders: orders_tx, waker, reply_tx, reply_rx, seq: 0 };
-    Ok(Started { engine, handles: hs, one_sided, metrics, closed: closed_rx })
+    let one_sided =
+        OneSided { orders: orders_tx, waker, reply_tx, reply_rx, seq: 0, ends: ends.clone() };
+    Ok(Started { engine, handles: hs, one_sided, metrics, ends, closed: closed_rx })
 }
 
 /// An RPC error as a run failure, with what was being done.
