@@ -22,7 +22,9 @@
 //!   receives for its next requests.)
 //! - Every call accepted (`call` returned `Ok`) ends exactly once: its response, or
 //!   [`RpcError::Timeout`] (the deadline, checked every [`EXPIRE_EVERY`] loop iterations on
-//!   the worker's clock), [`RpcError::SessionClosed`], [`RpcError::Rejected`] (the handler said no),
+//!   the worker's clock, and counted from the first check after the call was made, so that
+//!   making a call reads no clock: a call times out no sooner than its timeout, and at most
+//!   about two checks' periods later), [`RpcError::SessionClosed`], [`RpcError::Rejected`] (the handler said no),
 //!   [`RpcError::TooLarge`], [`RpcError::NoSuchType`] or [`RpcError::PeerBusy`]. A call that
 //!   timed out keeps its slot until its response comes (the request may still hold one of the
 //!   server's receives), so its credit is not spent twice.

@@ -2,7 +2,7 @@
 
 use std::cmp::Reverse;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use corelink_engine::verbs::{Provider, RemoteAddr};
 use corelink_engine::{Buf, Cx, Done, EngineError};
@@ -185,12 +185,35 @@ impl<P: Provider> Endpoint<P> {
         Ok((buf, arena, large))
     }
 
+    /// Notes call `id`'s timeout; its deadline is dated at the next look at the deadlines
+    /// (`expire`), so that making a call reads no clock (a system call in some guests). A
+    /// call therefore times out between `timeout` and `timeout` plus one look's period after
+    /// it was made, never before.
     fn push_deadline(&mut self, cx: &Cx<P>, id: CallId, timeout: Duration) {
-        if self.deadlines.len() >= 2 * self.cfg.max_calls as usize {
-            // Within the capacity reserved at start: the live calls' entries are at most half.
-            self.compact_deadlines();
+        if self.fresh.len() + self.deadlines.len() >= 2 * self.cfg.max_calls as usize {
+            // Within the capacity reserved at start (the live calls are at most half).
+            self.settle(cx.now());
         }
-        self.deadlines.push(Reverse((cx.now() + timeout, id.0)));
+        self.fresh.push((id.0, timeout));
+    }
+
+    /// Dates the calls made since the last look (`now` + their timeouts), those still live.
+    fn settle(&mut self, now: Instant) {
+        if self.fresh.is_empty() {
+            return;
+        }
+        let mut fresh = std::mem::take(&mut self.fresh);
+        for &(id, timeout) in &fresh {
+            if !self.call_live(CallId(id)) {
+                continue; // (answered already: most calls of a busy session)
+            }
+            if self.deadlines.len() >= 2 * self.cfg.max_calls as usize {
+                self.compact_deadlines();
+            }
+            self.deadlines.push(Reverse((now + timeout, id)));
+        }
+        fresh.clear();
+        self.fresh = fresh;
     }
 
     /// Keeps only the deadlines of calls still live (each has one).
@@ -296,7 +319,7 @@ impl<P: Provider> Endpoint<P> {
     /// Ends the calls whose deadline passed (looked at every [`EXPIRE_EVERY`] loop
     /// iterations: it reads the clock, which the loop otherwise reads only when it needs to).
     pub(crate) fn expire(&mut self, cx: &mut Cx<P>) {
-        if self.deadlines.is_empty() {
+        if self.deadlines.is_empty() && self.fresh.is_empty() {
             return;
         }
         if self.expire_in > 0 {
@@ -305,6 +328,7 @@ impl<P: Provider> Endpoint<P> {
         }
         self.expire_in = EXPIRE_EVERY - 1;
         let now = cx.now();
+        self.settle(now);
         while let Some(&Reverse((due, id))) = self.deadlines.peek() {
             if due > now {
                 return;

@@ -274,6 +274,9 @@ pub struct Endpoint<P: Provider> {
     /// `(deadline, call)`, soonest first; entries of calls that ended stay until they come up
     /// or the heap is compacted (when it reaches twice `max_calls`).
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// Calls made since the deadlines were last looked at, with their timeouts: a call reads
+    /// no clock; the next look dates them (and drops those that already ended).
+    fresh: Vec<(u64, Duration)>,
     /// Loop iterations until the deadlines are looked at again (every `EXPIRE_EVERY`).
     expire_in: u32,
     handlers: Vec<Option<HandlerFn<P>>>,
@@ -438,6 +441,7 @@ impl<P: Provider> Endpoint<P> {
             free_calls: Vec::with_capacity(calls),
             live_calls: 0,
             deadlines: BinaryHeap::with_capacity(2 * calls + 1),
+            fresh: Vec::with_capacity(2 * calls + 1),
             expire_in: 0,
             handlers: (0..cfg.max_types).map(|_| None).collect(),
             mergeable: vec![false; usize::from(cfg.max_types)],
@@ -575,7 +579,7 @@ impl<P: Provider> Endpoint<P> {
     /// Deadline entries held: one per live call, and those of ended calls not yet dropped
     /// (at most twice [`EndpointConfig::max_calls`] and one).
     pub fn deadlines_held(&self) -> usize {
-        self.deadlines.len()
+        self.deadlines.len() + self.fresh.len()
     }
 
     /// Open sessions (client and server).

@@ -280,10 +280,12 @@ impl State {
 
 /// A call's continuation: counts it and makes the next (it captures nothing).
 fn ended<P: Provider>(rpc: &mut Rpc<'_, P>, out: Result<&[u8], RpcError>) {
-    let now = rpc.cx().now();
     let next = STATE.with(|s| {
         let mut s = s.borrow_mut();
         let Some(st) = s.as_mut() else { return Next::Nothing };
+        // A latency run of a count of calls reads no clock per call (as send_lat does not):
+        // its samples are the time-stamp counter's.
+        let now = if st.lat() && st.deadline.is_none() { st.started } else { rpc.cx().now() };
         let ok = match out {
             Ok(r) if st.lat() && r.len() != st.size => {
                 Err((format!("an echo of {} B for a call of {} B", r.len(), st.size), false))
