@@ -1,4 +1,4 @@
-//! The active side, a step per event on the connect's own channel (polled, never waited on
+//! The active side, a step per event of the connect's id (polled, never waited on
 //! by the caller): resolving the address and route, `rdma_connect`, and on CONNECT_RESPONSE
 //! the QP's move to RTR and RTS and `rdma_establish`.
 
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use rdma_sys::rdma_cm_event_type as Ev;
 
-use super::channel::{Channel, Event, Id};
+use super::channel::{Binding, Event};
 use super::connection::IbvConnection;
 use super::qp_state::{cm_modify, conn_param};
 use super::{
@@ -56,11 +56,9 @@ enum Step {
     Answer,
 }
 
-/// A connect in progress: its own channel and id, and the step it waits for.
+/// A connect in progress: its id, and the step it waits for.
 pub struct IbvConnecting {
-    // Field order matters: the id is destroyed before its channel.
-    id: Id,
-    ch: Channel,
+    cm: Binding,
     ctx: Arc<CtxInner>,
     addr: SocketAddr,
     attr: QpAttr,
@@ -93,19 +91,20 @@ impl IbvConnecting {
         match self.step {
             Step::Addr => {
                 drop(ev);
-                if !self.ctx.is_device_of(self.id.verbs()) {
+                if !self.ctx.is_device_of(self.cm.id().verbs()) {
                     return Err(Error::Cm {
                         op: "rdma_resolve_addr",
                         addr,
                         source: other(format!(
                             "{addr} is reached through RDMA device {}, not {}",
-                            ctx_name(self.id.verbs()),
+                            ctx_name(self.cm.id().verbs()),
                             self.ctx.name
                         )),
                     });
                 }
                 // SAFETY: a live id with a resolved address.
-                if unsafe { rdma_sys::rdma_resolve_route(self.id.0, self.remaining_ms()) } != 0 {
+                if unsafe { rdma_sys::rdma_resolve_route(self.cm.id().0, self.remaining_ms()) } != 0
+                {
                     return Err(Error::Cm { op: "rdma_resolve_route", addr, source: last_err() });
                 }
                 self.step = Step::Route;
@@ -114,13 +113,13 @@ impl IbvConnecting {
             Step::Route => {
                 drop(ev);
                 let attr = self.attr;
-                cm_modify(qp, &self.id, QpState::Init, &attr, 0)?;
+                cm_modify(qp, self.cm.id(), QpState::Init, &attr, 0)?;
                 let resp_res = attr.max_dest_rd_atomic.min(self.ctx.max_qp_rd_atom);
                 let init_depth = attr.max_rd_atomic.min(self.ctx.max_qp_init_rd_atom);
                 let mut param = conn_param(qp, &attr, &self.private_data, resp_res, init_depth);
                 // SAFETY: a live id with a resolved route; `param` and its data outlive the
                 // call.
-                if unsafe { rdma_sys::rdma_connect(self.id.0, &mut param) } != 0 {
+                if unsafe { rdma_sys::rdma_connect(self.cm.id().0, &mut param) } != 0 {
                     return Err(Error::Cm { op: "rdma_connect", addr, source: last_err() });
                 }
                 self.step = Step::Answer;
@@ -147,7 +146,7 @@ impl IbvConnecting {
                     .min(self.ctx.max_qp_init_rd_atom)
                     .min(ev.conn().initiator_depth);
                 drop(ev);
-                let id = &self.id;
+                let id = self.cm.id();
                 let finish = |qp: &mut IbvQp| -> Result<()> {
                     cm_modify(qp, id, QpState::Rtr, &attr, resp_res)?;
                     cm_modify(qp, id, QpState::Rts, &attr, init_depth)?;
@@ -161,10 +160,9 @@ impl IbvConnecting {
                     let _ = qp.inner.to_err();
                     return Err(e);
                 }
-                let IbvConnecting { id, ch, .. } = self;
+                let IbvConnecting { cm, .. } = self;
                 Ok(IbvConnection {
-                    id,
-                    ch,
+                    cm,
                     qp: qp.inner.clone(),
                     peer_private,
                     peer: addr,
@@ -187,7 +185,7 @@ impl IbvConnecting {
 
 impl crate::provider::Connecting<Ibverbs> for IbvConnecting {
     fn watch(&self) -> crate::Watch {
-        self.ch.watch()
+        self.cm.watch()
     }
 
     fn poll(mut self, qp: &mut IbvQp, timeout: Duration) -> Result<Progress<Ibverbs, Self>> {
@@ -199,7 +197,7 @@ impl crate::provider::Connecting<Ibverbs> for IbvConnecting {
         loop {
             let (want, op) = self.want();
             let addr = self.addr;
-            let Some(ev) = self.ch.wait(until).map_err(cm_err("rdma_get_cm_event", addr))? else {
+            let Some(ev) = self.cm.next(until).map_err(cm_err("rdma_get_cm_event", addr))? else {
                 if self.deadline.is_some_and(|d| Instant::now() >= d) {
                     return Err(Error::CmTimeout { op, addr });
                 }
@@ -233,11 +231,9 @@ pub(crate) fn connect_start(
             private_data.len()
         )));
     }
-    let ch = Channel::new().map_err(cm_err("rdma_create_event_channel", addr))?;
-    let id = Id::create(&ch).map_err(cm_err("rdma_create_id", addr))?;
+    let cm = Binding::create().map_err(cm_err("rdma_create_id", addr))?;
     let c = IbvConnecting {
-        id,
-        ch,
+        cm,
         ctx: ctx.clone(),
         addr,
         attr: *attr,
@@ -249,7 +245,7 @@ pub(crate) fn connect_start(
     // SAFETY: a live id; `dst` holds a valid address; NULL source lets rdma_cm pick.
     let ret = unsafe {
         rdma_sys::rdma_resolve_addr(
-            c.id.0,
+            c.cm.id().0,
             std::ptr::null_mut(),
             (&mut dst as *mut libc::sockaddr_storage).cast(),
             c.remaining_ms(),

@@ -1,12 +1,25 @@
 //! RAII wrappers over librdmacm's raw objects: the event channel ([`Channel`]), the cm id
-//! ([`Id`]) and the cm event ([`Event`]).
+//! ([`Id`]) and the cm event ([`Event`]); and the process's one event channel that every
+//! cm id is on ([`Mux`]), each id's owner holding a [`Binding`] to it.
+//!
+//! One channel for every id, as librdmacm's own tools use it (`cmtime`): a connection costs
+//! no file descriptor of its own (a thousand connections in one process held two thousand
+//! before, past the usual limit of 1,024), and a waiter watches one descriptor, not one per
+//! connection. Whoever reads the channel takes the events of its own id and queues the others
+//! for their owners' next look ([`Mux::next`]); a waiter does not sleep while any are queued.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::os::raw::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-use rdma_sys::{rdma_cm_event, rdma_cm_id, rdma_conn_param, rdma_event_channel, rdma_port_space};
+use rdma_sys::{
+    rdma_cm_event, rdma_cm_event_type as Ev, rdma_cm_id, rdma_conn_param, rdma_event_channel,
+    rdma_port_space,
+};
 
 use crate::ibverbs::convert::{err_text, errno_err, last_err, sockaddr_to, timeout_ms};
 
@@ -41,18 +54,8 @@ impl Channel {
         unsafe { (*self.0).fd }
     }
 
-    /// The next event, waiting until `deadline` (`None`: forever). `Ok(None)` on timeout.
-    pub(super) fn wait(&self, deadline: Option<Instant>) -> io::Result<Option<Event>> {
-        self.wait_or(deadline, None)
-    }
-
-    /// As [`Channel::wait`], and ends early (`Ok(None)`) once `wake` (an eventfd) is readable,
-    /// taking its count.
-    pub(super) fn wait_or(
-        &self,
-        deadline: Option<Instant>,
-        wake: Option<c_int>,
-    ) -> io::Result<Option<Event>> {
+    /// The next event the channel has now, if any (it is non-blocking).
+    fn take(&self) -> io::Result<Option<Event>> {
         loop {
             let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
             // SAFETY: a live channel; the fd is non-blocking, so this returns at once.
@@ -62,39 +65,49 @@ impl Channel {
             }
             let e = last_err();
             match e.raw_os_error() {
-                Some(libc::EAGAIN) | Some(libc::EINTR) => {}
+                Some(libc::EAGAIN) => return Ok(None),
+                Some(libc::EINTR) => {}
                 _ => return Err(e),
             }
-            let wait_ms = match deadline {
-                None => -1,
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Ok(None);
-                    }
-                    timeout_ms(d - now)
-                }
-            };
-            let mut pfd = [
-                libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 },
-                libc::pollfd { fd: wake.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
-            ];
-            let n = if wake.is_some() { 2 } else { 1 };
-            // SAFETY: `n` valid pollfds (a negative fd is ignored by poll).
-            let rc = unsafe { libc::poll(pfd.as_mut_ptr(), n, wait_ms) };
-            if rc < 0 {
-                let e = last_err();
-                if e.raw_os_error() != Some(libc::EINTR) {
-                    return Err(e);
-                }
-            }
-            if let (Some(fd), true) = (wake, pfd[1].revents & libc::POLLIN != 0) {
-                let mut count = 0u64;
-                // SAFETY: an eventfd; reading its 8-byte counter into `count` (non-blocking).
-                let _ = unsafe { libc::read(fd, (&mut count as *mut u64).cast(), 8) };
-                return Ok(None);
-            }
         }
+    }
+
+    /// Waits until the channel is readable, or until `deadline` passes (`None`: never) or
+    /// `wake` (an eventfd) is readable, taking its count.
+    fn wait_readable(
+        &self,
+        deadline: Option<Instant>,
+        wake: Option<c_int>,
+    ) -> io::Result<Readable> {
+        let wait_ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let now = Instant::now();
+                if now >= d {
+                    return Ok(Readable::TimedOut);
+                }
+                timeout_ms(d - now)
+            }
+        };
+        let mut pfd = [
+            libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: wake.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
+        ];
+        let n = if wake.is_some() { 2 } else { 1 };
+        // SAFETY: `n` valid pollfds (a negative fd is ignored by poll).
+        let rc = unsafe { libc::poll(pfd.as_mut_ptr(), n, wait_ms) };
+        if rc < 0 {
+            let e = last_err();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(e);
+            }
+            return Ok(Readable::Yes); // (look again)
+        }
+        if let (Some(fd), true) = (wake, pfd[1].revents & libc::POLLIN != 0) {
+            take_wake(fd);
+            return Ok(Readable::Woken);
+        }
+        Ok(if rc > 0 { Readable::Yes } else { Readable::TimedOut })
     }
 }
 
@@ -103,6 +116,250 @@ impl Drop for Channel {
         // SAFETY: created by rdma_create_event_channel; every id on it is destroyed first
         // (ids are declared before their channel in every owner).
         unsafe { rdma_sys::rdma_destroy_event_channel(self.0) };
+    }
+}
+
+/// Events queued since the process started: a [`crate::CmWaiter`] that sees it moved does
+/// not sleep (the channel's descriptor no longer shows those events) and takes every object
+/// as ready for one pass, so that their owners look.
+static QUEUED_EVER: AtomicU64 = AtomicU64::new(0);
+
+/// How many events were ever queued for their owners (see [`QUEUED_EVER`]).
+pub(crate) fn queue_generation() -> u64 {
+    QUEUED_EVER.load(Ordering::Acquire)
+}
+
+/// The process's one event channel, and the events read off it for ids other than the
+/// reader's, by id (a connect request's by its listener's id), unacknowledged until taken.
+pub(super) struct Mux {
+    ch: Channel,
+    state: Mutex<MuxState>,
+    /// Signalled when an event is queued or the leader steps down.
+    cv: Condvar,
+}
+
+/// How long a waiter waits for the leader before it looks again (its `wake`, or to lead).
+const FOLLOW_SLICE: std::time::Duration = std::time::Duration::from_millis(5);
+/// How long the leader waits on the channel before it looks again (and lets others lead).
+const LEAD_SLICE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// What a leader's turn found.
+enum Lead {
+    Mine(Event),
+    Again,
+    Done,
+}
+
+/// What a wait on the channel saw.
+enum Readable {
+    Yes,
+    TimedOut,
+    Woken,
+}
+
+/// Takes an eventfd's count if it has one (non-blocking): whether it was written.
+fn take_wake(fd: c_int) -> bool {
+    let mut count = 0u64;
+    // SAFETY: an eventfd; reading its 8-byte counter into `count` (non-blocking).
+    unsafe { libc::read(fd, (&mut count as *mut u64).cast(), 8) == 8 }
+}
+
+#[derive(Default)]
+struct MuxState {
+    /// Someone reads the channel (see [`Mux::next`]).
+    leader: bool,
+    queues: HashMap<usize, VecDeque<Event>>,
+    /// Ids being destroyed: their events are acknowledged as they are read (a destroy waits
+    /// for every event of its id read so far to be acknowledged).
+    dying: HashSet<usize>,
+}
+
+// SAFETY: librdmacm channels may be read, and its events acknowledged, from any thread; the
+// queues are behind the mutex.
+unsafe impl Send for Mux {}
+// SAFETY: as above.
+unsafe impl Sync for Mux {}
+
+impl Mux {
+    /// The process's channel, made on first use.
+    pub(super) fn get() -> io::Result<Arc<Mux>> {
+        static MUX: OnceLock<Arc<Mux>> = OnceLock::new();
+        if let Some(m) = MUX.get() {
+            return Ok(m.clone());
+        }
+        let ch = Channel::new()?;
+        Ok(MUX
+            .get_or_init(|| Arc::new(Mux { ch, state: Mutex::default(), cv: Condvar::new() }))
+            .clone())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, MuxState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whose event `ev` is: its id's, or for a connect request its listener's.
+    fn key_of(ev: &Event) -> usize {
+        if ev.kind() == Ev::RDMA_CM_EVENT_CONNECT_REQUEST {
+            ev.listen_id() as usize
+        } else {
+            ev.id() as usize
+        }
+    }
+
+    /// The next event of id `key`, waiting until `deadline` (`None`: forever) or until `wake`
+    /// (an eventfd) is readable; `Ok(None)` then. One caller at a time reads the channel (the
+    /// leader), queueing the events of other ids and waking their waiters; the others wait for
+    /// their events to be queued, or to lead in turn.
+    pub(super) fn next(
+        &self,
+        key: *mut rdma_cm_id,
+        deadline: Option<Instant>,
+        wake: Option<c_int>,
+    ) -> io::Result<Option<Event>> {
+        let key = key as usize;
+        let mut st = self.lock();
+        loop {
+            if let Some(ev) = st.queues.get_mut(&key).and_then(VecDeque::pop_front) {
+                return Ok(Some(ev));
+            }
+            if wake.is_some_and(take_wake) {
+                return Ok(None);
+            }
+            if st.leader {
+                // Someone reads the channel: wait for it to queue ours, or to step down.
+                let now = Instant::now();
+                let until = deadline.map_or(now + FOLLOW_SLICE, |d| d.min(now + FOLLOW_SLICE));
+                if deadline.is_some_and(|d| now >= d) {
+                    return Ok(None);
+                }
+                st = self.cv.wait_timeout(st, until - now).unwrap_or_else(|e| e.into_inner()).0;
+                continue;
+            }
+            st.leader = true;
+            drop(st);
+            let read = self.lead(key, deadline, wake);
+            st = self.lock();
+            st.leader = false;
+            self.cv.notify_all();
+            match read {
+                Ok(Lead::Mine(ev)) => return Ok(Some(ev)),
+                Ok(Lead::Again) => {}
+                Ok(Lead::Done) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// As the leader: everything the channel has now (queued for its owners, or ours), then a
+    /// wait for more until `deadline` or `wake`.
+    fn lead(&self, key: usize, deadline: Option<Instant>, wake: Option<c_int>) -> io::Result<Lead> {
+        while let Some(ev) = self.ch.take()? {
+            let k = Mux::key_of(&ev);
+            if k == key {
+                return Ok(Lead::Mine(ev));
+            }
+            let mut st = self.lock();
+            if st.dying.contains(&k) {
+                continue; // (acked on drop)
+            }
+            st.queues.entry(k).or_default().push_back(ev);
+            QUEUED_EVER.fetch_add(1, Ordering::AcqRel);
+            self.cv.notify_all();
+        }
+        // (A short wait at a time, so that a waiter with an earlier deadline leads soon.)
+        let now = Instant::now();
+        let until = deadline.map_or(now + LEAD_SLICE, |d| d.min(now + LEAD_SLICE));
+        if deadline.is_some_and(|d| now >= d) {
+            return Ok(Lead::Done);
+        }
+        match self.ch.wait_readable(Some(until), wake)? {
+            Readable::Yes | Readable::TimedOut => Ok(Lead::Again),
+            Readable::Woken => Ok(Lead::Done),
+        }
+    }
+
+    /// Forgets id `key` before it is destroyed: its queued events are acknowledged (a queued
+    /// connect request's new id destroyed, which rejects it), and events read for it until
+    /// [`Mux::buried`] are acknowledged at once.
+    fn dying(&self, key: *mut rdma_cm_id) {
+        let key = key as usize;
+        let queued = {
+            let mut st = self.lock();
+            st.dying.insert(key);
+            st.queues.remove(&key)
+        };
+        for ev in queued.into_iter().flatten() {
+            if ev.kind() == Ev::RDMA_CM_EVENT_CONNECT_REQUEST {
+                let new = Id(ev.id());
+                drop(ev);
+                drop(new);
+            }
+        }
+    }
+
+    /// Id `key` is destroyed: a new id may get its address.
+    fn buried(&self, key: *mut rdma_cm_id) {
+        self.lock().dying.remove(&(key as usize));
+    }
+}
+
+/// A cm id on the process's channel, as its owner holds it: its events come through
+/// [`Binding::next`]; dropping it destroys the id (after acknowledging its queued events).
+pub(super) struct Binding {
+    id: Id,
+    mux: Arc<Mux>,
+}
+
+impl Binding {
+    /// A new id on the process's channel.
+    pub(super) fn create() -> io::Result<Binding> {
+        let mux = Mux::get()?;
+        let id = Id::create(&mux.ch)?;
+        Ok(Binding { id, mux })
+    }
+
+    /// A connect request's new id, which librdmacm put on its listener's channel (this one).
+    pub(super) fn adopt(&self, raw: *mut rdma_cm_id) -> Binding {
+        Binding { id: Id(raw), mux: self.mux.clone() }
+    }
+
+    /// The id.
+    pub(super) fn id(&self) -> &Id {
+        &self.id
+    }
+
+    /// The id's next event (see [`Mux::next`]).
+    pub(super) fn next(&self, deadline: Option<Instant>) -> io::Result<Option<Event>> {
+        self.mux.next(self.id.0, deadline, None)
+    }
+
+    /// The same, ending early (`Ok(None)`) once `wake` (an eventfd) is readable.
+    pub(super) fn next_or(
+        &self,
+        deadline: Option<Instant>,
+        wake: Option<c_int>,
+    ) -> io::Result<Option<Event>> {
+        self.mux.next(self.id.0, deadline, wake)
+    }
+
+    /// What a [`crate::CmWaiter`] watches: the process's channel.
+    pub(super) fn watch(&self) -> crate::Watch {
+        self.mux.ch.watch()
+    }
+}
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        let raw = self.id.0;
+        self.mux.dying(raw);
+        // SAFETY: a live id; every event of it read so far is acknowledged (queued ones just
+        // now, later ones as they are read), so the destroy does not wait for one.
+        let ret = unsafe { rdma_sys::rdma_destroy_id(raw) };
+        if ret != 0 {
+            eprintln!("corelink ibverbs: rdma_destroy_id failed: {}", last_err());
+        }
+        self.id.0 = std::ptr::null_mut();
+        self.mux.buried(raw);
     }
 }
 
@@ -155,6 +412,9 @@ impl Id {
 
 impl Drop for Id {
     fn drop(&mut self) {
+        if self.0.is_null() {
+            return; // (destroyed by its `Binding`)
+        }
         // SAFETY: a live id whose events have all been acked (Event acks on drop).
         let ret = unsafe { rdma_sys::rdma_destroy_id(self.0) };
         if ret != 0 {
@@ -165,6 +425,9 @@ impl Drop for Id {
 
 /// A cm event, acknowledged on drop.
 pub(super) struct Event(*mut rdma_cm_event);
+
+// SAFETY: an event may be read and acknowledged on any thread (librdmacm locks its id).
+unsafe impl Send for Event {}
 
 impl Event {
     pub(super) fn kind(&self) -> u32 {
@@ -180,6 +443,12 @@ impl Event {
     pub(super) fn id(&self) -> *mut rdma_cm_id {
         // SAFETY: a live event.
         unsafe { (*self.0).id }
+    }
+
+    /// A connect request's listener id.
+    pub(super) fn listen_id(&self) -> *mut rdma_cm_id {
+        // SAFETY: a live event.
+        unsafe { (*self.0).listen_id }
     }
 
     /// The connection parameters (valid for connection events).

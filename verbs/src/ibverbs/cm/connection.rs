@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rdma_sys::{rdma_cm_event_type as Ev, rdma_cm_id};
 
-use super::channel::{Channel, Id};
+use super::channel::Binding;
 use super::{cm_err, deadline};
 use crate::error::{Error, Result};
 use crate::ibverbs::convert::last_err;
@@ -14,11 +14,9 @@ use crate::ibverbs::qp::QpInner;
 use crate::provider::{CmEvent, Connection};
 
 /// The connection-manager side of an established connection. Dropping it destroys the id
-/// (which disconnects if still connected) and its channel; the QP stays the caller's.
+/// (which disconnects if still connected) and its queued events; the QP stays the caller's.
 pub struct IbvConnection {
-    // Field order matters: the id is destroyed before its channel.
-    pub(super) id: Id,
-    pub(super) ch: Channel,
+    pub(super) cm: Binding,
     pub(super) qp: Arc<QpInner>,
     pub(super) peer_private: Vec<u8>,
     pub(super) peer: SocketAddr,
@@ -43,13 +41,13 @@ impl std::fmt::Debug for IbvConnection {
 impl IbvConnection {
     /// The connection's `rdma_cm_id` (valid while `self` lives).
     pub fn as_raw(&self) -> *mut rdma_cm_id {
-        self.id.0
+        self.cm.id().0
     }
 }
 
 impl Connection for IbvConnection {
     fn watch(&self) -> crate::Watch {
-        self.ch.watch()
+        self.cm.watch()
     }
 
     fn peer_private_data(&self) -> &[u8] {
@@ -66,7 +64,7 @@ impl Connection for IbvConnection {
         }
         let dl = deadline(timeout);
         loop {
-            let Some(ev) = self.ch.wait(dl).map_err(cm_err("rdma_get_cm_event", self.peer))? else {
+            let Some(ev) = self.cm.next(dl).map_err(cm_err("rdma_get_cm_event", self.peer))? else {
                 return Ok(None);
             };
             match ev.kind() {
@@ -90,7 +88,7 @@ impl Connection for IbvConnection {
         }
         self.disconnected = true;
         // SAFETY: a live, connected id.
-        if unsafe { rdma_sys::rdma_disconnect(self.id.0) } != 0 {
+        if unsafe { rdma_sys::rdma_disconnect(self.cm.id().0) } != 0 {
             let e = last_err();
             // Already disconnected by the peer (event not polled yet): nothing left to do.
             if e.raw_os_error() == Some(libc::EINVAL) {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rdma_sys::{rdma_cm_event_type as Ev, rdma_cm_id};
 
-use super::channel::{Channel, Id};
+use super::channel::Binding;
 use super::request::IbvConnRequest;
 use super::{check_cm_ctx, cm_err, ctx_name, deadline, other};
 use crate::error::{Error, Result};
@@ -19,8 +19,8 @@ use crate::provider::Listener;
 /// [`crate::Context::listen`].
 pub(crate) fn listen(ctx: &Arc<CtxInner>, addr: SocketAddr) -> Result<IbvListener> {
     check_cm_ctx(ctx, "rdma_listen", addr)?;
-    let ch = Channel::new().map_err(cm_err("rdma_create_event_channel", addr))?;
-    let id = Id::create(&ch).map_err(cm_err("rdma_create_id", addr))?;
+    let cm = Binding::create().map_err(cm_err("rdma_create_id", addr))?;
+    let id = cm.id();
     let (mut ss, _) = sockaddr_from(addr);
     // SAFETY: a live id; `ss` holds a valid socket address.
     let ret =
@@ -52,7 +52,7 @@ pub(crate) fn listen(ctx: &Arc<CtxInner>, addr: SocketAddr) -> Result<IbvListene
     }
     // SAFETY: `fd` was just opened and is owned by nothing else.
     let wake = Arc::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
-    Ok(IbvListener { id, ch, ctx: ctx.clone(), local, wake })
+    Ok(IbvListener { cm, ctx: ctx.clone(), local, wake })
 }
 
 /// A connection-manager listener. Bound to a wildcard address it hears requests arriving on
@@ -60,9 +60,7 @@ pub(crate) fn listen(ctx: &Arc<CtxInner>, addr: SocketAddr) -> Result<IbvListene
 ///
 /// [`IbvConnRequest::accept`]: crate::provider::ConnRequest::accept
 pub struct IbvListener {
-    // Field order matters: the id is destroyed before its channel.
-    id: Id,
-    ch: Channel,
+    cm: Binding,
     ctx: Arc<CtxInner>,
     local: SocketAddr,
     /// Its waker's eventfd (see [`crate::Listener::waker`]).
@@ -85,13 +83,13 @@ impl std::fmt::Debug for IbvListener {
 impl IbvListener {
     /// The listening `rdma_cm_id` (valid while `self` lives).
     pub fn as_raw(&self) -> *mut rdma_cm_id {
-        self.id.0
+        self.cm.id().0
     }
 }
 
 impl Listener<Ibverbs> for IbvListener {
     fn watch(&self) -> crate::Watch {
-        self.ch.watch()
+        self.cm.watch()
     }
 
     fn local_addr(&self) -> SocketAddr {
@@ -113,7 +111,7 @@ impl Listener<Ibverbs> for IbvListener {
         let dl = deadline(timeout);
         let wake = Some(self.wake.as_raw_fd());
         loop {
-            let Some(ev) = self.ch.wait_or(dl, wake).map_err(cm_err("rdma_get_cm_event", addr))?
+            let Some(ev) = self.cm.next_or(dl, wake).map_err(cm_err("rdma_get_cm_event", addr))?
             else {
                 return Ok(None);
             };
@@ -123,19 +121,12 @@ impl Listener<Ibverbs> for IbvListener {
             let private_data = ev.private_data();
             let (responder_resources, initiator_depth) =
                 (ev.conn().responder_resources, ev.conn().initiator_depth);
-            let raw_id = ev.id();
+            // The new id is on the listener's channel (the process's): no migration.
+            let cm = self.cm.adopt(ev.id());
             drop(ev);
-            // The channel first: locals drop in reverse order, and the id may end up on it.
-            let ch = Channel::new().map_err(cm_err("rdma_create_event_channel", addr))?;
-            let id = Id(raw_id);
-            let peer = id.peer_addr().unwrap_or(addr);
-            // SAFETY: a live id (ours now) and a live channel; its events are all acked.
-            if unsafe { rdma_sys::rdma_migrate_id(id.0, ch.0) } != 0 {
-                return Err(Error::Cm { op: "rdma_migrate_id", addr: peer, source: last_err() });
-            }
+            let peer = cm.id().peer_addr().unwrap_or(addr);
             return Ok(Some(IbvConnRequest {
-                id,
-                ch,
+                cm,
                 private_data,
                 peer,
                 responder_resources,

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use rdma_sys::{rdma_cm_event_type as Ev, rdma_cm_id};
 
-use super::channel::{Channel, Id};
+use super::channel::Binding;
 use super::connection::IbvConnection;
 use super::qp_state::{cm_modify, conn_param};
 use super::{check_qp, cm_err, ctx_name, MAX_ACCEPT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA};
@@ -18,9 +18,7 @@ use crate::types::{QpAttr, QpState};
 
 /// An accepted request waiting for the connector's RTU (ESTABLISHED on its own channel).
 pub struct IbvAccepting {
-    // Field order matters: the id is destroyed before its channel.
-    id: Id,
-    ch: Channel,
+    cm: Binding,
     peer_private: Vec<u8>,
     peer: SocketAddr,
 }
@@ -36,7 +34,7 @@ impl std::fmt::Debug for IbvAccepting {
 
 impl Accepting<Ibverbs> for IbvAccepting {
     fn watch(&self) -> crate::Watch {
-        self.ch.watch()
+        self.cm.watch()
     }
 
     fn poll(
@@ -47,7 +45,7 @@ impl Accepting<Ibverbs> for IbvAccepting {
         let peer = self.peer;
         let until = Some(std::time::Instant::now() + timeout);
         loop {
-            let Some(ev) = self.ch.wait(until).map_err(cm_err("rdma_get_cm_event", peer))? else {
+            let Some(ev) = self.cm.next(until).map_err(cm_err("rdma_get_cm_event", peer))? else {
                 return Ok(Progress::Pending(self));
             };
             match ev.kind() {
@@ -65,10 +63,9 @@ impl Accepting<Ibverbs> for IbvAccepting {
                 _ => {}
             }
         }
-        let IbvAccepting { id, ch, peer_private, peer } = self;
+        let IbvAccepting { cm, peer_private, peer } = self;
         Ok(Progress::Ready(IbvConnection {
-            id,
-            ch,
+            cm,
             qp: qp.inner.clone(),
             peer_private,
             peer,
@@ -85,9 +82,7 @@ impl Accepting<Ibverbs> for IbvAccepting {
 
 /// A connection request. Dropping it without accepting rejects it.
 pub struct IbvConnRequest {
-    // Field order matters: the id is destroyed before its channel.
-    pub(super) id: Id,
-    pub(super) ch: Channel,
+    pub(super) cm: Binding,
     pub(super) private_data: Vec<u8>,
     pub(super) peer: SocketAddr,
     /// Reads/atomics the connector wants us to serve (its initiator depth).
@@ -111,7 +106,7 @@ impl std::fmt::Debug for IbvConnRequest {
 impl IbvConnRequest {
     /// The request's `rdma_cm_id` (valid while `self` lives).
     pub fn as_raw(&self) -> *mut rdma_cm_id {
-        self.id.0
+        self.cm.id().0
     }
 }
 
@@ -142,29 +137,29 @@ impl ConnRequest<Ibverbs> for IbvConnRequest {
         }
         let ctx = qp.inner.pd.ctx.clone();
         // Any context of the request's device will do (rdma_cm needs only the QP number).
-        if !ctx.is_device_of(self.id.verbs()) {
+        if !ctx.is_device_of(self.cm.id().verbs()) {
             return Err(Error::WrongDevice {
                 op: "rdma_accept",
                 qpn: qp.qp_num,
                 qp_device: ctx.name.clone(),
-                device: ctx_name(self.id.verbs()),
+                device: ctx_name(self.cm.id().verbs()),
             });
         }
         let resp_res =
             self.responder_resources.min(attr.max_dest_rd_atomic).min(ctx.max_qp_rd_atom);
         let init_depth = self.initiator_depth.min(attr.max_rd_atomic).min(ctx.max_qp_init_rd_atom);
-        cm_modify(qp, &self.id, QpState::Init, attr, 0)?;
-        cm_modify(qp, &self.id, QpState::Rtr, attr, resp_res)?;
-        cm_modify(qp, &self.id, QpState::Rts, attr, init_depth)?;
+        cm_modify(qp, self.cm.id(), QpState::Init, attr, 0)?;
+        cm_modify(qp, self.cm.id(), QpState::Rtr, attr, resp_res)?;
+        cm_modify(qp, self.cm.id(), QpState::Rts, attr, init_depth)?;
         let mut param = conn_param(qp, attr, private_data, resp_res, init_depth);
         // SAFETY: a live id; `param` (and the private data it points to) outlive the call.
-        if unsafe { rdma_sys::rdma_accept(self.id.0, &mut param) } != 0 {
+        if unsafe { rdma_sys::rdma_accept(self.cm.id().0, &mut param) } != 0 {
             let e = last_err();
             let _ = qp.inner.to_err();
             return Err(Error::Cm { op: "rdma_accept", addr: peer, source: e });
         }
-        let IbvConnRequest { id, ch, private_data: peer_private, .. } = self;
-        Ok(IbvAccepting { id, ch, peer_private, peer })
+        let IbvConnRequest { cm, private_data: peer_private, .. } = self;
+        Ok(IbvAccepting { cm, peer_private, peer })
     }
 
     fn reject(self, private_data: &[u8]) -> Result<()> {
@@ -176,7 +171,8 @@ impl ConnRequest<Ibverbs> for IbvConnRequest {
         }
         let ptr = if private_data.is_empty() { std::ptr::null() } else { private_data.as_ptr() };
         // SAFETY: a live id with a pending request; the data outlives the call.
-        let ret = unsafe { rdma_sys::rdma_reject(self.id.0, ptr.cast(), private_data.len() as u8) };
+        let ret =
+            unsafe { rdma_sys::rdma_reject(self.cm.id().0, ptr.cast(), private_data.len() as u8) };
         if ret != 0 {
             return Err(Error::Cm { op: "rdma_reject", addr: self.peer, source: last_err() });
         }

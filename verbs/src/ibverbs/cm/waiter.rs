@@ -1,5 +1,6 @@
-//! The control core's wait on many event channels at once: `ppoll` over the channels' descriptors
-//! and an eventfd that the waker writes.
+//! The control core's wait on its connection-manager objects: `ppoll` over their channels'
+//! descriptors (the process's one channel, see `channel.rs`, once) and an eventfd that the
+//! waker writes.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
@@ -17,6 +18,11 @@ pub struct IbvCmWaiter {
     fds: Vec<libc::pollfd>,
     /// The descriptors that were readable at the last wait, as a bit set by number.
     ready: Vec<u64>,
+    /// Events were queued for their owners on the process's channel since the wait before:
+    /// every object is ready after this wait (its owner looks, and takes its own).
+    queued: bool,
+    /// The queue generation that wait saw.
+    seen: u64,
 }
 
 impl IbvCmWaiter {
@@ -28,7 +34,7 @@ impl IbvCmWaiter {
         }
         // SAFETY: `fd` was just opened and is owned by nothing else.
         let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
-        Ok(IbvCmWaiter { wake, fds: Vec::new(), ready: Vec::new() })
+        Ok(IbvCmWaiter { wake, fds: Vec::new(), ready: Vec::new(), queued: false, seen: 0 })
     }
 }
 
@@ -47,8 +53,23 @@ impl CmWaiter for IbvCmWaiter {
         let wake = self.wake.as_raw_fd();
         self.fds.clear();
         self.fds.push(libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 });
-        let fds = watched.iter().filter_map(|w| w.0);
-        self.fds.extend(fds.map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
+        // Each descriptor once (every cm id is on the process's one channel), marked in
+        // `ready` as it is added (cleared again below).
+        for fd in watched.iter().filter_map(|w| w.0).filter(|fd| *fd >= 0) {
+            let (word, bit) = (fd as usize / 64, fd as usize % 64);
+            if word >= self.ready.len() {
+                self.ready.resize(word + 1, 0);
+            }
+            if self.ready[word] & (1 << bit) == 0 {
+                self.ready[word] |= 1 << bit;
+                self.fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+            }
+        }
+        // Events already read off the channel for others: look, do not sleep.
+        let generation = super::channel::queue_generation();
+        self.queued = generation != self.seen;
+        self.seen = generation;
+        let timeout = if self.queued { Duration::ZERO } else { timeout };
         let ts = libc::timespec {
             tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
             tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
@@ -86,6 +107,9 @@ impl CmWaiter for IbvCmWaiter {
 
     fn ready(&self, w: Watch) -> bool {
         let Some(fd) = w.0.filter(|fd| *fd >= 0) else { return true };
+        if self.queued {
+            return true;
+        }
         let (word, bit) = (fd as usize / 64, fd as usize % 64);
         self.ready.get(word).is_some_and(|w| w & (1 << bit) != 0)
     }
