@@ -31,7 +31,10 @@ core_map "$work/a.toml" "$CORELINK_WIRE_A_DEVICE" "$CORELINK_WIRE_A_GID_INDEX" 0
 core_map "$work/b.toml" "$B_DEV" "$CORELINK_WIRE_B_GID_INDEX" 1 0
 wire() {
   local d
-  for d in "$CORELINK_WIRE_A_NETDEV" "$CORELINK_WIRE_B_NETDEV"; do
+  # B (the clients' side) first: a client that gives up on a dead wire disconnects, and its
+  # disconnect must not slip out through B's netdev while A's is already spoilt (a busy guest
+  # takes a while per tc call; the server then heard of it and never needed its keepalive).
+  for d in "$CORELINK_WIRE_B_NETDEV" "$CORELINK_WIRE_A_NETDEV"; do
     if [ "$1" = clear ]; then tc qdisc del dev "$d" root 2> /dev/null || true
     else tc qdisc replace dev "$d" root netem "$@" || echo "wire-check: tc netem $* on $d failed"; fi
   done
