@@ -258,10 +258,6 @@ pub enum EngineError {
     /// A connection's lanes did not all come up.
     #[error("{0}")]
     Lanes(&'static str),
-    /// The connection closed before the accepting engine said it was ready (its receives
-    /// posted on every lane): the connect failed.
-    #[error("the connection closed before the peer was ready: {0}")]
-    NotReady(crate::request::CloseReason),
 }
 
 fn lane_text(lane: usize, lanes: usize) -> String {

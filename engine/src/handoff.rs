@@ -17,10 +17,9 @@ use crate::tunables::{MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
 pub(crate) enum Origin {
     Handler,
     Client(u16),
-    /// The worker's own requests: a keepalive probe (a zero-length write), an accepted
-    /// connection's ready message (a zero-length send with [`crate::tunables::READY_IMM`]).
-    /// Nobody is told how one ended; a failure closes its connection.
-    Engine,
+    /// The worker's own keepalive probe (nobody is told how it ended; a failure closes its
+    /// connection).
+    Keepalive,
 }
 
 /// One QP of a connection, in RTS, with the control core's key for its connection-manager side.

@@ -94,14 +94,3 @@ const _: () = {
     assert!(CLIENT_BATCH <= CLIENT_RING);
     assert!(CLASSES > 0 && CLASSES <= 8 && MAX_SGE >= 1);
 };
-
-/// The immediate of the ready message an accepting engine sends on each lane of a new
-/// connection once its receives are posted (a zero-length send): the connecting side reports
-/// the connection only when every lane's has come, so that its first messages find receives
-/// however late the accepting worker took the connection up (before, they met an RNR wait of
-/// at most `worker.rnr_retry` x `worker.min_rnr_timer`, 61 ms, and failed beyond it: a burst
-/// of a thousand connects on rxe0 did).
-pub const READY_IMM: u32 = u32::from_be_bytes(*b"cRDY");
-
-// (A connection keeps its lanes still waiting for their ready message as bits of a byte.)
-const _: () = assert!(MAX_QPS_PER_CONN <= 8);

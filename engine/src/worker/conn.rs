@@ -163,14 +163,6 @@ pub(crate) struct Conn<P: Provider> {
     pub(crate) next_grant: u32,
     /// What the keepalive keeps of it (heard from since its last pass, its probe out).
     pub(crate) live: super::keepalive::Liveness,
-    /// Lanes (a bit each) whose ready message from the accepting engine has not come yet (it
-    /// is the lane's first message, taken here, never delivered).
-    pub(crate) unready: u8,
-    /// Whether its owner was told of it: a connection this side made to an engine is told
-    /// at the first ready message (the accepting worker posts every lane's receives before
-    /// it sends any), so that its owner's first sends find receives; if it closes before, its
-    /// connect fails.
-    pub(crate) reported: bool,
 }
 
 impl<P: Provider> Conn<P> {
@@ -197,8 +189,6 @@ impl<P: Provider> Conn<P> {
             grants: Vec::new(),
             next_grant: 0,
             live: super::keepalive::Liveness::new(probed),
-            unready: 0,
-            reported: true,
         }
     }
 

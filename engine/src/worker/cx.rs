@@ -20,7 +20,7 @@ use crate::memory::{Grant, GrantId, Memory};
 use crate::metrics::Metrics;
 use crate::pool::{Buf, Pool};
 use crate::request::{CloseReason, ConnId, ConnInfo, Op, OpKind};
-use crate::tunables::{CLASSES, MAX_POLL_BATCH, MAX_QPS_PER_CONN, READY_IMM};
+use crate::tunables::{CLASSES, MAX_POLL_BATCH, MAX_QPS_PER_CONN};
 
 /// A worker's state, as its handler uses it: buffers, connections, requests, timers and
 /// metrics of the worker the handler runs on.
@@ -391,30 +391,12 @@ impl<P: Provider> Cx<P> {
     pub(crate) fn probe(&mut self, conn: ConnId) {
         let queued = self.pool.get(0).ok().is_some_and(|buf| {
             let op = Op::Write { buf, remote: RemoteAddr::default(), imm: None };
-            self.accept_with(conn, op, 0, Origin::Engine, (), Some(0)).is_ok()
+            self.accept_with(conn, op, 0, Origin::Keepalive, (), Some(0)).is_ok()
         });
         match self.conns.get_mut(conn) {
             Ok(c) if !queued => c.live.probing = false,
             _ => self.metrics.keepalive_probes += u64::from(queued),
         }
-    }
-
-    /// Posts the ready message (a zero-length send with [`READY_IMM`]) on every lane of
-    /// accepted connection `conn`, its receives posted: before anything else goes on it, past
-    /// the scheduler. Whether they all went.
-    pub(crate) fn post_ready(&mut self, conn: ConnId) -> bool {
-        let lanes = self.conns.get(conn).map_or(0, |c| c.lanes.len());
-        (0..lanes).all(|l| {
-            let Ok(buf) = self.pool.get(0) else { return false };
-            let op = Op::Send { buf, imm: Some(READY_IMM) };
-            let Ok(id) = self.accept(conn, op, 0, Origin::Engine) else { return false };
-            let Cx { conns, reqs, metrics, cfg, outbox, .. } = self;
-            let (Ok(c), Some(r)) = (conns.get_mut(conn), reqs.get_mut(id)) else { return false };
-            r.lane = l as u8;
-            let mut batch = Batch::new();
-            batch.single(id, r, cfg);
-            sched::post(&batch, &mut c.lanes[l], reqs, metrics, outbox) == 1
-        })
     }
 
     /// A keepalive probe of `conn` ended with `status` (a failure closed the connection).

@@ -39,7 +39,7 @@ use crate::pool::{Buf, Pool};
 use crate::request::{CloseReason, ConnId, ConnInfo, Done, Message};
 use crate::ring::{Consumer, Producer};
 use crate::tunables::{
-    CLIENT_BATCH, KEEPALIVE_EVERY, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY, READY_IMM,
+    CLIENT_BATCH, KEEPALIVE_EVERY, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY,
 };
 use clients::Clients;
 use conn::{Conn, Lane, Phase};
@@ -345,16 +345,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             }
             return;
         }
-        if c.unready & (1 << id.lane) != 0 {
-            let conn = c.id;
-            self.ready_recv(wc, conn, id.lane);
-            // (its buffer goes back on the lane)
-            if let Err(e) = self.cx.reposts.try_push((id, buf)) {
-                let (id, buf) = e.element();
-                self.cx.repost(id, buf);
-            }
-            return;
-        }
         self.cx.metrics.completion(wc.opcode, wc.status, wc.byte_len);
         // Delivered even once the connection is closing: the sender has its acknowledgement,
         // so the message is the application's (it comes before `on_closed`, which waits for
@@ -368,8 +358,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let written = write_imm.then_some(wc.byte_len);
         c.live.heard = true;
         match c.owner {
-            // (the worker's own requests own no connection)
-            Origin::Handler | Origin::Engine => {
+            // (a probe owns no connection)
+            Origin::Handler | Origin::Keepalive => {
                 let msg = Message { data: buf.as_slice(), imm: wc.imm, written };
                 self.handler.on_message(&mut self.cx, conn, &msg);
             }
@@ -524,52 +514,18 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             self.cx.invariant_missed();
         }
         let Some(id) = opened else { return self.cx.invariant_missed() };
-        // Between engines the accepting side says when its receives are posted (see
-        // `READY_IMM`): every lane's ready message goes before anything its handler sends.
-        let engine_peer = info.peer_recv_size.is_some();
-        if engine_peer && !info.initiated && !post_failed && !self.cx.post_ready(id) {
-            post_failed = true;
-        }
-        if engine_peer && info.initiated {
-            if let Ok(c) = self.cx.conns.get_mut(id) {
-                c.unready = ((1u16 << c.lanes.len()) - 1) as u8;
-                c.reported = false;
+        // The connection is its connect's issuer's (an accepted one the handler's): its
+        // messages and its close go there.
+        match origin {
+            // (a probe connects nothing)
+            Origin::Handler | Origin::Keepalive => {
+                self.handler.on_connected(&mut self.cx, id, &info)
             }
-        } else {
-            self.report(id, origin, info);
+            Origin::Client(n) => self.clients.tell(n, Event::Connected { conn: id, info }),
         }
         if post_failed {
             let _ = self.cx.begin_close(id, CloseReason::RecvPostFailed);
         }
-    }
-
-    /// Tells connection `id`'s owner of it: its messages and its close go there from now on
-    /// (a connect's issuer; an accepted connection's owner is the handler).
-    fn report(&mut self, id: ConnId, origin: Origin, info: ConnInfo) {
-        match origin {
-            // (the worker's own requests connect nothing)
-            Origin::Handler | Origin::Engine => self.handler.on_connected(&mut self.cx, id, &info),
-            Origin::Client(n) => self.clients.tell(n, Event::Connected { conn: id, info }),
-        }
-    }
-
-    /// A receive on lane `lane` of a connection this side made, before the lane's ready
-    /// message was taken: it must be that message. The first one reports the connection.
-    #[cold]
-    fn ready_recv(&mut self, wc: &Wc, conn: ConnId, lane: u8) {
-        let Ok(c) = self.cx.conns.get_mut(conn) else { return };
-        if wc.imm != Some(READY_IMM) || wc.byte_len != 0 {
-            // Not an engine of this version (its lane's first message is not the ready one).
-            c.note_error(WcStatus::GeneralErr);
-            self.cx.conns.mark(conn.slot);
-            return;
-        }
-        c.unready &= !(1 << lane);
-        if std::mem::replace(&mut c.reported, true) || c.phase != Phase::Open {
-            return;
-        }
-        let (origin, info) = (c.owner, c.info.clone());
-        self.report(conn, origin, info);
     }
 
     fn finish_closing(&mut self) {
@@ -587,12 +543,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             for lane in c.lanes {
                 outbox.tell_control(ToControl::Release { cm_key: lane.cm_key, qp: lane.qp });
             }
-            outbox.notify(if c.reported {
-                Notice::closed(c.owner, c.id, reason)
-            } else {
-                // Its owner never heard of it: its connect failed.
-                Notice::connect_failed(c.owner, c.info.token, EngineError::NotReady(reason))
-            });
+            outbox.notify(Notice::closed(c.owner, c.id, reason));
         });
     }
 

@@ -30,7 +30,7 @@ impl<P: Provider> Notice<P> {
         data: Vec<u8>,
     ) -> Option<Notice<P>> {
         Some(match r.origin {
-            Origin::Engine => return None,
+            Origin::Keepalive => return None,
             Origin::Handler => Notice::Done(Done {
                 conn: r.conn,
                 token: r.token,
@@ -48,8 +48,8 @@ impl<P: Provider> Notice<P> {
     /// The notice that connection `conn`, owned by `owner`, closed.
     pub(crate) fn closed(owner: Origin, conn: ConnId, reason: CloseReason) -> Notice<P> {
         match owner {
-            // (the worker's own requests own no connection)
-            Origin::Handler | Origin::Engine => Notice::Closed(conn, reason),
+            // (a probe owns no connection)
+            Origin::Handler | Origin::Keepalive => Notice::Closed(conn, reason),
             Origin::Client(n) => Notice::Client(n, Event::Closed { conn, reason }),
         }
     }
@@ -57,8 +57,8 @@ impl<P: Provider> Notice<P> {
     /// The notice that connect `token` of `origin` failed.
     pub(crate) fn connect_failed(origin: Origin, token: u64, error: EngineError) -> Notice<P> {
         match origin {
-            // (the worker's own requests connect nothing)
-            Origin::Handler | Origin::Engine => Notice::ConnectFailed(token, error),
+            // (a probe connects nothing)
+            Origin::Handler | Origin::Keepalive => Notice::ConnectFailed(token, error),
             Origin::Client(n) => Notice::Client(n, Event::ConnectFailed { token, error }),
         }
     }

@@ -194,7 +194,7 @@ impl<P: Provider> Requests<P> {
     pub(crate) fn vector(&mut self, id: ReqId, origin: Origin) -> Vec<u8> {
         match origin {
             Origin::Client(_) => std::mem::take(&mut self.ext[id.slot()]),
-            Origin::Handler | Origin::Engine => Vec::new(),
+            Origin::Handler | Origin::Keepalive => Vec::new(),
         }
     }
 

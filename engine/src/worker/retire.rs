@@ -30,7 +30,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
             }
             if status != WcStatus::Success && c.phase == Phase::Open {
-                if r.origin == Origin::Engine && r.kind == OpKind::Write {
+                if r.origin == Origin::Keepalive {
                     c.reason = Some(CloseReason::Unanswered(status));
                 }
                 c.note_error(status);
@@ -84,8 +84,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 self.handler.on_completion(&mut self.cx, done);
             }
             // (its buffer goes back to the pool; a failure closed its connection above)
-            Origin::Engine if r.kind == OpKind::Write => self.cx.probe_done(r.conn, status),
-            Origin::Engine => {}
+            Origin::Keepalive => self.cx.probe_done(r.conn, status),
             Origin::Client(n) => {
                 self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
                 let ext = self.cx.reqs.vector(r.id, r.origin);
