@@ -751,6 +751,12 @@ impl<P: Provider> Endpoint<P> {
         self.leave_groups(session);
     }
 
+    /// What the endpoint registers ahead, at the worker's first loop iteration: the arena
+    /// for large messages, if they are on.
+    pub(crate) fn prepare(&mut self, cx: &mut Cx<P>) -> Result<()> {
+        self.ensure_arena(cx)
+    }
+
     /// Registers the arena for large messages, if they are on and it is not there yet.
     fn ensure_arena(&mut self, cx: &mut Cx<P>) -> Result<()> {
         if self.cfg.large_max > 0 && self.arena.is_none() {
