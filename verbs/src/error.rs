@@ -173,6 +173,14 @@ pub enum Error {
     /// Waiting for connection-manager events failed.
     #[error("cannot wait for connection-manager events")]
     CmWait(#[source] io::Error),
+    /// A fault plan for `soft` (`CORELINK_SOFT_FAULTS`) that does not parse.
+    #[error("fault plan `{text}` (CORELINK_SOFT_FAULTS): {why}")]
+    BadFaultPlan {
+        /// The plan's text.
+        text: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A connection-manager call failed.
     #[error("connection manager: {op} failed for {addr}")]
     Cm {

@@ -163,6 +163,9 @@ struct Link {
     qps: Mutex<[Weak<QpShared>; 2]>,
     /// Its wire is cut: the connection manager's messages do not cross it either.
     cut: AtomicBool,
+    /// The fault plan of its listener when it was made (`soft::faults::plan_at`), for both
+    /// ends' QPs.
+    plan: Option<super::faults::FaultPlan>,
 }
 
 impl Link {
@@ -173,6 +176,7 @@ impl Link {
             listener,
             qps: Mutex::new([Weak::new(), Weak::new()]),
             cut: AtomicBool::new(false),
+            plan: super::faults::at(listener),
         });
         let mut links = lock(&LINKS);
         if links.len() >= 64 && links.len().is_power_of_two() {
@@ -573,6 +577,9 @@ impl SoftConnection {
         lock(&link.qps)[side] = Arc::downgrade(qp);
         if link.cut.load(Ordering::Acquire) {
             qp.cut();
+        }
+        if let Some(plan) = link.plan {
+            qp.set_faults(Some(plan));
         }
         link.sides[side].update(|q| q.push_back(CmEvent::Established));
         SoftConnection {

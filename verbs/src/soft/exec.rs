@@ -10,6 +10,7 @@ use std::time::Duration;
 use arrayvec::ArrayVec;
 
 use super::fabric::{Fabric, KeyEntry, KeyTable, Keys};
+use super::faults::Fate;
 use super::limits::MAX_SGE;
 use super::qp::{QpShared, RecvEntry, SendQueue};
 use super::req::{admit, Head, Op};
@@ -282,13 +283,19 @@ pub(crate) unsafe fn execute(
             }
         }
         _ => match sq.peer() {
-            Some(t) if t.receiving() && t.qp_type == qp.qp_type && !qp.is_cut() => t,
+            Some(t) if t.receiving() && t.qp_type == qp.qp_type => t,
             // Nobody answers: a reliable transport retries until it gives up.
             _ if reliable => return Step::Done(WcStatus::RetryExcErr, 0),
             _ => return sent,
         },
     };
     let r = Responder { qp, target, keys, reliable, len, sent };
+    // An injected fault (`soft::faults`: a cut wire, a plan; one branch while there is none).
+    if qp.anomalous() {
+        if let Some(step) = r.faulted(&d.op, &src) {
+            return step;
+        }
+    }
     let need = match d.op {
         Op::Write(..) => AccessFlags::REMOTE_WRITE,
         Op::Read(_) => AccessFlags::REMOTE_READ,
@@ -358,6 +365,34 @@ struct Responder<'a> {
 }
 
 impl Responder<'_> {
+    /// What an injected fault does to the message: `Some` its end (lost, retries exceeded, or
+    /// a UD send delivered twice: a duplicate takes a second receive, or is dropped as any UD
+    /// message without one), `None` when it goes on as usual.
+    #[cold]
+    fn faulted(&self, op: &Op, src: &[(*mut u8, usize)]) -> Option<Step> {
+        if self.qp.is_cut() {
+            // Nobody answers: a reliable transport retries until it gives up.
+            return Some(if self.reliable {
+                Step::Done(WcStatus::RetryExcErr, 0)
+            } else {
+                self.sent.clone()
+            });
+        }
+        match self.qp.fate(self.len) {
+            Fate::Arrives => None,
+            Fate::Lost => Some(self.sent.clone()),
+            Fate::RetryExceeded => Some(Step::Done(WcStatus::RetryExcErr, 0)),
+            Fate::Twice => match op {
+                Op::Send(imm) => {
+                    let first = self.send(src, *imm);
+                    let _ = self.send(src, *imm);
+                    Some(first)
+                }
+                _ => None,
+            },
+        }
+    }
+
     /// An error the responder NAKs (class A/C): on RC the responder QP goes to ERR and the
     /// requester sees `st`; UC and UD drop the message silently.
     fn class_c(&self, st: WcStatus) -> Step {

@@ -16,6 +16,7 @@ mod context;
 mod cq;
 mod exec;
 mod fabric;
+pub mod faults;
 mod mem;
 mod qp;
 mod req;
@@ -26,11 +27,6 @@ pub use cm::{
 };
 pub use context::SoftContext;
 
-/// Faults `soft` can inject into a running fabric (tests and tools; nothing here costs the
-/// data path more than one predictable branch while no fault is set).
-pub mod faults {
-    pub use super::cm::cut;
-}
 pub use cq::SoftCq;
 pub use mem::{SoftAh, SoftMr, SoftMw, SoftPd};
 pub use qp::{SoftQp, SoftSrq};
@@ -108,6 +104,7 @@ impl Provider for Soft {
                 available: DEVICE_NAME.to_owned(),
             });
         }
+        faults::global()?; // (a bad CORELINK_SOFT_FAULTS is the open's error)
         Ok(SoftContext::new(name))
     }
 }

@@ -3,7 +3,7 @@
 //! requests is in [`super::exec`].
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -175,6 +175,11 @@ impl SendQueue {
     }
 }
 
+/// [`QpShared`]'s anomaly: its wire is cut.
+const CUT: u8 = 1;
+/// [`QpShared`]'s anomaly: it has a fault plan.
+const FAULTY: u8 = 2;
+
 /// A QP as the fabric sees it.
 #[derive(Debug)]
 pub(crate) struct QpShared {
@@ -195,9 +200,16 @@ pub(crate) struct QpShared {
     sq: Mutex<SendQueue>,
     /// Incoming messages dropped (UC/UD with no receive, UD qkey mismatch or oversize).
     pub(crate) dropped: AtomicU64,
-    /// Its connection's wire is cut (`soft::faults::cut`): nothing it sends arrives, as with a
-    /// peer whose host died. Cleared when the QP is reset for reuse.
-    cut: AtomicBool,
+    /// Injected faults, a bit each ([`CUT`], [`FAULTY`]), so that the data path looks at one
+    /// byte: its connection's wire is cut (`soft::faults::cut`: nothing it sends arrives, as
+    /// with a peer whose host died; cleared when the QP is reset for reuse), or it has a fault
+    /// plan (`soft::faults`: what the wire does to its messages is drawn).
+    anomalies: AtomicU8,
+    /// Transport retries (RTS's `retry_cnt`; 7: for ever, as on rxe): what a fault plan's
+    /// drops may cost an RC message before `RetryExcErr`.
+    retry_cnt: AtomicU8,
+    /// The plan and its generator (locked only when `faulty`).
+    faults: Mutex<Option<super::faults::QpFaults>>,
 }
 
 impl QpShared {
@@ -229,15 +241,43 @@ impl QpShared {
         s == QpState::Rtr as u8 || s == QpState::Rts as u8
     }
 
-    /// Whether its connection's wire is cut (one relaxed load on the data path).
+    /// Whether any fault is injected into it (one relaxed load on the data path).
     #[inline(always)]
+    pub(crate) fn anomalous(&self) -> bool {
+        self.anomalies.load(Ordering::Relaxed) != 0
+    }
+
+    /// Whether its connection's wire is cut.
     pub(crate) fn is_cut(&self) -> bool {
-        self.cut.load(Ordering::Relaxed)
+        self.anomalies.load(Ordering::Relaxed) & CUT != 0
     }
 
     /// Cuts its connection's wire (see [`QpShared::is_cut`]).
     pub(crate) fn cut(&self) {
-        self.cut.store(true, Ordering::Relaxed);
+        self.anomalies.fetch_or(CUT, Ordering::Relaxed);
+    }
+
+    /// Gives it `plan` (`None`: none).
+    pub(crate) fn set_faults(&self, plan: Option<super::faults::FaultPlan>) {
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        *f = plan.map(|p| super::faults::QpFaults::new(p, self.qpn));
+        if f.is_some() {
+            self.anomalies.fetch_or(FAULTY, Ordering::Relaxed);
+        } else {
+            self.anomalies.fetch_and(!FAULTY, Ordering::Relaxed);
+        }
+    }
+
+    /// What the wire does to a message of `len` bytes it sends (it has a plan).
+    #[cold]
+    pub(crate) fn fate(&self, len: u64) -> super::faults::Fate {
+        let mtu = u64::from(self.mtu.load(Ordering::Relaxed));
+        let retry_cnt = self.retry_cnt.load(Ordering::Relaxed);
+        let (reliable, datagram) = (self.qp_type == QpType::Rc, self.qp_type == QpType::Ud);
+        match self.faults.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            Some(f) => f.fate(len, mtu, reliable, retry_cnt, datagram),
+            None => super::faults::Fate::Arrives,
+        }
     }
 
     pub(crate) fn access(&self) -> AccessFlags {
@@ -496,9 +536,12 @@ impl SoftQp {
                 mtu: AtomicU32::new(limits::MTU.bytes()),
                 sq: Mutex::new(SendQueue::default()),
                 dropped: AtomicU64::new(0),
-                cut: AtomicBool::new(false),
+                anomalies: AtomicU8::new(0),
+                retry_cnt: AtomicU8::new(0),
+                faults: Mutex::new(None),
             })
         });
+        shared.set_faults(super::faults::global().ok().flatten());
         attr.send_cq.shared.register(&shared);
         Ok(SoftQp { shared, _pd: pd.clone(), _cqs: (attr.send_cq.clone(), attr.recv_cq.clone()) })
     }
@@ -552,7 +595,9 @@ impl crate::Qp<Soft> for SoftQp {
         }
         match attr.state {
             QpState::Reset => {
-                qp.cut.store(false, Ordering::Relaxed);
+                qp.anomalies.fetch_and(!CUT, Ordering::Relaxed);
+                // (a listener's plan was the last connection's; the program's stays)
+                qp.set_faults(super::faults::global().ok().flatten());
                 let mut sq = qp.sq();
                 sq.pending.clear();
                 if let RecvSource::Own(q) = &qp.rq {
@@ -578,6 +623,7 @@ impl crate::Qp<Soft> for SoftQp {
             }
             QpState::Rts => {
                 qp.sq().rnr_retry = attr.rnr_retry.min(7);
+                qp.retry_cnt.store(attr.retry_cnt.min(7), Ordering::Relaxed);
             }
             QpState::Err => {
                 qp.set_error();

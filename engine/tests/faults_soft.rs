@@ -1,0 +1,116 @@
+//! The engine under `soft`'s injected faults (`soft::faults::plan_at`, deterministic from a
+//! seed): with 10 % of packets dropped and 5 % duplicated each way, RC resends what was lost
+//! and throws duplicates away, so every one of 2,000 messages is echoed once, in order; with
+//! every packet dropped, the first send fails with `RetryExcErr` after the lane's retries and
+//! the connection closes with that reason.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use corelink_config::{parse, MachineTopology};
+use corelink_engine::verbs::soft::faults::{self, FaultPlan};
+use corelink_engine::verbs::soft::Soft;
+use corelink_engine::verbs::WcStatus;
+use corelink_engine::*;
+
+const HANG: Duration = Duration::from_secs(60);
+
+/// Echoes every message with its immediate.
+struct Echo;
+
+impl Handler<Soft> for Echo {
+    fn on_message(&mut self, cx: &mut Cx<Soft>, conn: ConnId, msg: &Message<'_>) {
+        let mut b = cx.alloc(msg.data.len()).unwrap();
+        b.fill(msg.data).unwrap();
+        let _ = cx.send(conn, b, msg.imm, 0);
+    }
+}
+
+fn engine(listen: &str) -> Engine<Soft> {
+    let text = format!(
+        "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{listen}\"\n\
+         [worker]\nidle_after_us = 1000"
+    );
+    let v = parse(&text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
+    Engine::<Soft>::start(&v, Placement::RoundRobin, |_| Echo).unwrap()
+}
+
+fn connect(e: &mut Engine<Soft>, addr: SocketAddr) -> (Client, ConnId) {
+    let mut c = e.client(0).unwrap();
+    c.connect(addr, b"", 1).unwrap();
+    match c.wait(HANG) {
+        Some(Event::Connected { conn, .. }) => (c, conn),
+        other => panic!("no connection: {other:?}"),
+    }
+}
+
+#[test]
+fn drops_and_duplicates_cost_retries_not_messages() {
+    let addr: SocketAddr = "10.83.0.1:7000".parse().unwrap();
+    faults::plan_at(addr, FaultPlan { seed: 11, drop: 0.1, dup: 0.05 });
+    let server = engine("10.83.0.1:7000");
+    let mut client_engine = engine("10.83.0.2:7000");
+    let (mut c, conn) = connect(&mut client_engine, addr);
+    let before = faults::counts();
+    const N: u32 = 2000;
+    const WINDOW: u32 = 16;
+    let (mut sent, mut echoed) = (0u32, 0u32);
+    let send = |c: &mut Client, i: u32| {
+        let op = Op::Send { buf: i.to_le_bytes().to_vec(), imm: Some(i) };
+        c.submit(conn, op, u64::from(i)).unwrap();
+    };
+    while sent < WINDOW {
+        send(&mut c, sent);
+        sent += 1;
+    }
+    while echoed < N {
+        match c.wait(HANG) {
+            Some(Event::Done(d)) => assert_eq!(d.status, WcStatus::Success, "send {}", d.token),
+            Some(Event::Message { data, imm, .. }) => {
+                assert_eq!((imm, data), (Some(echoed), echoed.to_le_bytes().to_vec()));
+                echoed += 1;
+                if sent < N {
+                    send(&mut c, sent);
+                    sent += 1;
+                }
+            }
+            other => panic!("after {echoed} echoes: {other:?}"),
+        }
+    }
+    let after = faults::counts();
+    assert!(after.dropped > before.dropped && after.retransmitted > before.retransmitted);
+    assert!(after.duplicates_discarded > before.duplicates_discarded, "{after:?}");
+    faults::clear_at(addr);
+    drop(c);
+    client_engine.shutdown().unwrap();
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn a_wire_that_drops_everything_fails_the_first_send_after_its_retries() {
+    let addr: SocketAddr = "10.83.0.3:7000".parse().unwrap();
+    faults::plan_at(addr, FaultPlan { seed: 1, drop: 1.0, dup: 0.0 });
+    let server = engine("10.83.0.3:7000");
+    let mut client_engine = engine("10.83.0.4:7000");
+    let (mut c, conn) = connect(&mut client_engine, addr);
+    c.submit(conn, Op::Send { buf: b"lost".to_vec(), imm: None }, 5).unwrap();
+    let mut failed = false;
+    loop {
+        match c.wait(HANG) {
+            Some(Event::Done(d)) => {
+                assert_eq!((d.token, d.status), (5, WcStatus::RetryExcErr));
+                failed = true;
+            }
+            Some(Event::Closed { conn: x, reason }) => {
+                assert_eq!((x, reason), (conn, CloseReason::Error(WcStatus::RetryExcErr)));
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(failed, "the send's own end came first");
+    faults::clear_at(addr);
+    drop(c);
+    client_engine.shutdown().unwrap();
+    server.shutdown().unwrap();
+}
