@@ -409,3 +409,41 @@ fn a_cut_wire_delivers_nothing_and_tells_nobody() {
     s.qp.modify(&QpAttr { state: QpState::Reset, ..QpAttr::default() }).unwrap();
     assert!(!s.qp.shared.is_cut());
 }
+
+/// A fault plan that duplicates every packet: a UD send lands in two receives (RC and UC
+/// throw duplicates away by their sequence numbers); one that drops every packet loses UD
+/// sends silently (the sender still succeeds).
+#[test]
+fn a_plans_duplicates_reach_ud_twice_and_its_drops_lose_ud() {
+    use crate::wr::UdDest;
+    let (mut a, mut b) = pair(QpType::Ud, QpAttr::default());
+    let gid = b._ctx.query_gid(1, 0).unwrap();
+    let ah_attr = AhAttr { port: 1, dlid: 0, dgid: gid, sgid_index: 0, hop_limit: 64 };
+    let ah = a.pd.create_ah(&ah_attr).unwrap();
+    let post_recv = |b: &mut Side, id: u64| {
+        let sge = [b.mr.sge(0, 4096).unwrap()];
+        // SAFETY: the region outlives the receives (it is `b`'s).
+        unsafe { b.qp.post_recv(&[RecvWr { wr_id: id, sgl: &sge }]).unwrap() };
+    };
+    post_recv(&mut b, 1);
+    post_recv(&mut b, 2);
+    post_recv(&mut b, 3);
+    a.qp.shared.set_faults(Some(faults::FaultPlan { seed: 3, drop: 0.0, dup: 1.0 }));
+    a.mr.write_at(0, b"twice").unwrap();
+    let sge = [a.mr.sge(0, 5).unwrap()];
+    let dest = UdDest { ah: &ah, qpn: b.qp.qp_num(), qkey: DEFAULT_QKEY };
+    // SAFETY: the region outlives the completions polled below.
+    unsafe { a.qp.post_send(&[SendWr::new(9, SendOp::Send, &sge).to(dest)]).unwrap() };
+    assert_eq!(poll_one(&a.cq).status, WcStatus::Success);
+    let (r1, r2) = (poll_one(&b.cq), poll_one(&b.cq));
+    assert_eq!((r1.wr_id, r2.wr_id), (1, 2));
+    assert_eq!((r1.status, r2.status), (WcStatus::Success, WcStatus::Success));
+    a.qp.shared.set_faults(Some(faults::FaultPlan { seed: 3, drop: 1.0, dup: 0.0 }));
+    let dest = UdDest { ah: &ah, qpn: b.qp.qp_num(), qkey: DEFAULT_QKEY };
+    // SAFETY: as above.
+    unsafe { a.qp.post_send(&[SendWr::new(10, SendOp::Send, &sge).to(dest)]).unwrap() };
+    assert_eq!(poll_one(&a.cq).status, WcStatus::Success);
+    let mut wc = [Wc::default(); 1];
+    assert_eq!(b.cq.poll(&mut wc).unwrap(), 0, "a dropped UD send takes no receive");
+    a.qp.shared.set_faults(None);
+}
