@@ -1,7 +1,7 @@
 //! Faults `soft` injects into its wire, deterministically from a seed: for every process by
 //! the environment (`CORELINK_SOFT_FAULTS=seed=7,drop=0.01,dup=0.001`, read when the first
-//! soft device opens), or for the connections a test's listener accepts
-//! ([`plan_at`]). A message is packets of the path MTU: a packet dropped loses a UC or UD
+//! soft device opens), for the connections a test's listener accepts ([`plan_at`]), or for
+//! one QP ([`super::SoftQp::set_fault_plan`]). A message is packets of the path MTU: a packet dropped loses a UC or UD
 //! message, and makes RC send the message again (once per retry, `retry_cnt` of them; then
 //! `RetryExcErr`; `retry_cnt = 7` retries for ever, as on rxe). A duplicated packet is thrown
 //! away by RC's and UC's sequence numbers (counted) and delivered twice on UD. Each QP draws

@@ -483,6 +483,13 @@ pub struct SoftQp {
 }
 
 impl SoftQp {
+    /// Injects the faults of `plan` into what this QP sends from now on (`None`: none; a
+    /// program's `CORELINK_SOFT_FAULTS` plan comes back when the QP is reset), drawn from the
+    /// plan's seed and this QP's number (see [`super::faults`]).
+    pub fn set_fault_plan(&self, plan: Option<super::faults::FaultPlan>) {
+        self.shared.set_faults(plan);
+    }
+
     pub(crate) fn new(pd: &SoftPd, attr: &QpInitAttr<'_, Soft>) -> Result<Self> {
         let cap = attr.cap;
         let fail =

@@ -428,7 +428,7 @@ fn a_plans_duplicates_reach_ud_twice_and_its_drops_lose_ud() {
     post_recv(&mut b, 1);
     post_recv(&mut b, 2);
     post_recv(&mut b, 3);
-    a.qp.shared.set_faults(Some(faults::FaultPlan { seed: 3, drop: 0.0, dup: 1.0 }));
+    a.qp.set_fault_plan(Some(faults::FaultPlan { seed: 3, drop: 0.0, dup: 1.0 }));
     a.mr.write_at(0, b"twice").unwrap();
     let sge = [a.mr.sge(0, 5).unwrap()];
     let dest = UdDest { ah: &ah, qpn: b.qp.qp_num(), qkey: DEFAULT_QKEY };
@@ -438,12 +438,12 @@ fn a_plans_duplicates_reach_ud_twice_and_its_drops_lose_ud() {
     let (r1, r2) = (poll_one(&b.cq), poll_one(&b.cq));
     assert_eq!((r1.wr_id, r2.wr_id), (1, 2));
     assert_eq!((r1.status, r2.status), (WcStatus::Success, WcStatus::Success));
-    a.qp.shared.set_faults(Some(faults::FaultPlan { seed: 3, drop: 1.0, dup: 0.0 }));
+    a.qp.set_fault_plan(Some(faults::FaultPlan { seed: 3, drop: 1.0, dup: 0.0 }));
     let dest = UdDest { ah: &ah, qpn: b.qp.qp_num(), qkey: DEFAULT_QKEY };
     // SAFETY: as above.
     unsafe { a.qp.post_send(&[SendWr::new(10, SendOp::Send, &sge).to(dest)]).unwrap() };
     assert_eq!(poll_one(&a.cq).status, WcStatus::Success);
     let mut wc = [Wc::default(); 1];
     assert_eq!(b.cq.poll(&mut wc).unwrap(), 0, "a dropped UD send takes no receive");
-    a.qp.shared.set_faults(None);
+    a.qp.set_fault_plan(None);
 }
