@@ -114,3 +114,40 @@ fn a_wire_that_drops_everything_fails_the_first_send_after_its_retries() {
     client_engine.shutdown().unwrap();
     server.shutdown().unwrap();
 }
+
+/// Under a plan that drops 30 % and duplicates 20 % of packets, 300 sends submitted at once
+/// and the client's engine shut down while they are in flight: every request ends exactly
+/// once (a success, its lane's retries exceeded, or flushed by the close), and the shutdown
+/// ends.
+#[test]
+fn every_request_ends_once_under_faults_and_a_shutdown_in_flight() {
+    let addr: SocketAddr = "10.83.0.5:7000".parse().unwrap();
+    faults::plan_at(addr, FaultPlan { seed: 5, drop: 0.3, dup: 0.2 });
+    let server = engine("10.83.0.5:7000");
+    let mut client_engine = engine("10.83.0.6:7000");
+    let (mut c, conn) = connect(&mut client_engine, addr);
+    const N: u64 = 300;
+    for i in 0..N {
+        c.submit(conn, Op::Send { buf: i.to_le_bytes().to_vec(), imm: None }, i).unwrap();
+    }
+    let stopper = std::thread::spawn(move || client_engine.shutdown().map(|_| ()));
+    let mut ended = vec![0u32; N as usize];
+    let deadline = std::time::Instant::now() + HANG;
+    while ended.contains(&0) {
+        assert!(std::time::Instant::now() < deadline, "requests never ended: {ended:?}");
+        match c.wait(Duration::from_millis(100)) {
+            Some(Event::Done(d)) => {
+                let ok = [WcStatus::Success, WcStatus::RetryExcErr, WcStatus::WrFlushErr];
+                assert!(ok.contains(&d.status), "request {}: {}", d.token, d.status);
+                ended[d.token as usize] += 1;
+            }
+            Some(Event::Refused { token, .. }) => ended[token as usize] += 1,
+            Some(Event::Message { .. } | Event::Closed { .. }) | None => {}
+            Some(other) => panic!("{other:?}"),
+        }
+    }
+    assert!(ended.iter().all(|&n| n == 1), "each request ends once: {ended:?}");
+    stopper.join().unwrap().unwrap();
+    faults::clear_at(addr);
+    server.shutdown().unwrap();
+}
