@@ -625,22 +625,6 @@ fn torn_reads(
     ))
 }
 
-/// The server's engine, listening, and its counters.
-fn start_server<P: Provider>(
-    a: &Common,
-    addr: SocketAddr,
-) -> Result<(rpc_common::Started<P>, Arc<Counts>), Fail> {
-    let cfg = rpc_common::map(a, Some(addr))?;
-    let counts = Arc::new(Counts::default());
-    let c = counts.clone();
-    let s = rpc_common::start::<P, _>("kv_store server", &cfg, 0, move |res| {
-        server_endpoint(res, c.clone())
-    })?;
-    let at = s.engine.listen_addr().map_or("?".into(), |a| a.to_string());
-    println!("kv_store server: listening on {at} ({})", P::NAME);
-    Ok((s, counts))
-}
-
 /// Serves until `clients` sessions have closed, then says what it did.
 fn finish_server<P: Provider>(
     s: rpc_common::Started<P>,
@@ -670,12 +654,14 @@ impl Example for Kvs {
         let timeout = Duration::from_secs(a.timeout);
         match role {
             Role::Server => {
-                let (s, counts) = start_server::<P>(a, addr)?;
+                let (s, counts) =
+                    rpc_common::start_server("kv_store server", a, addr, server_endpoint::<P>)?;
                 finish_server(s, &counts, a.clients, timeout)
             }
             Role::Client => client::<P>(a, addr),
             Role::Both => {
-                let (s, counts) = start_server::<P>(a, addr)?;
+                let (s, counts) =
+                    rpc_common::start_server("kv_store server", a, addr, server_endpoint::<P>)?;
                 let c = client::<P>(a, addr);
                 let wait = if c.is_ok() { timeout } else { Duration::ZERO };
                 c.and(finish_server(s, &counts, 1, wait))

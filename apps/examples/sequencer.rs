@@ -262,21 +262,6 @@ fn client<P: Provider>(a: &Common, addr: SocketAddr) -> Result<(), Fail> {
     res
 }
 
-fn start_server<P: Provider>(
-    a: &Common,
-    addr: SocketAddr,
-) -> Result<(rpc_common::Started<P>, Arc<Counts>), Fail> {
-    let cfg = rpc_common::map(a, Some(addr))?;
-    let counts = Arc::new(Counts::default());
-    let c = counts.clone();
-    let s = rpc_common::start::<P, _>("sequencer server", &cfg, 0, move |res| {
-        server_endpoint(res, c.clone())
-    })?;
-    let at = s.engine.listen_addr().map_or("?".into(), |a| a.to_string());
-    println!("sequencer server: listening on {at} ({})", P::NAME);
-    Ok((s, counts))
-}
-
 fn finish_server<P: Provider>(
     s: rpc_common::Started<P>,
     counts: &Counts,
@@ -302,12 +287,14 @@ impl Example for Sequencer {
         let sessions = CLIENTS as u32;
         match role {
             Role::Server => {
-                let (s, counts) = start_server::<P>(a, addr)?;
+                let (s, counts) =
+                    rpc_common::start_server("sequencer server", a, addr, server_endpoint::<P>)?;
                 finish_server(s, &counts, a.clients * sessions, timeout)
             }
             Role::Client => client::<P>(a, addr),
             Role::Both => {
-                let (s, counts) = start_server::<P>(a, addr)?;
+                let (s, counts) =
+                    rpc_common::start_server("sequencer server", a, addr, server_endpoint::<P>)?;
                 let c = client::<P>(a, addr);
                 let wait = if c.is_ok() { timeout } else { Duration::ZERO };
                 c.and(finish_server(s, &counts, sessions, wait))

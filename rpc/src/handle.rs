@@ -22,9 +22,16 @@ use crate::error::{Result, RpcError};
 use crate::ids::{GroupId, ReqType, SessionId};
 
 /// What a handle asks of its worker.
+/// Where a handle's call goes: a session, or the least loaded member of a group.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Target {
+    Session(SessionId),
+    Group(GroupId),
+}
+
 pub(crate) enum Order {
     Call {
-        session: SessionId,
+        to: Target,
         ty: ReqType,
         request: Vec<u8>,
         timeout: Duration,
@@ -37,13 +44,6 @@ pub(crate) enum Order {
     Close {
         session: SessionId,
         reply: oneshot::Sender<Result<()>>,
-    },
-    CallGroup {
-        group: GroupId,
-        ty: ReqType,
-        request: Vec<u8>,
-        timeout: Duration,
-        reply: oneshot::Sender<Result<Vec<u8>>>,
     },
     Group {
         members: Vec<SessionId>,
@@ -202,10 +202,7 @@ impl Handle {
         request: &[u8],
         timeout: Duration,
     ) -> Result<Vec<u8>> {
-        let (reply, rx) = oneshot::channel();
-        let request = request.to_vec();
-        self.push_blocking(Order::CallGroup { group, ty, request, timeout, reply })?;
-        self.wait(rx)
+        self.call_to(Target::Group(group), ty, request.to_vec(), timeout)
     }
 
     /// The same call on a group as a `Future` (as [`Handle::call_async`]).
@@ -216,8 +213,7 @@ impl Handle {
         request: Vec<u8>,
         timeout: Duration,
     ) -> CallFuture {
-        let (reply, rx) = oneshot::channel();
-        self.future(Order::CallGroup { group, ty, request, timeout, reply }, rx)
+        self.call_to_async(Target::Group(group), ty, request, timeout)
     }
 
     /// Calls `ty` on the worker's `session` with `request` and waits for the answer, which
@@ -233,10 +229,7 @@ impl Handle {
         request: &[u8],
         timeout: Duration,
     ) -> Result<Vec<u8>> {
-        let (reply, rx) = oneshot::channel();
-        let request = request.to_vec();
-        self.push_blocking(Order::Call { session, ty, request, timeout, reply })?;
-        self.wait(rx)
+        self.call_to(Target::Session(session), ty, request.to_vec(), timeout)
     }
 
     /// The same call as a `Future`, for any async runtime (it needs nothing of one but its
@@ -250,8 +243,32 @@ impl Handle {
         request: Vec<u8>,
         timeout: Duration,
     ) -> CallFuture {
+        self.call_to_async(Target::Session(session), ty, request, timeout)
+    }
+
+    /// A call to `to`, waited for.
+    fn call_to(
+        &mut self,
+        to: Target,
+        ty: ReqType,
+        request: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
         let (reply, rx) = oneshot::channel();
-        self.future(Order::Call { session, ty, request, timeout, reply }, rx)
+        self.push_blocking(Order::Call { to, ty, request, timeout, reply })?;
+        self.wait(rx)
+    }
+
+    /// A call to `to`, as a `Future`.
+    fn call_to_async(
+        &mut self,
+        to: Target,
+        ty: ReqType,
+        request: Vec<u8>,
+        timeout: Duration,
+    ) -> CallFuture {
+        let (reply, rx) = oneshot::channel();
+        self.future(Order::Call { to, ty, request, timeout, reply }, rx)
     }
 
     /// A call's future: its order pushed now, or at the future's first poll if the ring is
@@ -427,26 +444,24 @@ impl Inbox {
         for _ in 0..HANDLE_BATCH {
             let Some(order) = self.orders.pop() else { return };
             match order {
-                Order::Call { session, ty, request, timeout, reply } => {
+                Order::Call { to, ty, request, timeout, reply } => {
                     let then = Box::new(move |_: &mut Rpc<'_, P>, out: Result<&[u8]>| {
                         // A handle that stopped waiting dropped its end: nothing to tell.
                         let _ = reply.send(out.map(<[u8]>::to_vec));
                     });
                     let fill = |b: &mut [u8]| b.copy_from_slice(&request);
-                    let (ep, cx) = (&mut *rpc.ep, &mut *rpc.cx);
-                    let ask = Ask { session, ty, len: request.len(), timeout };
-                    if let Err((e, then)) = ep.call_with(cx, ask, fill, then) {
-                        then(rpc, Err(e));
-                    }
-                }
-                Order::CallGroup { group, ty, request, timeout, reply } => {
-                    let then = Box::new(move |_: &mut Rpc<'_, P>, out: Result<&[u8]>| {
-                        let _ = reply.send(out.map(<[u8]>::to_vec));
-                    });
-                    let fill = |b: &mut [u8]| b.copy_from_slice(&request);
-                    let (ep, cx) = (&mut *rpc.ep, &mut *rpc.cx);
-                    let ask = GroupAsk { group, ty, len: request.len(), timeout };
-                    if let Err((e, then)) = ep.call_group_with(cx, ask, fill, then) {
+                    let (ep, cx, len) = (&mut *rpc.ep, &mut *rpc.cx, request.len());
+                    let made = match to {
+                        Target::Session(session) => {
+                            let ask = Ask { session, ty, len, timeout };
+                            ep.call_with(cx, ask, fill, then).map(|_| ())
+                        }
+                        Target::Group(group) => {
+                            let ask = GroupAsk { group, ty, len, timeout };
+                            ep.call_group_with(cx, ask, fill, then).map(|_| ())
+                        }
+                    };
+                    if let Err((e, then)) = made {
                         then(rpc, Err(e));
                     }
                 }

@@ -7,7 +7,8 @@
 //! here asserts on time: timeouts are hang guards, and the slow server holds its answers
 //! until the test lets it go (its calls stay outstanding, whatever the machine's speed).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+mod counting;
+
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -23,6 +24,7 @@ use corelink_rpc::{
     Endpoint, EndpointConfig, GroupId, Reject, ReqType, Rpc, RpcError, RpcHandler, RpcMetrics,
     Serve, Service, SessionEvent, SessionId,
 };
+use counting::{COUNT, COUNTING};
 
 /// How long a step may take before the test calls it a hang (not a performance bound).
 const HANG: Duration = Duration::from_secs(60);
@@ -570,53 +572,12 @@ fn identical_calls_on_a_group_merge_per_session() {
 // on a thread that turned counting on: the allocation test's worker) and a closed loop of
 // calls on a group of three sessions of one worker to itself, raw and typed by turns.
 
-struct Counting;
-
 thread_local! {
     // Const-initialised and without destructors: using them never allocates.
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static COUNT: Cell<u64> = const { Cell::new(0) };
     /// The worker's group and the calls ended so far (the continuations' state).
     static GROUP: Cell<Option<GroupId>> = const { Cell::new(None) };
     static ENDED: Cell<u64> = const { Cell::new(0) };
 }
-
-fn note() {
-    if COUNTING.try_with(Cell::get).unwrap_or(false) {
-        let _ = COUNT.try_with(|c| c.set(c.get() + 1));
-    }
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
-// `System`'s guarantees are ours; the counting beside it allocates nothing (const thread-local
-// `Cell`s).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract for `alloc` is `System`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: `ptr` was allocated by this allocator, i.e. by `System`, with `layout`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by this allocator, i.e. by `System`, with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 const WARM_UP: u64 = 5_000;
 const MEASURED: u64 = 20_000;

@@ -11,8 +11,8 @@
 //! twin, as the engine's `hot_path_alloc.rs` has, would go here under `feature = "ibverbs"`.
 
 mod common;
+mod counting;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -20,54 +20,14 @@ use std::time::Duration;
 use common::*;
 use corelink_engine::verbs::soft::Soft;
 use corelink_rpc::{Rpc, RpcError, SessionEvent, SessionId};
-
-struct Counting;
+use counting::{COUNT, COUNTING};
 
 thread_local! {
     // Const-initialised and without destructors: using them never allocates.
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static COUNT: Cell<u64> = const { Cell::new(0) };
     /// The worker's session and the calls ended so far (the continuation's state).
     static SESSION: Cell<Option<SessionId>> = const { Cell::new(None) };
     static ENDED: Cell<u64> = const { Cell::new(0) };
 }
-
-fn note() {
-    if COUNTING.try_with(Cell::get).unwrap_or(false) {
-        let _ = COUNT.try_with(|c| c.set(c.get() + 1));
-    }
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
-// `System`'s guarantees are ours; the counting beside it allocates nothing (const thread-local
-// `Cell`s).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller's contract for `alloc` is `System`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: `ptr` was allocated by this allocator, i.e. by `System`, with `layout`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by this allocator, i.e. by `System`, with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 const WARM_UP: u64 = 10_000;
 const MEASURED: u64 = 50_000;

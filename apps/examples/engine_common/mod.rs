@@ -192,6 +192,11 @@ where
             ProviderKind::Ibverbs => Err(Fail::Usage("built without the ibverbs feature".into())),
         }
     })();
+    exit_code(name, role, res)
+}
+
+/// A run's exit status, its failure said on stderr: 0, 1 (it failed), 2 (bad usage).
+pub fn exit_code(name: &str, role: Role, res: Result<(), Fail>) -> std::process::ExitCode {
     match res {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(Fail::Usage(e)) => {

@@ -60,17 +60,7 @@ pub fn main(
             ProviderKind::Ibverbs => Err(Fail::Usage("built without the ibverbs feature".into())),
         }
     })();
-    match res {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(Fail::Usage(e)) => {
-            eprintln!("{name}: {e} (see --help)");
-            std::process::ExitCode::from(2)
-        }
-        Err(Fail::Run(e)) => {
-            eprintln!("{name} {}: FAILED: {e}", role_name(role));
-            std::process::ExitCode::FAILURE
-        }
-    }
+    crate::engine_common::exit_code(name, role, res)
 }
 
 /// The core map of one engine of an example: `--config` or the default (one worker), listening
@@ -433,6 +423,23 @@ impl<P: Provider, H, F> Make<P, H> for F where
 /// Starts an engine on `cfg` (one worker) whose worker runs the endpoint and server part
 /// `make` makes, with `handles` RPC handles into it. `make` runs once here first, so that its
 /// errors are this thread's.
+/// A server's engine listening on `addr` (its map from `a`), its endpoint made by `make`
+/// with the counters it shares with the main thread (a new `C`); says where it listens.
+pub fn start_server<P: Provider, H: Serving<P>, C: Default + Send + Sync + 'static>(
+    name: &str,
+    a: &Common,
+    addr: SocketAddr,
+    make: fn(&WorkerResources, Arc<C>) -> Result<(Endpoint<P>, H), RpcError>,
+) -> Result<(Started<P>, Arc<C>), Fail> {
+    let cfg = map(a, Some(addr))?;
+    let counts = Arc::new(C::default());
+    let c = counts.clone();
+    let s = start::<P, _>(name, &cfg, 0, move |res| make(res, c.clone()))?;
+    let at = s.engine.listen_addr().map_or("?".into(), |a| a.to_string());
+    println!("{name}: listening on {at} ({})", P::NAME);
+    Ok((s, counts))
+}
+
 pub fn start<P: Provider, H: Serving<P>>(
     name: &str,
     cfg: &Validated,
