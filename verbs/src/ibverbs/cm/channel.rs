@@ -136,6 +136,27 @@ pub(super) struct Mux {
     state: Mutex<MuxState>,
     /// Signalled when an event is queued or the leader steps down.
     cv: Condvar,
+    /// When a read last found the channel empty (nanoseconds after `epoch`; 0: not known to
+    /// be): a look within [`DRAIN_GAP`] of it reads nothing, so that a pass over a thousand
+    /// lanes costs a thousand lookups, not a thousand `rdma_get_cm_event` system calls. A
+    /// waiter that saw the channel readable clears it ([`note_readable`]).
+    empty_at: AtomicU64,
+    epoch: Instant,
+}
+
+/// How long after the channel was found empty a look (a zero timeout) does not read it again:
+/// what a caller polling without a waiter may see an event late by.
+const DRAIN_GAP: std::time::Duration = std::time::Duration::from_micros(20);
+
+/// The process's channel, once made.
+static MUX: OnceLock<Arc<Mux>> = OnceLock::new();
+
+/// A waiter saw descriptor `fd` readable: if it is the process's channel, the next look reads
+/// it.
+pub(crate) fn note_readable(fd: c_int) {
+    if let Some(m) = MUX.get().filter(|m| m.ch.fd() == fd) {
+        m.empty_at.store(0, Ordering::Release);
+    }
 }
 
 /// How long a waiter waits for the leader before it looks again (its `wake`, or to lead).
@@ -183,14 +204,23 @@ unsafe impl Sync for Mux {}
 impl Mux {
     /// The process's channel, made on first use.
     pub(super) fn get() -> io::Result<Arc<Mux>> {
-        static MUX: OnceLock<Arc<Mux>> = OnceLock::new();
         if let Some(m) = MUX.get() {
             return Ok(m.clone());
         }
         let ch = Channel::new()?;
-        Ok(MUX
-            .get_or_init(|| Arc::new(Mux { ch, state: Mutex::default(), cv: Condvar::new() }))
-            .clone())
+        let mux = || Mux {
+            ch,
+            state: Mutex::default(),
+            cv: Condvar::new(),
+            empty_at: AtomicU64::new(0),
+            epoch: Instant::now(),
+        };
+        Ok(MUX.get_or_init(|| Arc::new(mux())).clone())
+    }
+
+    /// Nanoseconds since `epoch` (at least 1: 0 means "not known to be empty").
+    fn stamp(&self, now: Instant) -> u64 {
+        (now.saturating_duration_since(self.epoch).as_nanos() as u64).max(1)
     }
 
     fn lock(&self) -> MutexGuard<'_, MuxState> {
@@ -253,6 +283,13 @@ impl Mux {
     /// As the leader: everything the channel has now (queued for its owners, or ours), then a
     /// wait for more until `deadline` or `wake`.
     fn lead(&self, key: usize, deadline: Option<Instant>, wake: Option<c_int>) -> io::Result<Lead> {
+        let now = Instant::now();
+        let look = deadline.is_some_and(|d| now >= d);
+        let empty_at = self.empty_at.load(Ordering::Acquire);
+        let since_empty = self.stamp(now).saturating_sub(empty_at);
+        if look && empty_at != 0 && since_empty < DRAIN_GAP.as_nanos() as u64 {
+            return Ok(Lead::Done); // (read empty a moment ago, and no waiter saw it readable since)
+        }
         while let Some(ev) = self.ch.take()? {
             let k = Mux::key_of(&ev);
             if k == key {
@@ -266,6 +303,7 @@ impl Mux {
             QUEUED_EVER.fetch_add(1, Ordering::AcqRel);
             self.cv.notify_all();
         }
+        self.empty_at.store(self.stamp(Instant::now()), Ordering::Release);
         // (A short wait at a time, so that a waiter with an earlier deadline leads soon.)
         let now = Instant::now();
         let until = deadline.map_or(now + LEAD_SLICE, |d| d.min(now + LEAD_SLICE));

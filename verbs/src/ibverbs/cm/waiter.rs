@@ -96,6 +96,7 @@ impl CmWaiter for IbvCmWaiter {
         }
         self.ready.iter_mut().for_each(|w| *w = 0);
         for p in self.fds.iter().skip(1).filter(|p| p.revents != 0 && p.fd >= 0) {
+            super::channel::note_readable(p.fd);
             let (word, bit) = (p.fd as usize / 64, p.fd as usize % 64);
             if word >= self.ready.len() {
                 self.ready.resize(word + 1, 0);
