@@ -173,9 +173,6 @@ impl<P: Provider> Conn<P> {
         owner: Origin,
         lanes: ArrayVec<Lane<P>, MAX_QPS_PER_CONN>,
     ) -> Self {
-        // Probed when idle: only a peer that is an engine (whose header always says its
-        // receive size), so a plain rdma_cm program's QP, perhaps refusing remote writes, is not.
-        let probed = info.peer_recv_size.is_some();
         Conn {
             id,
             info,
@@ -188,7 +185,7 @@ impl<P: Provider> Conn<P> {
             disconnect_sent: false,
             grants: Vec::new(),
             next_grant: 0,
-            live: super::keepalive::Liveness::new(probed),
+            live: super::keepalive::Liveness::new(),
         }
     }
 

@@ -16,9 +16,6 @@ use crate::request::ConnId;
 /// What the keepalive keeps of one connection.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Liveness {
-    /// Whether it is probed at all (a peer that is an engine: a plain rdma_cm program's QP
-    /// may refuse remote writes, which would close the connection).
-    pub(crate) probed: bool,
     /// A completion came for it since the last pass.
     pub(crate) heard: bool,
     /// Its probe is out.
@@ -27,8 +24,8 @@ pub(crate) struct Liveness {
 
 impl Liveness {
     /// A connection just opened (as heard from: the first pass starts its idle time).
-    pub(crate) fn new(probed: bool) -> Liveness {
-        Liveness { probed, heard: true, probing: false }
+    pub(crate) fn new() -> Liveness {
+        Liveness { heard: true, probing: false }
     }
 }
 
@@ -64,15 +61,17 @@ impl Keepalive {
         }
     }
 
-    /// A pass over `conns` (each with whether it is open): the connections to probe now,
+    /// A pass over `conns` (each with whether it may be probed: open, and its peer an engine,
+    /// since a plain rdma_cm program's QP may refuse remote writes, which would close the
+    /// connection): the connections to probe now,
     /// marked as probing; every other one's `heard` is cleared for the next pass.
     pub(crate) fn pick<'a>(
         &mut self,
         conns: impl Iterator<Item = (ConnId, bool, &'a mut Liveness)>,
     ) -> &[ConnId] {
         self.due.clear();
-        for (id, open, live) in conns {
-            if !(open && live.probed) || live.probing {
+        for (id, probed, live) in conns {
+            if !probed || live.probing {
                 continue;
             }
             if std::mem::take(&mut live.heard) {
@@ -112,14 +111,10 @@ mod tests {
     #[test]
     fn only_open_probed_connections_unheard_for_a_whole_pass_are_probed_once() {
         let mut k = Keepalive::new(Duration::from_millis(100), 8);
-        let mut live = [
-            Liveness::new(true),  // 0: heard at open, then silent
-            Liveness::new(true),  // 1: busy
-            Liveness::new(false), // 2: a plain rdma_cm peer
-            Liveness::new(true),  // 3: closing
-        ];
+        // 0: heard at open, then silent; 1: busy; 2: a plain rdma_cm peer; 3: closing.
+        let mut live = [Liveness::new(); 4];
         let pass = |k: &mut Keepalive, live: &mut [Liveness; 4]| {
-            let it = live.iter_mut().enumerate().map(|(i, l)| (id(i as u16), i != 3, l));
+            let it = live.iter_mut().enumerate().map(|(i, l)| (id(i as u16), i < 2, l));
             k.pick(it).to_vec()
         };
         // The first pass only clears what was heard.

@@ -300,7 +300,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if cx.stopping || !k.due(cx.now()) {
             return;
         }
-        let conns = cx.conns.iter_mut().map(|c| (c.id, c.phase == Phase::Open, &mut c.live));
+        // (an engine's header always says its receive size: a plain rdma_cm peer's does not)
+        let conns = cx.conns.iter_mut().map(|c| {
+            let probed = c.phase == Phase::Open && c.info.peer_recv_size.is_some();
+            (c.id, probed, &mut c.live)
+        });
         for &conn in k.pick(conns) {
             cx.probe(conn);
         }
