@@ -423,13 +423,17 @@ impl<P: Provider, H, F> Make<P, H> for F where
 /// Starts an engine on `cfg` (one worker) whose worker runs the endpoint and server part
 /// `make` makes, with `handles` RPC handles into it. `make` runs once here first, so that its
 /// errors are this thread's.
+/// What makes a worker's endpoint and serving part with counters `C` shared with the main
+/// thread.
+pub type MakeWith<P, H, C> = fn(&WorkerResources, Arc<C>) -> Result<(Endpoint<P>, H), RpcError>;
+
 /// A server's engine listening on `addr` (its map from `a`), its endpoint made by `make`
 /// with the counters it shares with the main thread (a new `C`); says where it listens.
 pub fn start_server<P: Provider, H: Serving<P>, C: Default + Send + Sync + 'static>(
     name: &str,
     a: &Common,
     addr: SocketAddr,
-    make: fn(&WorkerResources, Arc<C>) -> Result<(Endpoint<P>, H), RpcError>,
+    make: MakeWith<P, H, C>,
 ) -> Result<(Started<P>, Arc<C>), Fail> {
     let cfg = map(a, Some(addr))?;
     let counts = Arc::new(C::default());
