@@ -7,7 +7,7 @@ use arrayvec::ArrayVec;
 use corelink_verbs::Provider;
 
 use crate::client::{ClientRequest, Event, Overflow};
-use crate::request::ConnInfo;
+use crate::request::{ConnId, ConnInfo};
 use crate::ring::{Consumer, Producer};
 use crate::tunables::{MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
 
@@ -22,6 +22,19 @@ pub(crate) enum Origin {
     Keepalive,
 }
 
+/// The QPs of one connection (its lanes, in lane order).
+pub(crate) type Qps<P> = ArrayVec<<P as Provider>::Qp, MAX_QPS_PER_CONN>;
+
+/// Which connection set-up of the control core a prime belongs to (the worker hands it back
+/// with its answer, unread).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PrimeFor {
+    /// The connect with this number.
+    Connect(u64),
+    /// The accepted connection with this nonce.
+    Accept(u64),
+}
+
 /// One QP of a connection, in RTS, with the control core's key for its connection-manager side.
 pub(crate) struct NewLane<P: Provider> {
     pub(crate) qp: P::Qp,
@@ -29,9 +42,24 @@ pub(crate) struct NewLane<P: Provider> {
 }
 
 /// Control core → worker.
+///
+/// A connection comes up in two steps, so that its receives are posted before its peer can
+/// send: `Prime` lends the worker its QPs (in INIT) to post them on (the worker keeps a slot for
+/// it and answers `ToControl::Primed` with the QPs), then, once the connection manager's
+/// exchange is done, `NewConn` hands it over, or `Unprime` gives the QPs back to flush.
 pub(crate) enum ToWorker<P: Provider> {
-    /// A connection, now the worker's: its QPs (lanes; at least one), all in RTS.
-    NewConn { lanes: ArrayVec<NewLane<P>, MAX_QPS_PER_CONN>, info: ConnInfo, origin: Origin },
+    /// Post a coming connection's receives on these QPs (its lanes, in INIT).
+    Prime { prime: PrimeFor, qps: Qps<P> },
+    /// A connection, now the worker's (primed as `conn`): its QPs (lanes; at least one), all
+    /// in RTS.
+    NewConn {
+        conn: ConnId,
+        lanes: ArrayVec<NewLane<P>, MAX_QPS_PER_CONN>,
+        info: ConnInfo,
+        origin: Origin,
+    },
+    /// The connection primed as `conn` did not come up: its QPs back, to flush and release.
+    Unprime { conn: ConnId, qps: Qps<P> },
     /// A `connect` failed.
     ConnectFailed { token: u64, origin: Origin, error: crate::EngineError },
     /// The peer of the lane with this key disconnected (the whole connection closes).
@@ -52,6 +80,11 @@ pub(crate) enum ToWorker<P: Provider> {
 
 /// Worker → control core.
 pub(crate) enum ToControl<P: Provider> {
+    /// The answer to a `Prime`: the QPs back, with their receives posted for connection
+    /// `conn` (or the reason the worker takes no connection now).
+    Primed { prime: PrimeFor, conn: Result<ConnId, crate::EngineError>, qps: Qps<P> },
+    /// QPs of a connection that never came up, flushed: back to the pool.
+    Return { qps: Qps<P> },
     /// Connect to `addr` on behalf of this worker.
     Connect {
         addr: SocketAddr,

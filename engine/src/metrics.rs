@@ -90,6 +90,10 @@ pub struct Metrics {
     /// Receives that could not be posted (each closes its connection with
     /// `CloseReason::RecvPostFailed`).
     pub recv_post_errors: u64,
+    /// Messages that arrived before their connection was the worker's: on receives posted
+    /// before the connection manager's exchange, kept and delivered after `on_connected`
+    /// (without that, each would have been a receiver-not-ready NAK to the sender).
+    pub early_receives: u64,
     /// Lookups that cannot fail and did (a bug: each is also a debug assertion).
     pub invariant_misses: u64,
     /// Keepalive probes posted to connections idle for `worker.keepalive_ms`.
@@ -135,6 +139,7 @@ impl Metrics {
         m.coalesced_writes = d(m.coalesced_writes, earlier.coalesced_writes);
         m.poll_errors = d(m.poll_errors, earlier.poll_errors);
         m.recv_post_errors = d(m.recv_post_errors, earlier.recv_post_errors);
+        m.early_receives = d(m.early_receives, earlier.early_receives);
         m.invariant_misses = d(m.invariant_misses, earlier.invariant_misses);
         m.keepalive_probes = d(m.keepalive_probes, earlier.keepalive_probes);
         m.keepalive_failures = d(m.keepalive_failures, earlier.keepalive_failures);
@@ -183,6 +188,7 @@ impl fmt::Display for Metrics {
         for (what, n) in [
             ("poll errors", self.poll_errors),
             ("receive post errors", self.recv_post_errors),
+            ("early receives", self.early_receives),
             ("invariant misses", self.invariant_misses),
             ("keepalive probes", self.keepalive_probes),
             ("keepalive probes failed", self.keepalive_failures),

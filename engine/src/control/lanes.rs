@@ -1,22 +1,28 @@
 //! A connection's lanes while they come up, on both sides.
 //!
+//! Either side first lends the connection's QPs (moved to INIT) to its worker, which keeps a
+//! slot for it and posts its receives (`ToWorker::Prime`, answered by `ToControl::Primed`):
+//! the peer may send the moment its side is up, and finds them. A connection that then fails
+//! gives its QPs back to the worker (`ToWorker::Unprime`), which flushes them and returns them
+//! to the pool.
+//!
 //! Connecting: [`Control::start_connect`] takes `worker.qps.per_conn` QPs from the worker's
-//! pool and starts one connect per lane (`Context::connect_start`), each sending the same
-//! header but for its lane index; the control core takes each lane's next step as its events
-//! come (`finish_connects`, once per loop: no thread, no wait); when every lane has reported,
-//! the connection goes to the worker whole, or, if
-//! any lane failed, the lanes that came up are disconnected and recycled and the connect fails
-//! with the first cause.
+//! pool and has them primed; then one connect per lane starts (`Context::connect_start`),
+//! each sending the same header but for its lane index; the control core takes each lane's
+//! next step as its events come (`finish_connects`, once per loop: no thread, no wait); when
+//! every lane has reported, the connection goes to the worker whole, or, if any lane failed,
+//! the lanes that came up are disconnected and the connect fails with the first cause.
 //!
 //! Accepting: lanes are grouped by their header's nonce. The first lane of a group decides
-//! its worker (the placement rule runs once per connection), every lane is accepted with a QP
-//! from that worker's pool (the accept goes out at once; its connector's confirmation is
-//! polled once per loop, so that a slow or half-open peer delays no other), and the group
-//! goes to the worker when its last lane is up (the
-//! lane count is the connector's, whatever this side's `per_conn`). A group whose lane fails
-//! (no QP within `worker.qps.max`, a failed accept, a lane disconnected) or that waits longer
-//! than twice `connect_timeout_ms` is dropped: its lanes are disconnected and recycled, and its late
-//! lanes rejected with the reason.
+//! its worker (the placement rule runs once per connection) and reserves its budget; each
+//! lane's request is held until all have come (the lane count is the connector's, whatever
+//! this side's `per_conn`); then the group's QPs are primed and every lane is accepted (the
+//! accept goes out at once; its connector's confirmation is polled once per loop, so that a
+//! slow or half-open peer delays no other), and the group goes to the worker when its last
+//! lane is up. A group whose lane fails (no QP within `worker.qps.max`, a failed accept, a
+//! lane disconnected) or that waits longer than twice `connect_timeout_ms` is dropped: its
+//! held requests are rejected with the reason, its lanes disconnected, and its late lanes
+//! rejected with the reason.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,14 +30,15 @@ use std::time::{Duration, Instant};
 
 use corelink_verbs::{
     Accepting as _, CmEvent, CmWaiter as _, ConnRequest, Connecting as _, Connection, Context,
-    Listener, Progress, Provider, Watch, ACCEPT_WAIT,
+    Listener, Progress, Provider, Qp as _, QpAttr, QpState, Watch, ACCEPT_WAIT,
 };
 
 use super::header::{nonce, reject_data, reject_reason, Header, MAX_APP_PRIVATE_DATA};
 use super::{Control, Reservation};
 use crate::error::EngineError;
-use crate::handoff::{Origin, ToWorker};
-use crate::request::ConnInfo;
+use crate::handoff::{Origin, PrimeFor, Qps, ToWorker};
+use crate::request::{ConnId, ConnInfo};
+use crate::tunables::MAX_QPS_PER_CONN;
 
 type Up<P> = (<P as Provider>::Qp, <P as Provider>::Connection);
 
@@ -88,6 +95,12 @@ struct Connecting<P: Provider> {
     worker: usize,
     token: u64,
     origin: Origin,
+    /// The worker's slot for it, once its QPs are primed (`None`: lent to the worker now).
+    conn: Option<ConnId>,
+    /// The lanes' header (the same for each but its lane index).
+    header: Header,
+    /// QPs of lanes that failed, kept to go back to the worker to flush.
+    back: Qps<P>,
     /// By lane index: the lanes that came up.
     lanes: Vec<Option<Up<P>>>,
     /// Lanes not reported yet.
@@ -123,11 +136,26 @@ impl<P: Provider> Outgoing<P> {
 }
 
 /// An accepted connection waiting for its lanes (or, failed, rejecting its late ones).
+///
+/// Its lanes' requests are held until all have come; then its QPs are lent to the worker to
+/// post its receives on (`priming`), and once they are back each lane is accepted.
 struct Accepting<P: Provider> {
     worker: usize,
     deadline: Instant,
     info: ConnInfo,
+    /// A plain rdma_cm peer's (answered without a header).
+    foreign: bool,
+    /// By lane: its request, until the lane is accepted.
+    requests: Vec<Option<P::ConnRequest>>,
+    /// Its QPs are with the worker, being primed.
+    priming: bool,
+    /// The worker's slot for it, once primed.
+    conn: Option<ConnId>,
     lanes: Vec<Option<Up<P>>>,
+    /// Lanes whose accept waits for its connector (their QPs are in `pending`).
+    confirming: usize,
+    /// Its QPs in hand after it failed, to go back to the worker to flush.
+    back: Qps<P>,
     /// Why it failed (its late lanes are rejected with this), once it has.
     failed: Option<String>,
     /// What it holds of the worker's budget (until it fails or goes to the worker).
@@ -199,7 +227,32 @@ fn lane_text(lane: usize, lanes: usize, e: String) -> String {
 }
 
 impl<P: Provider> Control<P> {
-    /// Starts worker `w`'s connect to `addr`: `per_conn` lanes, each on its connector thread.
+    /// Takes `k` QPs from worker `w`'s pool and moves them to INIT, where the worker can post
+    /// receives on them.
+    fn qps_for(&mut self, w: usize, k: usize) -> Result<Qps<P>, EngineError> {
+        let mut qps = Qps::<P>::new();
+        let mut failed = None;
+        for mut qp in self.workers[w].qps.take(k.min(MAX_QPS_PER_CONN))? {
+            if failed.is_none() {
+                let init = QpAttr { state: QpState::Init, ..self.cfg.attr };
+                if let Err(e) = qp.modify(&init) {
+                    failed = Some(EngineError::from(e));
+                }
+            }
+            qps.push(qp);
+        }
+        match failed {
+            None => Ok(qps),
+            Some(e) => {
+                for qp in qps {
+                    self.workers[w].qps.give_back(qp, &self.cfg.attr);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts worker `w`'s connect to `addr`: `per_conn` lanes, primed by the worker first.
     pub(super) fn start_connect(
         &mut self,
         w: usize,
@@ -223,7 +276,7 @@ impl<P: Provider> Control<P> {
             Ok(r) => r,
             Err(error) => return self.send(w, ToWorker::ConnectFailed { token, origin, error }),
         };
-        let qps = match self.workers[w].qps.take(k) {
+        let qps = match self.qps_for(w, k) {
             Ok(qps) => qps,
             Err(error) => {
                 self.workers[w].budget.release(reservation);
@@ -232,28 +285,86 @@ impl<P: Provider> Control<P> {
         };
         let id = self.next_conn;
         self.next_conn += 1;
-        let lanes = (0..k).map(|_| None).collect();
+        let header = Header {
+            nonce: nonce(),
+            lane: 0,
+            lanes: k as u8,
+            recv_size: Some(self.cfg.recv_size),
+            app: app.to_vec(),
+        };
         let group = Connecting {
             worker: w,
             token,
             origin,
-            lanes,
+            conn: None,
+            header,
+            back: Qps::<P>::new(),
+            lanes: (0..k).map(|_| None).collect(),
             waiting: k,
             error: None,
             addr,
             reservation,
         };
         self.outgoing.groups.insert(id, group);
-        let nonce = nonce();
-        for (lane, mut qp) in qps.into_iter().enumerate() {
-            let hdr = Header {
-                nonce,
-                lane: lane as u8,
-                lanes: k as u8,
-                recv_size: Some(self.cfg.recv_size),
-                app: app.to_vec(),
+        self.send(w, ToWorker::Prime { prime: PrimeFor::Connect(id), qps });
+    }
+
+    /// The worker's answer to a prime: its QPs back, with their receives posted.
+    pub(super) fn primed(
+        &mut self,
+        w: usize,
+        prime: PrimeFor,
+        conn: Result<ConnId, EngineError>,
+        qps: Qps<P>,
+    ) {
+        match prime {
+            PrimeFor::Connect(id) => self.connect_primed(w, id, conn, qps),
+            PrimeFor::Accept(nonce) => self.accept_primed(w, nonce, conn, qps),
+        }
+    }
+
+    /// Gives worker `w` back QPs primed for `conn` (or, not primed, to the pool).
+    fn give_back_primed(&mut self, w: usize, conn: Option<ConnId>, qps: Qps<P>) {
+        match conn {
+            Some(conn) => self.send(w, ToWorker::Unprime { conn, qps }),
+            None => {
+                for qp in qps {
+                    self.workers[w].qps.give_back(qp, &self.cfg.attr);
+                }
             }
-            .to_bytes();
+        }
+    }
+
+    /// Connect `id`'s QPs are primed: each lane connects (or the connect fails).
+    fn connect_primed(
+        &mut self,
+        w: usize,
+        id: u64,
+        conn: Result<ConnId, EngineError>,
+        qps: Qps<P>,
+    ) {
+        let (conn, refused) = match conn {
+            Ok(c) if self.shutting_down => (Some(c), Some(EngineError::ShuttingDown)),
+            Ok(c) => (Some(c), None),
+            Err(e) => (None, Some(e)),
+        };
+        if !self.outgoing.groups.contains_key(&id) {
+            return self.give_back_primed(w, conn, qps); // (never: a connect waits for its prime)
+        }
+        if let Some(error) = refused {
+            if let Some(g) = self.outgoing.groups.remove(&id) {
+                self.workers[g.worker].budget.release(g.reservation);
+                let (token, origin) = (g.token, g.origin);
+                self.give_back_primed(w, conn, qps);
+                self.send(w, ToWorker::ConnectFailed { token, origin, error });
+            }
+            return;
+        }
+        let Some(g) = self.outgoing.groups.get_mut(&id) else { return };
+        g.conn = conn;
+        let (addr, header) = (g.addr, g.header.clone());
+        for (lane, mut qp) in qps.into_iter().enumerate() {
+            let hdr = Header { lane: lane as u8, ..header.clone() }.to_bytes();
             match self.ctx.connect_start(
                 addr,
                 &mut qp,
@@ -301,8 +412,8 @@ impl<P: Provider> Control<P> {
         any
     }
 
-    /// Lane `lane` of connect `conn` finished: up (with its QP), or failed (its QP goes back to
-    /// the pool).
+    /// Lane `lane` of connect `conn` finished: up (with its QP), or failed (its QP is kept to
+    /// go back to the worker).
     fn lane_connected(
         &mut self,
         conn: u64,
@@ -311,7 +422,6 @@ impl<P: Provider> Control<P> {
         result: Result<P::Connection, EngineError>,
     ) {
         let Some(g) = self.outgoing.groups.get_mut(&conn) else { return };
-        let w = g.worker;
         g.waiting -= 1;
         match result {
             Ok(cm) => g.lanes[lane] = Some((qp, cm)),
@@ -319,12 +429,13 @@ impl<P: Provider> Control<P> {
                 let (addr, lanes) = (g.addr, g.lanes.len());
                 let e = EngineError::Connect { addr, lane, lanes, source: Box::new(e) };
                 g.error.get_or_insert(e);
-                self.workers[w].qps.give_back(qp, &self.cfg.attr);
+                g.back.push(qp);
             }
         }
     }
 
-    /// Once every lane of connect `id` has reported: hands the connection over, or fails it.
+    /// Once every lane of connect `id` has reported: hands the connection over, or fails it
+    /// (its QPs go back to the worker to flush).
     fn finish_connect(&mut self, id: u64) {
         if self.outgoing.groups.get(&id).is_none_or(|g| g.waiting > 0) {
             return;
@@ -337,11 +448,15 @@ impl<P: Provider> Control<P> {
             None => None,
         };
         let up: Vec<Up<P>> = g.lanes.into_iter().flatten().collect();
+        let Some(conn) = g.conn else { return }; // (never: lanes connect once primed)
         if let Some(error) = error {
+            let mut back = g.back;
             for (qp, cm) in up {
-                self.recycle(w, qp, cm);
+                retire(cm);
+                back.push(qp);
             }
             self.workers[w].budget.release(g.reservation);
+            self.send(w, ToWorker::Unprime { conn, qps: back });
             return self.send(w, ToWorker::ConnectFailed { token, origin, error });
         }
         let peer = up.first().map(|(_, cm)| Header::parse(cm.peer_private_data()));
@@ -354,7 +469,7 @@ impl<P: Provider> Control<P> {
             ),
             _ => (Vec::new(), None),
         };
-        // (lanes and receives: filled in by the worker, which posts them)
+        // (lanes and receives: filled in by the worker, which posted them)
         let info = ConnInfo {
             private_data,
             peer_recv_size,
@@ -363,10 +478,10 @@ impl<P: Provider> Control<P> {
             lanes: 0,
             recvs_per_lane: 0,
         };
-        self.hand_off(w, up, info, origin, g.reservation);
+        self.hand_off(w, conn, up, info, origin, g.reservation);
     }
 
-    /// Accepts one lane if a request is waiting; returns whether one was.
+    /// Takes one lane's request if one is waiting; returns whether one was.
     pub(super) fn accept_one(&mut self) -> bool {
         // (just a look: the loop's wait watches the listener)
         let Some(w) = self.listener.as_ref().map(|l| l.watch()) else { return false };
@@ -399,11 +514,15 @@ impl<P: Provider> Control<P> {
             }
         };
         let (nonce, lane, k) = (hdr.nonce, hdr.lane as usize, hdr.lanes as usize);
-        let w = match self.incoming.groups.get(&nonce) {
+        match self.incoming.groups.get(&nonce) {
             Some(g) => {
                 let refuse = match &g.failed {
                     Some(why) => Some(why.clone()),
-                    None if g.lanes.len() != k || g.lanes[lane].is_some() => {
+                    None if g.requests.len() != k
+                        || g.requests[lane].is_some()
+                        || g.priming
+                        || g.conn.is_some() =>
+                    {
                         Some(format!("lane {lane} of {k} does not fit its connection"))
                     }
                     None => None,
@@ -412,7 +531,6 @@ impl<P: Provider> Control<P> {
                     let _ = req.reject(&reject_data(&why));
                     return true;
                 }
-                g.worker
             }
             None => {
                 let w = self.choose_worker(&hdr.app);
@@ -436,47 +554,114 @@ impl<P: Provider> Control<P> {
                     worker: w,
                     deadline: Instant::now() + self.cfg.group_timeout(),
                     info,
+                    foreign,
+                    requests: (0..k).map(|_| None).collect(),
+                    priming: false,
+                    conn: None,
                     lanes: (0..k).map(|_| None).collect(),
+                    confirming: 0,
+                    back: Qps::<P>::new(),
                     failed: None,
                     reservation: Some(reservation),
                 };
                 self.incoming.groups.insert(nonce, group);
-                w
             }
-        };
-        let mut qp = match self.workers[w].qps.take(1).map(|mut v| v.pop()) {
-            Ok(Some(qp)) => qp,
-            Ok(None) => return true, // `take(1)` gives one QP
-            Err(e) => {
-                let why = reason(&e);
-                let _ = req.reject(&reject_data(&why));
-                self.fail_incoming(nonce, lane_text(lane, k, why));
-                return true;
+        }
+        let Some(g) = self.incoming.groups.get_mut(&nonce) else { return true };
+        g.requests[lane] = Some(req);
+        if g.requests.iter().all(Option::is_some) {
+            // Every lane is here: the worker posts the connection's receives, then each lane
+            // is accepted (`accept_primed`).
+            let w = g.worker;
+            match self.qps_for(w, k) {
+                Ok(qps) => {
+                    if let Some(g) = self.incoming.groups.get_mut(&nonce) {
+                        g.priming = true;
+                    }
+                    self.send(w, ToWorker::Prime { prime: PrimeFor::Accept(nonce), qps });
+                }
+                Err(e) => self.fail_incoming(nonce, reason(&e)),
             }
-        };
-        let answer = if foreign {
-            Vec::new()
-        } else {
-            Header {
-                nonce,
-                lane: lane as u8,
-                lanes: k as u8,
-                recv_size: Some(self.cfg.recv_size),
-                app: Vec::new(),
-            }
-            .to_bytes()
-        };
-        // The accept goes out now; the connector's confirmation is waited for by
-        // `finish_accepts`, one poll per loop, so that a slow or half-open peer delays no one.
-        match req.accept_start(&mut qp, &self.cfg.attr, &answer) {
-            Ok(accepting) => {
-                let deadline = Instant::now() + ACCEPT_WAIT.min(self.cfg.group_timeout());
-                let p = PendingLane { nonce, lane, lanes: k, worker: w, qp, accepting, deadline };
-                self.incoming.pending.push(p);
-            }
-            Err(e) => self.lane_failed(nonce, lane, k, w, qp, e.into()),
         }
         true
+    }
+
+    /// Accepted connection `nonce`'s QPs are primed: each lane's accept goes out now; its
+    /// connector's confirmation is waited for by `finish_accepts`, one poll per loop, so that
+    /// a slow or half-open peer delays no one.
+    fn accept_primed(
+        &mut self,
+        w: usize,
+        nonce: u64,
+        conn: Result<ConnId, EngineError>,
+        qps: Qps<P>,
+    ) {
+        let Some(g) = self.incoming.groups.get_mut(&nonce).filter(|g| g.priming) else {
+            return self.give_back_primed(w, conn.ok(), qps); // (never: it waits for its prime)
+        };
+        g.priming = false;
+        let id = match (conn, &g.failed) {
+            (Ok(id), None) => id,
+            (Err(e), None) => {
+                self.give_back_primed(w, None, qps);
+                return self.fail_incoming(nonce, reason(&e));
+            }
+            (conn, Some(_)) => {
+                // It failed meanwhile (shutdown, expiry): nothing to accept.
+                self.give_back_primed(w, conn.ok(), qps);
+                return self.settle_incoming(nonce);
+            }
+        };
+        g.conn = Some(id);
+        let k = g.requests.len();
+        let (foreign, deadline) =
+            (g.foreign, Instant::now() + ACCEPT_WAIT.min(self.cfg.group_timeout()));
+        let requests: Vec<_> = g.requests.iter_mut().map(Option::take).collect();
+        let mut failed: Option<String> = None;
+        for (lane, (req, mut qp)) in requests.into_iter().zip(qps).enumerate() {
+            let Some(req) = req else { continue }; // (all came: that is why it was primed)
+            if let Some(why) = &failed {
+                let _ = req.reject(&reject_data(why));
+                self.keep_back(nonce, qp);
+                continue;
+            }
+            let answer = if foreign {
+                Vec::new()
+            } else {
+                Header {
+                    nonce,
+                    lane: lane as u8,
+                    lanes: k as u8,
+                    recv_size: Some(self.cfg.recv_size),
+                    app: Vec::new(),
+                }
+                .to_bytes()
+            };
+            match req.accept_start(&mut qp, &self.cfg.attr, &answer) {
+                Ok(accepting) => {
+                    let p =
+                        PendingLane { nonce, lane, lanes: k, worker: w, qp, accepting, deadline };
+                    self.incoming.pending.push(p);
+                    if let Some(g) = self.incoming.groups.get_mut(&nonce) {
+                        g.confirming += 1;
+                    }
+                }
+                Err(e) => {
+                    self.keep_back(nonce, qp);
+                    failed = Some(lane_text(lane, k, reason(&e.into())));
+                }
+            }
+        }
+        if let Some(why) = failed {
+            self.fail_incoming(nonce, why);
+        }
+    }
+
+    /// Keeps a QP of accepted group `nonce` that will not come up, to go back to its worker.
+    fn keep_back(&mut self, nonce: u64, qp: P::Qp) {
+        if let Some(g) = self.incoming.groups.get_mut(&nonce) {
+            g.back.push(qp);
+        }
     }
 
     /// Polls the accepts waiting for their connectors' confirmation (without waiting); returns
@@ -502,11 +687,11 @@ impl<P: Provider> Control<P> {
                 Ok(Progress::Pending(a)) => {
                     any = true;
                     let e = a.abandon(&mut qp);
-                    self.lane_failed(nonce, lane, lanes, worker, qp, e.into());
+                    self.lane_failed(nonce, lane, lanes, qp, e.into());
                 }
                 Err(e) => {
                     any = true;
-                    self.lane_failed(nonce, lane, lanes, worker, qp, e.into());
+                    self.lane_failed(nonce, lane, lanes, qp, e.into());
                 }
             }
         }
@@ -517,61 +702,92 @@ impl<P: Provider> Control<P> {
     /// Lane `lane` of accepted group `nonce` is up (on worker `w`); the group goes to its
     /// worker once every lane is.
     fn lane_accepted(&mut self, nonce: u64, lane: usize, w: usize, qp: P::Qp, cm: P::Connection) {
-        match self.incoming.groups.get_mut(&nonce) {
-            Some(g) if g.failed.is_none() => {
-                g.lanes[lane] = Some((qp, cm));
-                if g.lanes.iter().all(Option::is_some) {
-                    if let Some(g) = self.incoming.groups.remove(&nonce) {
-                        let up = g.lanes.into_iter().flatten().collect();
-                        match g.reservation {
-                            Some(r) => self.hand_off(g.worker, up, g.info, Origin::Handler, r),
-                            // (a group that failed takes no lanes, so never gets here)
-                            None => up.into_iter().for_each(|(qp, cm)| self.recycle(w, qp, cm)),
-                        }
-                    }
+        let Some(g) = self.incoming.groups.get_mut(&nonce) else {
+            // (never: a group stays while its lanes are confirming)
+            retire(cm);
+            drop(qp);
+            return self.workers[w].qps.forget();
+        };
+        g.confirming -= 1;
+        if g.failed.is_some() {
+            // The group failed (or expired) while this lane was being confirmed.
+            retire(cm);
+            g.back.push(qp);
+            return self.settle_incoming(nonce);
+        }
+        g.lanes[lane] = Some((qp, cm));
+        if !g.lanes.iter().all(Option::is_some) {
+            return;
+        }
+        let Some(g) = self.incoming.groups.remove(&nonce) else { return };
+        let up = g.lanes.into_iter().flatten().collect();
+        match (g.conn, g.reservation) {
+            (Some(conn), Some(r)) => self.hand_off(g.worker, conn, up, g.info, Origin::Handler, r),
+            // (never: a group that failed takes no lanes)
+            _ => {
+                for (qp, cm) in up {
+                    retire(cm);
+                    drop(qp);
+                    self.workers[w].qps.forget();
                 }
             }
-            // The group failed (or expired) while this lane was being confirmed.
-            _ => self.recycle(w, qp, cm),
         }
     }
 
-    /// Lane `lane` (of `lanes`) of accepted group `nonce` could not be accepted: its QP goes
-    /// back to worker `w`'s pool and the group fails.
-    fn lane_failed(
-        &mut self,
-        nonce: u64,
-        lane: usize,
-        lanes: usize,
-        w: usize,
-        qp: P::Qp,
-        e: EngineError,
-    ) {
-        self.workers[w].qps.give_back(qp, &self.cfg.attr);
+    /// Lane `lane` (of `lanes`) of accepted group `nonce` could not be accepted: its QP is
+    /// kept to go back to the worker, and the group fails.
+    fn lane_failed(&mut self, nonce: u64, lane: usize, lanes: usize, qp: P::Qp, e: EngineError) {
+        if let Some(g) = self.incoming.groups.get_mut(&nonce) {
+            g.confirming -= 1;
+        }
+        self.keep_back(nonce, qp);
         self.fail_incoming(nonce, lane_text(lane, lanes, reason(&e)));
+        self.settle_incoming(nonce);
     }
 
-    /// Drops accepted group `nonce`: its lanes are disconnected and recycled, and (for a group
-    /// of several lanes) its late lanes rejected with `why` until its deadline.
+    /// Fails accepted group `nonce`: its held requests are rejected with `why`, its lanes up
+    /// are disconnected, and (for a group of several lanes) its late lanes rejected with `why`
+    /// until its deadline. Its QPs go back to its worker once all are in hand.
     fn fail_incoming(&mut self, nonce: u64, why: String) {
         let Some(g) = self.incoming.groups.get_mut(&nonce) else { return };
         if g.failed.is_some() {
             return;
         }
-        let w = g.worker;
-        let up: Vec<Up<P>> = g.lanes.iter_mut().filter_map(Option::take).collect();
-        let reservation = g.reservation.take();
-        if g.lanes.len() == 1 {
-            // No lane will follow (and peers without a header all share nonce 0).
-            self.incoming.groups.remove(&nonce);
-        } else {
-            g.failed = Some(why);
+        for req in g.requests.iter_mut().filter_map(Option::take) {
+            let _ = req.reject(&reject_data(&why));
         }
+        for (qp, cm) in g.lanes.iter_mut().filter_map(Option::take) {
+            retire(cm);
+            g.back.push(qp);
+        }
+        let (w, reservation) = (g.worker, g.reservation.take());
+        g.failed = Some(why);
         if let Some(r) = reservation {
             self.workers[w].budget.release(r);
         }
-        for (qp, cm) in up {
-            self.recycle(w, qp, cm);
+        self.settle_incoming(nonce);
+    }
+
+    /// Once failed group `nonce` has every QP of its in hand (none being primed or
+    /// confirming), gives them back to its worker; a group of one lane is forgotten then (no
+    /// lane will follow, and peers without a header all share nonce 0).
+    fn settle_incoming(&mut self, nonce: u64) {
+        let Some(g) = self.incoming.groups.get_mut(&nonce) else { return };
+        if g.failed.is_none() || g.priming || g.confirming > 0 {
+            return;
+        }
+        let (w, back) = (g.worker, std::mem::take(&mut g.back));
+        let conn = g.conn.take();
+        if g.lanes.len() == 1 {
+            self.incoming.groups.remove(&nonce);
+        }
+        match conn {
+            Some(conn) => self.send(w, ToWorker::Unprime { conn, qps: back }),
+            None => {
+                for qp in back {
+                    self.workers[w].qps.give_back(qp, &self.cfg.attr);
+                }
+            }
         }
     }
 
@@ -602,7 +818,8 @@ impl<P: Provider> Control<P> {
         }
     }
 
-    /// Drops accepted groups past their deadline (and forgets failed ones then).
+    /// Fails accepted groups past their deadline, and forgets failed ones then (once their
+    /// QPs are back).
     pub(super) fn expire_incoming(&mut self) {
         if self.incoming.groups.is_empty() {
             return;
@@ -621,16 +838,43 @@ impl<P: Provider> Control<P> {
                 self.cfg.group_timeout()
             );
             self.fail_incoming(nonce, why);
+            self.forget_settled(nonce);
+        }
+    }
+
+    /// Forgets failed group `nonce` if it holds nothing any more.
+    fn forget_settled(&mut self, nonce: u64) {
+        let settled = self.incoming.groups.get(&nonce).is_some_and(|g| {
+            g.failed.is_some() && !g.priming && g.confirming == 0 && g.conn.is_none()
+        });
+        if settled {
             self.incoming.groups.remove(&nonce);
         }
     }
 
-    /// Drops every accepted group still waiting (at shutdown).
+    /// Fails every accepted group still waiting (at shutdown): accepts waiting for their
+    /// connectors are abandoned, so that every QP goes back to its worker now.
     pub(super) fn drop_incoming(&mut self) {
         let all: Vec<u64> = self.incoming.groups.keys().copied().collect();
-        for nonce in all {
+        for &nonce in &all {
             self.fail_incoming(nonce, "the engine is shutting down".into());
         }
-        self.incoming.groups.clear();
+        let mut pass = self.incoming.pending.begin();
+        for p in pass.drain(..) {
+            let PendingLane { nonce, lane, lanes, mut qp, accepting, .. } = p;
+            let e = accepting.abandon(&mut qp);
+            self.lane_failed(nonce, lane, lanes, qp, e.into());
+        }
+        self.incoming.pending.end(pass);
+        for nonce in all {
+            self.forget_settled(nonce);
+        }
     }
+}
+
+/// Disconnects a lane that is up and drops its connection-manager side (on `soft`, that moves
+/// its QP to ERR).
+pub(super) fn retire<C: Connection>(mut cm: C) {
+    let _ = cm.disconnect();
+    drop(cm);
 }

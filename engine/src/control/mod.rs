@@ -1,8 +1,9 @@
 //! The control core: one pinned thread that owns connection management. It listens and
-//! accepts, runs connects (each blocking rdma_cm connect on a short-lived connector thread of the
-//! control plane, so that one slow peer stalls nothing), gives each connection QPs from the
+//! accepts, runs connects (a step per connection-manager event, driven by its loop, so that
+//! one slow peer stalls nothing), gives each connection QPs from the
 //! chosen worker's pool ([`pool`]: pre-created on the worker's PD and CQ, reset and reused
-//! after release, at most `worker.qps.max` per worker), exchanges the engine's header (lanes, receive
+//! after release, at most `worker.qps.max` per worker), has the worker post the connection's
+//! receives on them before any exchange ([`lanes`]), exchanges the engine's header (lanes, receive
 //! size) in private data ([`header`]), hands finished connections to workers over SPSC
 //! rings, watches connection events, disconnects and recycles what workers release, and runs
 //! the shutdown.
@@ -371,6 +372,7 @@ impl<P: Provider> Control<P> {
     fn hand_off(
         &mut self,
         w: usize,
+        conn: crate::request::ConnId,
         up: Vec<(P::Qp, P::Connection)>,
         info: ConnInfo,
         origin: Origin,
@@ -381,8 +383,10 @@ impl<P: Provider> Control<P> {
         let mut lanes = ArrayVec::<NewLane<P>, MAX_QPS_PER_CONN>::new();
         for (qp, cm) in up {
             if lanes.is_full() {
-                // Never more lanes than a connection may have (headers are checked): recycle.
-                self.recycle(w, qp, cm);
+                // Never more lanes than a connection may have (headers are checked).
+                lanes::retire(cm);
+                drop(qp);
+                self.workers[w].qps.forget();
                 continue;
             }
             let key = self.next_key;
@@ -392,15 +396,7 @@ impl<P: Provider> Control<P> {
         }
         self.conns.insert(id, (lanes.len(), reservation));
         self.workers[w].lanes += lanes.len() as u64;
-        self.send(w, ToWorker::NewConn { lanes, info, origin });
-    }
-
-    /// Disconnects a lane that is up, drops its connection-manager side, and gives its QP
-    /// back to worker `w`'s pool.
-    fn recycle(&mut self, w: usize, qp: P::Qp, mut cm: P::Connection) {
-        let _ = cm.disconnect();
-        drop(cm); // before the reset: on `soft` the dropped side moves its QP to ERR
-        self.workers[w].qps.give_back(qp, &self.cfg.attr);
+        self.send(w, ToWorker::NewConn { conn, lanes, info, origin });
     }
 
     fn worker_messages(&mut self) -> bool {
@@ -418,6 +414,12 @@ impl<P: Provider> Control<P> {
                         }
                     }
                     ToControl::Release { cm_key, qp } => self.release(w, cm_key, qp),
+                    ToControl::Primed { prime, conn, qps } => self.primed(w, prime, conn, qps),
+                    ToControl::Return { qps } => {
+                        for qp in qps {
+                            self.workers[w].qps.give_back(qp, &self.cfg.attr);
+                        }
+                    }
                     ToControl::Stopped => self.workers[w].stopped = true,
                 }
             }

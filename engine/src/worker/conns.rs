@@ -38,14 +38,52 @@ impl<P: Provider> Conns<P> {
 
     /// Opens a connection in a free slot (`make` builds it for its new id); `None` when every
     /// slot is taken.
+    #[cfg(test)]
     pub(crate) fn open(&mut self, make: impl FnOnce(ConnId) -> Conn<P>) -> Option<ConnId> {
+        let id = self.reserve()?;
+        if !self.fill(id, make(id)) {
+            return None;
+        }
+        Some(id)
+    }
+
+    /// Keeps a free slot for a connection coming up (it counts as live, finds nothing, and is
+    /// [`Conns::fill`]ed or [`Conns::unreserve`]d later); `None` when every slot is taken.
+    pub(crate) fn reserve(&mut self) -> Option<ConnId> {
         let slot = self.free.pop()?;
         let gen = &mut self.generations[usize::from(slot)];
         *gen = gen.wrapping_add(1);
-        let id = ConnId { worker: self.worker, slot, generation: *gen };
-        self.slots[usize::from(slot)] = Some(make(id));
         self.live += 1;
-        Some(id)
+        Some(ConnId { worker: self.worker, slot, generation: *gen })
+    }
+
+    /// Whether `id` is a kept slot, not yet filled.
+    fn reserved(&self, id: ConnId) -> bool {
+        let s = usize::from(id.slot);
+        self.generations.get(s) == Some(&id.generation) && matches!(self.slots.get(s), Some(None))
+    }
+
+    /// Puts connection `conn` (built for `id`) in its kept slot; whether `id` was one (if not,
+    /// `conn` is dropped).
+    pub(crate) fn fill(&mut self, id: ConnId, conn: Conn<P>) -> bool {
+        if !self.reserved(id) || conn.id != id {
+            return false;
+        }
+        self.slots[usize::from(id.slot)] = Some(conn);
+        true
+    }
+
+    /// Frees kept slot `id` (its connection did not come up); whether it was one.
+    pub(crate) fn unreserve(&mut self, id: ConnId) -> bool {
+        if !self.reserved(id) {
+            return false;
+        }
+        // (a new generation: `id` keeps nothing now)
+        let gen = &mut self.generations[usize::from(id.slot)];
+        *gen = gen.wrapping_add(1);
+        self.free.push(id.slot);
+        self.live -= 1;
+        true
     }
 
     /// The connection `id`, if it is still there.
@@ -171,6 +209,11 @@ impl<P: Provider> Conns<P> {
         self.live
     }
 
+    /// The worker whose connections these are.
+    pub(crate) fn worker(&self) -> u16 {
+        self.worker
+    }
+
     /// Slots there are (`worker.max_conns`).
     pub(crate) fn capacity(&self) -> usize {
         self.slots.len()
@@ -228,6 +271,27 @@ mod tests {
         assert!(matches!(c.get(a), Err(EngineError::NoSuchConnection(id)) if id == a));
         assert!(c.get(a2).is_ok() && c.get(b).is_ok());
         assert_eq!(c.iter().count(), 2);
+    }
+
+    #[test]
+    fn a_kept_slot_counts_as_live_finds_nothing_and_is_filled_or_freed_once() {
+        let mut c = Conns::<Soft>::new(0, 2);
+        let a = c.reserve().unwrap();
+        let b = c.reserve().unwrap();
+        assert_eq!(c.live(), 2);
+        assert!(c.reserve().is_none(), "kept slots are taken");
+        assert!(c.get(a).is_err() && c.at_mut(a.slot).is_none());
+        let conn = |id| Conn::new(id, info(), crate::handoff::Origin::Handler, ArrayVec::new());
+        assert!(!c.fill(b, conn(a)), "a connection goes in its own slot");
+        assert!(c.fill(a, conn(a)));
+        assert!(c.get(a).is_ok());
+        assert!(!c.fill(a, conn(a)) && !c.unreserve(a), "filled: no longer kept");
+        assert!(c.unreserve(b) && !c.unreserve(b));
+        assert_eq!(c.live(), 1);
+        let b2 = c.reserve().unwrap();
+        assert_eq!(b2.slot, b.slot);
+        assert_ne!(b2, b, "a new generation");
+        assert!(!c.unreserve(b), "a stale id frees nothing");
     }
 
     #[test]

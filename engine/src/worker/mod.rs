@@ -15,6 +15,7 @@ mod intake;
 mod keepalive;
 mod notice;
 mod outbox;
+mod primes;
 mod requests;
 mod retire;
 mod sched;
@@ -22,7 +23,7 @@ mod timers;
 
 use std::sync::{Arc, Mutex};
 
-use corelink_verbs::{Cq, Provider, Qp, RecvWr, Wc, WcOpcode, WcStatus};
+use corelink_verbs::{Cq, Provider, Wc, WcOpcode, WcStatus};
 
 pub(crate) use cfg::WorkerCfg;
 pub use cx::Cx;
@@ -33,7 +34,7 @@ use arrayvec::ArrayVec;
 
 use crate::client::Event;
 use crate::error::EngineError;
-use crate::handoff::{NewLane, Origin, ToControl, ToWorker};
+use crate::handoff::{NewLane, Origin, PrimeFor, Qps, ToControl, ToWorker};
 use crate::metrics::{thread_context_switches, Metrics};
 use crate::pool::{Buf, Pool};
 use crate::request::{CloseReason, ConnId, ConnInfo, Done, Message};
@@ -45,6 +46,7 @@ use clients::Clients;
 use conn::{Conn, Lane, Phase};
 pub(crate) use conns::Conns;
 pub(crate) use outbox::Outbox;
+use primes::{Early, Primes};
 pub(crate) use requests::{ReqId, Requests};
 pub(crate) use timers::Timers;
 
@@ -91,6 +93,8 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
     pub(crate) queue_misses: u64,
     /// Probes of idle connections (`worker.keepalive_ms`; `None`: off).
     pub(crate) keepalive: Option<keepalive::Keepalive>,
+    /// Connections coming up: their slots kept, their receives posted.
+    primes: Primes<P>,
 }
 
 /// What a worker is given to own: its CQ and PD (made by the engine, shared with the control
@@ -160,6 +164,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             queue_misses: 0,
             stopped: false,
             keepalive,
+            primes: Primes::new(),
         })
     }
 
@@ -339,8 +344,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             let buf = lane.recvs.get_mut(usize::from(id.index)).and_then(Option::take)?;
             Some((c, buf, low))
         });
-        // A receive's connection, lane and buffer are held until its completion.
-        let Some((c, mut buf, low)) = found else { return self.cx.invariant_missed() };
+        // A receive's connection, lane and buffer are held until its completion (or, for a
+        // connection coming up, by its prime).
+        let Some((c, mut buf, low)) = found else { return self.early(wc, id) };
         self.cx.repost_first |= low;
         if wc.status != WcStatus::Success {
             if c.phase == Phase::Open {
@@ -380,6 +386,28 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
     }
 
+    /// A receive completed whose slot holds no connection: one coming up.
+    #[cold]
+    fn early(&mut self, wc: &Wc, id: RecvId) {
+        match self.primes.early(wc, id) {
+            Early::Kept => {
+                self.cx.metrics.early_receives += u64::from(wc.status == WcStatus::Success)
+            }
+            Early::Flushed => {}
+            Early::Drained(conn, qps) => self.unprimed(conn, qps),
+            Early::Unknown => self.cx.invariant_missed(),
+        }
+    }
+
+    /// Connection `conn` did not come up, and its receives have flushed: its
+    /// slot is free, its QPs go back to the pool.
+    fn unprimed(&mut self, conn: ConnId, qps: Qps<P>) {
+        if !self.cx.conns.unreserve(conn) {
+            self.cx.invariant_missed();
+        }
+        self.cx.tell_control(ToControl::Return { qps });
+    }
+
     fn take_client_requests(&mut self) -> bool {
         let mut took = false;
         for n in 0..self.clients.len() {
@@ -412,7 +440,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         while let Some(m) = self.from_control.pop() {
             any = true;
             match m {
-                ToWorker::NewConn { lanes, info, origin } => self.add_conn(lanes, info, origin),
+                ToWorker::Prime { prime, qps } => self.prime(prime, qps),
+                ToWorker::NewConn { conn, lanes, info, origin } => {
+                    self.add_conn(conn, lanes, info, origin)
+                }
+                ToWorker::Unprime { conn, qps } => self.unprime(conn, qps),
                 ToWorker::ConnectFailed { token, origin, error } => {
                     self.connect_failed(token, origin, error)
                 }
@@ -447,16 +479,51 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         self.cx.outbox.notify(Notice::connect_failed(origin, token, error));
     }
 
+    /// Keeps a slot for a connection coming up and posts its receives on its QPs, lent for
+    /// that; the QPs go back with the slot's id (or why there is none).
+    fn prime(&mut self, prime: PrimeFor, mut qps: Qps<P>) {
+        let conn = if self.cx.stopping {
+            Err(EngineError::ShuttingDown)
+        } else {
+            let per_lane = self.cx.cfg.recvs_per_lane[qps.len().min(MAX_QPS_PER_CONN)] as usize;
+            let Cx { conns, recv_pool, cfg, metrics, .. } = &mut self.cx;
+            let shape = (per_lane, cfg.recv_size);
+            let primed =
+                self.primes.prime(conns, recv_pool, shape, &mut qps, &mut metrics.recv_post_errors);
+            primed.map(|(id, misses)| {
+                for _ in 0..misses {
+                    self.cx.invariant_missed();
+                }
+                id
+            })
+        };
+        self.cx.tell_control(ToControl::Primed { prime, conn, qps });
+    }
+
+    /// Connection `conn` did not come up: its QPs, back, flush before they return.
+    fn unprime(&mut self, conn: ConnId, qps: Qps<P>) {
+        match self.primes.unprime(conn, qps) {
+            Ok(Some(qps)) => self.unprimed(conn, qps),
+            Ok(None) => {} // (its last flush returns them)
+            Err(qps) => {
+                self.cx.invariant_missed();
+                self.cx.tell_control(ToControl::Return { qps });
+            }
+        }
+    }
+
+    /// Connection `id` (primed) is up: it opens in its kept slot with the receives posted then,
+    /// and what arrived meanwhile is delivered after the connect's issuer hears of it.
     fn add_conn(
         &mut self,
+        id: ConnId,
         new: ArrayVec<NewLane<P>, MAX_QPS_PER_CONN>,
         info: ConnInfo,
         origin: Origin,
     ) {
-        if self.cx.conns.live() >= self.cx.conns.capacity() {
-            // Never: the control core admits at most `worker.max_conns` connections. Count it,
-            // give the QPs back, and tell the connect's issuer (an accepted one's peer sees the
-            // disconnect).
+        let Some(opened) = self.primes.open(id) else {
+            // Never: the control core hands over only what was primed. Count it, give the QPs
+            // back, and tell the connect's issuer (an accepted one's peer sees the disconnect).
             self.cx.invariant_missed();
             for l in new {
                 self.cx.tell_control(ToControl::Disconnect { cm_key: l.cm_key });
@@ -473,51 +540,18 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 self.connect_failed(info.token, origin, error);
             }
             return;
-        }
-        // The connection's receives, shared out over its lanes (the control core reserved
-        // them in the receive pool).
-        let per_lane = self.cx.cfg.recvs_per_lane[new.len().min(MAX_QPS_PER_CONN)] as usize;
+        };
+        let per_lane = opened.lanes.first().map_or(0, |l| l.recvs.len());
         let info = ConnInfo { lanes: new.len() as u32, recvs_per_lane: per_lane as u32, ..info };
-        let mut post_failed = false;
-        let (recv_pool, recv_size) = (&self.cx.recv_pool, self.cx.cfg.recv_size);
-        let (metrics, misses) = (&mut self.cx.metrics, &mut 0u64);
-        let opened = self.cx.conns.open(|id| {
-            let mut lanes = ArrayVec::new();
-            for (l, NewLane { mut qp, cm_key }) in new.into_iter().enumerate() {
-                let mut recvs: Vec<Option<Buf<P>>> = Vec::with_capacity(per_lane);
-                let mut posted = 0;
-                for i in 0..per_lane {
-                    let Ok(b) = recv_pool.get(recv_size) else {
-                        *misses += 1;
-                        break;
-                    };
-                    let sge = [b.sge(true)];
-                    let r = RecvId { slot: id.slot, lane: l as u8, index: i as u16 };
-                    let wr = [RecvWr { wr_id: WrId::Recv(r).encode(), sgl: &sge }];
-                    // SAFETY: the buffer is kept in `recvs` (not handed out) until its
-                    // completion.
-                    if unsafe { qp.post_recv(&wr) }.is_ok() {
-                        posted += 1;
-                    } else {
-                        metrics.recv_post_errors += 1;
-                        post_failed = true;
-                    }
-                    recvs.push(Some(b));
-                }
-                lanes.push(Lane {
-                    qp,
-                    cm_key,
-                    recvs,
-                    recvs_posted: posted,
-                    sq: conn::SendQueue::default(),
-                });
-            }
-            Conn::new(id, info.clone(), origin, lanes)
-        });
-        for _ in 0..*misses {
-            self.cx.invariant_missed();
+        let mut lanes = ArrayVec::new();
+        for (NewLane { qp, cm_key }, primed) in new.into_iter().zip(opened.lanes) {
+            let (recvs, recvs_posted) = (primed.recvs, primed.posted);
+            lanes.push(Lane { qp, cm_key, recvs, recvs_posted, sq: conn::SendQueue::default() });
         }
-        let Some(id) = opened else { return self.cx.invariant_missed() };
+        if !self.cx.conns.fill(id, Conn::new(id, info.clone(), origin, lanes)) {
+            // (never: `open` found it primed, so its slot is kept)
+            return self.cx.invariant_missed();
+        }
         // The connection is its connect's issuer's (an accepted one the handler's): its
         // messages and its close go there.
         match origin {
@@ -527,7 +561,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             }
             Origin::Client(n) => self.clients.tell(n, Event::Connected { conn: id, info }),
         }
-        if post_failed {
+        for wc in &opened.early {
+            self.dispatch(wc);
+        }
+        if opened.post_failed {
             let _ = self.cx.begin_close(id, CloseReason::RecvPostFailed);
         }
     }

@@ -382,7 +382,6 @@ pub fn sessions_across_two_workers_keep_their_order_at_full_credit<P: Provider>(
 /// is sent (4,096 of 256 B, 1 MiB; the default pools have 1,024). On rxe the same fits its
 /// device limits (65,536 QPs, CQs of up to 32 K entries).
 pub const MANY_SESSIONS: &str = "max_conns = 1024\nrecvs_per_conn = 8\nrecv_size = 256\n\
-                                 min_rnr_timer = 0\n\
                                  send_queue_depth = 8\nrecv_queue_depth = 8\ncq_depth = 16384\n\
                                  [[worker.pools]]\nsize = 256\ncount = 4096\n\
                                  [[worker.pools]]\nsize = 4096\ncount = 64\n\
@@ -391,10 +390,6 @@ pub const MANY_SESSIONS: &str = "max_conns = 1024\nrecvs_per_conn = 8\nrecv_size
 
 /// The thousand connects start at once and queue behind each other on both control cores:
 /// in the emulated Soft-RoCE guest the last of them came after more than the default 10 s.
-/// (And `MANY_SESSIONS` sets `min_rnr_timer = 0`, 655 ms: a connection's receives are posted
-/// when its worker takes it up, and in that burst the accepting worker took longer than the
-/// default 61 ms of RNR retries its connectors' first calls wait; see the README's "Left
-/// out".)
 pub const MANY_TOP: &str = "connect_timeout_ms = 120000";
 
 /// `sessions` sessions (at most 1,000) from one engine's worker (listening on `client`) to

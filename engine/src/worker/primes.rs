@@ -1,0 +1,194 @@
+//! Connections coming up. Before the connection manager's exchange, the control core lends the
+//! worker a connection's QPs (in INIT): the worker keeps a slot for it and posts its receives,
+//! so that its peer, which may send the moment its side is up, always finds them (no
+//! receiver-not-ready NAK at start, however late the worker hears of the connection). Receives
+//! that complete before the connection is the worker's are kept and played back, in order,
+//! after `on_connected`. A connection that does not come up gives its QPs back: they go to ERR,
+//! and once every receive has flushed the slot is free and the QPs return to the pool.
+
+use std::collections::HashMap;
+
+use arrayvec::ArrayVec;
+use corelink_verbs::{Provider, Qp, QpAttr, QpState, RecvWr, Wc};
+
+use super::conns::Conns;
+use super::ids::{RecvId, WrId};
+use crate::error::{EngineError, Limit};
+use crate::handoff::Qps;
+use crate::pool::{Buf, Pool};
+use crate::request::ConnId;
+use crate::tunables::MAX_QPS_PER_CONN;
+
+/// One lane's receives, posted before its connection came up.
+pub(crate) struct PrimedLane<P: Provider> {
+    /// Receive buffers, by receive index.
+    pub(crate) recvs: Vec<Option<Buf<P>>>,
+    /// Of those, posted and not yet completed (completions kept in `early` not subtracted).
+    pub(crate) posted: usize,
+}
+
+/// A connection coming up, in its kept slot.
+struct Primed<P: Provider> {
+    id: ConnId,
+    lanes: ArrayVec<PrimedLane<P>, MAX_QPS_PER_CONN>,
+    /// Completions of its receives while its QPs were lent, in order.
+    early: Vec<Wc>,
+    /// A receive could not be posted (its connection closes once open).
+    post_failed: bool,
+    /// Its QPs, back and in ERR, once it did not come up: it waits for its receives to flush.
+    draining: Option<Qps<P>>,
+}
+
+/// What a connection's prime leaves for its opening.
+pub(crate) struct Opened<P: Provider> {
+    pub(crate) lanes: ArrayVec<PrimedLane<P>, MAX_QPS_PER_CONN>,
+    /// Completions to play back once it is open, in order.
+    pub(crate) early: Vec<Wc>,
+    pub(crate) post_failed: bool,
+}
+
+/// What a completion for a slot that holds no connection was.
+pub(crate) enum Early<P: Provider> {
+    /// Kept for its connection's opening.
+    Kept,
+    /// A flush of a connection that did not come up; it was its last: its slot can be freed
+    /// and these QPs go back.
+    Drained(ConnId, Qps<P>),
+    /// A flush of a connection that did not come up, with receives still to flush.
+    Flushed,
+    /// Not a connection coming up (a bug).
+    Unknown,
+}
+
+/// The worker's connections coming up, by slot.
+pub(crate) struct Primes<P: Provider> {
+    by_slot: HashMap<u16, Primed<P>>,
+}
+
+impl<P: Provider> Primes<P> {
+    pub(crate) fn new() -> Self {
+        Primes { by_slot: HashMap::new() }
+    }
+
+    /// Keeps a slot in `conns` for a connection of `qps.len()` lanes and posts `per_lane`
+    /// receives of `recv_size` bytes from `pool` on each of its QPs (in INIT). Fails, posting
+    /// nothing, when every slot is taken. Returns the slot's id and the receives missing from
+    /// the pool (a bug: the control core reserved them).
+    pub(crate) fn prime(
+        &mut self,
+        conns: &mut Conns<P>,
+        pool: &Pool<P>,
+        (per_lane, recv_size): (usize, usize),
+        qps: &mut Qps<P>,
+        post_errors: &mut u64,
+    ) -> Result<(ConnId, u64), EngineError> {
+        let Some(id) = conns.reserve() else {
+            return Err(EngineError::Limit {
+                worker: usize::from(conns.worker()),
+                limit: Limit::Connections,
+                max: conns.capacity() as u64,
+                in_use: conns.live() as u64,
+                need: 1,
+            });
+        };
+        let (mut misses, mut post_failed) = (0, false);
+        let mut lanes = ArrayVec::new();
+        for (l, qp) in qps.iter_mut().enumerate() {
+            let mut recvs = Vec::with_capacity(per_lane);
+            let mut posted = 0;
+            for i in 0..per_lane {
+                let Ok(b) = pool.get(recv_size) else {
+                    misses += 1;
+                    break;
+                };
+                let sge = [b.sge(true)];
+                let r = RecvId { slot: id.slot, lane: l as u8, index: i as u16 };
+                let wr = [RecvWr { wr_id: WrId::Recv(r).encode(), sgl: &sge }];
+                // SAFETY: the buffer stays in `recvs` (then in its lane) until its completion.
+                if unsafe { qp.post_recv(&wr) }.is_ok() {
+                    posted += 1;
+                } else {
+                    *post_errors += 1;
+                    post_failed = true;
+                }
+                recvs.push(Some(b));
+            }
+            lanes.push(PrimedLane { recvs, posted });
+        }
+        let primed = Primed { id, lanes, early: Vec::new(), post_failed, draining: None };
+        self.by_slot.insert(id.slot, primed);
+        Ok((id, misses))
+    }
+
+    /// A receive completion whose slot holds no connection.
+    pub(crate) fn early(&mut self, wc: &Wc, r: RecvId) -> Early<P> {
+        let Some(p) = self.by_slot.get_mut(&r.slot) else { return Early::Unknown };
+        if p.draining.is_none() {
+            p.early.push(*wc);
+            return Early::Kept;
+        }
+        p.settle(r);
+        if !p.flushed() {
+            return Early::Flushed;
+        }
+        match self.by_slot.remove(&r.slot) {
+            Some(Primed { id, draining: Some(qps), .. }) => Early::Drained(id, qps),
+            _ => Early::Unknown,
+        }
+    }
+
+    /// Connection `id` is up: what its prime left (`None` if `id` is not coming up).
+    pub(crate) fn open(&mut self, id: ConnId) -> Option<Opened<P>> {
+        match self.by_slot.get(&id.slot) {
+            Some(p) if p.id == id && p.draining.is_none() => {}
+            _ => return None,
+        }
+        let p = self.by_slot.remove(&id.slot)?;
+        Some(Opened { lanes: p.lanes, early: p.early, post_failed: p.post_failed })
+    }
+
+    /// Connection `id` did not come up: its QPs go to ERR to flush what is posted. Returns them
+    /// when nothing is left to flush (the slot can be freed now); else the last flush does
+    /// ([`Early::Drained`]). `Err` gives the QPs back if `id` is not coming up.
+    pub(crate) fn unprime(
+        &mut self,
+        id: ConnId,
+        mut qps: Qps<P>,
+    ) -> Result<Option<Qps<P>>, Qps<P>> {
+        let Some(p) = self.by_slot.get_mut(&id.slot).filter(|p| p.id == id && p.draining.is_none())
+        else {
+            return Err(qps);
+        };
+        for qp in qps.iter_mut() {
+            let _ = qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() });
+        }
+        // What completed while they were lent, settled now (nobody hears of its messages).
+        for wc in std::mem::take(&mut p.early) {
+            if let WrId::Recv(r) = WrId::decode(wc.wr_id) {
+                p.settle(r);
+            }
+        }
+        if p.flushed() {
+            self.by_slot.remove(&id.slot);
+            return Ok(Some(qps));
+        }
+        p.draining = Some(qps);
+        Ok(None)
+    }
+}
+
+impl<P: Provider> Primed<P> {
+    /// Receive `r` of a connection that did not come up has completed: its buffer goes back.
+    fn settle(&mut self, r: RecvId) {
+        if let Some(l) = self.lanes.get_mut(usize::from(r.lane)) {
+            l.posted = l.posted.saturating_sub(1);
+            if let Some(b) = l.recvs.get_mut(usize::from(r.index)) {
+                drop(b.take());
+            }
+        }
+    }
+
+    fn flushed(&self) -> bool {
+        self.lanes.iter().all(|l| l.posted == 0)
+    }
+}

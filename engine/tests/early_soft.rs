@@ -1,0 +1,202 @@
+//! A connection's receives are posted before the connection manager's exchange, so a peer
+//! that sends the moment its side is up never meets a receiver-not-ready NAK, however late
+//! the accepting worker hears of the connection. Here the accepting worker sleeps 300 ms in
+//! its first `on_connected` while eight connections' peers send at once, with
+//! `rnr_retry = 0` (the first NAK would fail the send and close the connection): every message
+//! arrives, in order, after its connection's `on_connected`, and the worker counts those that
+//! came before it knew of their connection (`Metrics::early_receives`). Before, the accepting
+//! worker posted a connection's receives when it took the connection over: this test's sends
+//! failed with `IBV_WC_RNR_RETRY_EXC_ERR`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use corelink_config::{parse, MachineTopology};
+use corelink_engine::verbs::soft::Soft;
+use corelink_engine::verbs::{chain, WcStatus};
+use corelink_engine::*;
+
+const HANG: Duration = Duration::from_secs(30);
+const CONNS: u64 = 8;
+const MSGS: u8 = 3;
+
+/// What the accepting side saw, in order.
+#[derive(Debug)]
+enum Seen {
+    Connected(ConnId),
+    Message(ConnId, Vec<u8>),
+    Closed(ConnId, CloseReason),
+}
+
+/// Accepts; tells the test what it sees.
+struct Watcher(mpsc::Sender<Seen>);
+
+impl Handler<Soft> for Watcher {
+    fn on_connected(&mut self, _cx: &mut Cx<Soft>, conn: ConnId, _info: &ConnInfo) {
+        let _ = self.0.send(Seen::Connected(conn));
+    }
+
+    fn on_message(&mut self, _cx: &mut Cx<Soft>, conn: ConnId, msg: &Message<'_>) {
+        let _ = self.0.send(Seen::Message(conn, msg.data.to_vec()));
+    }
+
+    fn on_closed(&mut self, _cx: &mut Cx<Soft>, conn: ConnId, reason: &CloseReason) {
+        let _ = self.0.send(Seen::Closed(conn, reason.clone()));
+    }
+}
+
+/// Connects `CONNS` times at start; sends `MSGS` messages on each connection as it opens.
+struct Eager {
+    to: SocketAddr,
+    failures: mpsc::Sender<String>,
+}
+
+impl Handler<Soft> for Eager {
+    fn on_connected(&mut self, cx: &mut Cx<Soft>, conn: ConnId, info: &ConnInfo) {
+        for m in 0..MSGS {
+            let mut b = cx.alloc(2).unwrap();
+            b.fill(&[info.token as u8, m]).unwrap();
+            cx.send(conn, b, None, u64::from(m)).map_err(|(_, e)| e).unwrap();
+        }
+    }
+
+    fn on_completion(&mut self, _cx: &mut Cx<Soft>, done: Done<Buf<Soft>>) {
+        if done.status != WcStatus::Success {
+            let _ = self.failures.send(format!("a send ended with {:?}", done.status));
+        }
+    }
+
+    fn on_connect_failed(&mut self, _cx: &mut Cx<Soft>, token: u64, error: &EngineError) {
+        let _ = self.failures.send(format!("connect {token}: {}", chain(error)));
+    }
+
+    fn on_closed(&mut self, _cx: &mut Cx<Soft>, conn: ConnId, reason: &CloseReason) {
+        let _ = self.failures.send(format!("{conn} closed: {reason}"));
+    }
+
+    fn poll(&mut self, cx: &mut Cx<Soft>) {
+        if cx.metrics().polls == 1 {
+            for token in 0..CONNS {
+                cx.connect(self.to, b"", token).unwrap();
+            }
+        }
+    }
+}
+
+fn map(listen: Option<&str>) -> corelink_config::Validated {
+    let listen = listen.map(|a| format!("listen = \"{a}\"\n")).unwrap_or_default();
+    let text = format!(
+        "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\n{listen}\
+         [worker]\nidle_after_us = 1000\nrnr_retry = 0\nmin_rnr_timer = 1"
+    );
+    parse(&text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap()
+}
+
+#[test]
+fn a_peer_that_sends_at_once_finds_receives_posted_while_the_control_core_is_slow() {
+    let at: SocketAddr = "10.79.0.1:7000".parse().unwrap();
+    let (tx, seen) = mpsc::channel();
+    let placed = AtomicU32::new(0);
+    let slow = Placement::Custom(Box::new(move |_: &[u8], _: &[usize]| {
+        if placed.fetch_add(1, Ordering::Relaxed) > 0 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        0
+    }));
+    let server =
+        Engine::<Soft>::start(&map(Some("10.79.0.1:7000")), slow, move |_| Watcher(tx.clone()))
+            .unwrap();
+    let (ftx, failures) = mpsc::channel();
+    let client = Engine::<Soft>::start(&map(None), Placement::RoundRobin, move |_| Eager {
+        to: at,
+        failures: ftx.clone(),
+    })
+    .unwrap();
+    let mut connected = Vec::new();
+    let mut got: HashMap<ConnId, Vec<Vec<u8>>> = HashMap::new();
+    let deadline = Instant::now() + HANG;
+    while got.values().map(Vec::len).sum::<usize>() < (CONNS * u64::from(MSGS)) as usize {
+        if let Ok(f) = failures.try_recv() {
+            panic!("the connecting side failed: {f}");
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match seen.recv_timeout(left.min(Duration::from_millis(50))) {
+            Ok(Seen::Connected(c)) => connected.push(c),
+            Ok(Seen::Message(c, data)) => {
+                assert!(connected.contains(&c), "{c}'s message came before its on_connected");
+                got.entry(c).or_default().push(data);
+            }
+            Ok(Seen::Closed(c, why)) => panic!("{c} closed: {why}"),
+            Err(_) => assert!(Instant::now() < deadline, "only {got:?} arrived"),
+        }
+    }
+    assert_eq!(got.len() as u64, CONNS);
+    for msgs in got.values() {
+        let order: Vec<u8> = msgs.iter().map(|m| m[1]).collect();
+        assert_eq!(order, (0..MSGS).collect::<Vec<_>>(), "in order on each connection");
+    }
+    // (the metrics are published every few thousand iterations)
+    let early = || server.metrics().iter().map(|m| m.early_receives).sum::<u64>();
+    while early() == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(early() >= 1, "messages came while the control core was slow to hand over");
+    assert!(failures.try_recv().is_err());
+    client.shutdown().unwrap();
+    server.shutdown().unwrap();
+}
+
+/// The worker's answer to connects that fail after their receives were posted (nobody
+/// listens): each fails once, and its slot and QPs come back (a worker of two slots then
+/// makes two connections; every QP is back in the pool).
+#[test]
+fn connects_that_fail_after_their_receives_were_posted_give_back_slot_and_qps() {
+    let text = "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\n\
+                [worker]\nidle_after_us = 1000\nmax_conns = 2\n[worker.qps]\npool = 2";
+    let v = parse(text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
+    let mut client_engine = Engine::<Soft>::start(&v, Placement::RoundRobin, |_| Nothing).unwrap();
+    let (tx, _seen) = mpsc::channel();
+    let server = Engine::<Soft>::start(&map(Some("10.79.0.2:7000")), Placement::RoundRobin, {
+        move |_| Watcher(tx.clone())
+    });
+    let server = server.unwrap();
+    let mut client = client_engine.client(0).unwrap();
+    let nobody: SocketAddr = "10.79.0.3:7000".parse().unwrap();
+    for token in 0..20 {
+        client.connect(nobody, b"", token).unwrap();
+        match client.wait(HANG) {
+            Some(Event::ConnectFailed { token: t, .. }) => assert_eq!(t, token),
+            other => panic!("connect {token}: {other:?}"),
+        }
+    }
+    let to = server.listen_addr().unwrap();
+    for token in 100..102 {
+        client.connect(to, b"", token).unwrap();
+        match client.wait(HANG) {
+            Some(Event::Connected { info, .. }) => assert_eq!(info.token, token),
+            other => panic!("connect {token}: {other:?}"),
+        }
+    }
+    let deadline = Instant::now() + HANG;
+    loop {
+        let w = client_engine.control_metrics().workers[0];
+        if w.connections == 2 && w.qps_live == w.qps_pooled + 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "QPs not back: {w:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let misses: u64 = client_engine.metrics().iter().map(|m| m.invariant_misses).sum();
+    assert_eq!(misses, 0);
+    drop(client);
+    client_engine.shutdown().unwrap();
+    server.shutdown().unwrap();
+}
+
+/// Does nothing.
+struct Nothing;
+
+impl Handler<Soft> for Nothing {}
