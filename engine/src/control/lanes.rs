@@ -7,9 +7,10 @@
 //! to the pool.
 //!
 //! Connecting: [`Control::start_connect`] takes `worker.qps.per_conn` QPs from the worker's
-//! pool and has them primed; then one connect per lane starts (`Context::connect_start`),
-//! each sending the same header but for its lane index; the control core takes each lane's
-//! next step as its events come (`finish_connects`, once per loop: no thread, no wait); when
+//! pool and starts one connect per lane (`Context::connect_start`), each sending the same
+//! header but for its lane index, while the worker primes the QPs (a lane's next step waits
+//! for its QP: the peer cannot send before this side's last step); the control core takes each
+//! lane's next step as its events come (`finish_connects`, once per loop: no thread, no wait); when
 //! every lane has reported, the connection goes to the worker whole, or, if any lane failed,
 //! the lanes that came up are disconnected and the connect fails with the first cause.
 //!
@@ -97,8 +98,9 @@ struct Connecting<P: Provider> {
     origin: Origin,
     /// The worker's slot for it, once its QPs are primed (`None`: lent to the worker now).
     conn: Option<ConnId>,
-    /// The lanes' header (the same for each but its lane index).
-    header: Header,
+    /// By lane: its connect, started while its QP is with the worker (it is polled once the QP
+    /// is back: the peer cannot send before this side's last step, which needs the QP).
+    started: Vec<P::Connecting>,
     /// QPs of lanes that failed, kept to go back to the worker to flush.
     back: Qps<P>,
     /// By lane index: the lanes that came up.
@@ -283,21 +285,42 @@ impl<P: Provider> Control<P> {
                 return self.send(w, ToWorker::ConnectFailed { token, origin, error });
             }
         };
+        // Every lane's connect starts now (address and route resolution, on `ibverbs`, go on
+        // while the worker posts the receives); one that cannot start fails the connect before
+        // anything is primed.
+        let (nonce, mut qps, mut started) = (nonce(), qps, Vec::with_capacity(k));
+        for (lane, qp) in qps.iter_mut().enumerate() {
+            let hdr = Header {
+                nonce,
+                lane: lane as u8,
+                lanes: k as u8,
+                recv_size: Some(self.cfg.recv_size),
+                app: app.to_vec(),
+            }
+            .to_bytes();
+            match self.ctx.connect_start(addr, qp, &self.cfg.attr, &hdr, self.cfg.connect_timeout)
+            {
+                Ok(c) => started.push(c),
+                Err(e) => {
+                    drop(started);
+                    for qp in qps {
+                        self.workers[w].qps.give_back(qp, &self.cfg.attr);
+                    }
+                    self.workers[w].budget.release(reservation);
+                    let e = describe(e);
+                    let error = EngineError::Connect { addr, lane, lanes: k, source: Box::new(e) };
+                    return self.send(w, ToWorker::ConnectFailed { token, origin, error });
+                }
+            }
+        }
         let id = self.next_conn;
         self.next_conn += 1;
-        let header = Header {
-            nonce: nonce(),
-            lane: 0,
-            lanes: k as u8,
-            recv_size: Some(self.cfg.recv_size),
-            app: app.to_vec(),
-        };
         let group = Connecting {
             worker: w,
             token,
             origin,
             conn: None,
-            header,
+            started,
             back: Qps::<P>::new(),
             lanes: (0..k).map(|_| None).collect(),
             waiting: k,
@@ -362,23 +385,27 @@ impl<P: Provider> Control<P> {
         }
         let Some(g) = self.outgoing.groups.get_mut(&id) else { return };
         g.conn = conn;
-        let (addr, header) = (g.addr, g.header.clone());
-        for (lane, mut qp) in qps.into_iter().enumerate() {
-            let hdr = Header { lane: lane as u8, ..header.clone() }.to_bytes();
-            match self.ctx.connect_start(
-                addr,
-                &mut qp,
-                &self.cfg.attr,
-                &hdr,
-                self.cfg.connect_timeout,
-            ) {
-                Ok(connecting) => {
-                    self.outgoing.lanes.push(LaneConnecting { conn: id, lane, qp, connecting })
-                }
-                Err(e) => self.lane_connected(id, lane, qp, Err(describe(e))),
-            }
+        let started = std::mem::take(&mut g.started);
+        // Each lane's next step at once (an event that came meanwhile was not watched for).
+        for (lane, (connecting, qp)) in started.into_iter().zip(qps).enumerate() {
+            self.step_connect(LaneConnecting { conn: id, lane, qp, connecting });
         }
-        self.finish_connect(id);
+    }
+
+    /// Takes lane `l`'s next step (without waiting); returns whether it finished.
+    fn step_connect(&mut self, l: LaneConnecting<P>) -> bool {
+        let LaneConnecting { conn, lane, mut qp, connecting } = l;
+        let result = match connecting.poll(&mut qp, Duration::ZERO) {
+            Ok(Progress::Pending(connecting)) => {
+                self.outgoing.lanes.push(LaneConnecting { conn, lane, qp, connecting });
+                return false;
+            }
+            Ok(Progress::Ready(cm)) => Ok(cm),
+            Err(e) => Err(describe(e)),
+        };
+        self.lane_connected(conn, lane, qp, result);
+        self.finish_connect(conn);
+        true
     }
 
     /// Takes the next steps of the lanes connecting (without waiting); returns whether any
@@ -391,22 +418,7 @@ impl<P: Provider> Control<P> {
                 self.outgoing.lanes.push(l);
                 continue;
             }
-            let LaneConnecting { conn, lane, mut qp, connecting } = l;
-            match connecting.poll(&mut qp, Duration::ZERO) {
-                Ok(Progress::Pending(connecting)) => {
-                    self.outgoing.lanes.push(LaneConnecting { conn, lane, qp, connecting })
-                }
-                Ok(Progress::Ready(cm)) => {
-                    any = true;
-                    self.lane_connected(conn, lane, qp, Ok(cm));
-                    self.finish_connect(conn);
-                }
-                Err(e) => {
-                    any = true;
-                    self.lane_connected(conn, lane, qp, Err(describe(e)));
-                    self.finish_connect(conn);
-                }
-            }
+            any |= self.step_connect(l);
         }
         self.outgoing.lanes.end(pass);
         any

@@ -16,6 +16,8 @@ pub(crate) struct Conns<P: Provider> {
     generations: Vec<u32>,
     free: Vec<u16>,
     live: usize,
+    /// Of `live`, slots kept for connections coming up.
+    kept: usize,
     dirty: Vec<u16>,
     /// By slot: whether it is in `dirty`.
     marked: Vec<bool>,
@@ -31,6 +33,7 @@ impl<P: Provider> Conns<P> {
             generations: vec![0; max],
             free: (0..max).rev().map(|s| s as u16).collect(),
             live: 0,
+            kept: 0,
             dirty: Vec::with_capacity(max),
             marked: vec![false; max],
         }
@@ -54,6 +57,7 @@ impl<P: Provider> Conns<P> {
         let gen = &mut self.generations[usize::from(slot)];
         *gen = gen.wrapping_add(1);
         self.live += 1;
+        self.kept += 1;
         Some(ConnId { worker: self.worker, slot, generation: *gen })
     }
 
@@ -70,6 +74,7 @@ impl<P: Provider> Conns<P> {
             return false;
         }
         self.slots[usize::from(id.slot)] = Some(conn);
+        self.kept -= 1;
         true
     }
 
@@ -83,6 +88,7 @@ impl<P: Provider> Conns<P> {
         *gen = gen.wrapping_add(1);
         self.free.push(id.slot);
         self.live -= 1;
+        self.kept -= 1;
         true
     }
 
@@ -203,10 +209,17 @@ impl<P: Provider> Conns<P> {
         self.dirty.truncate(kept);
     }
 
-    /// Connections open or closing.
+    /// Connections open or closing, and slots kept for connections coming up.
     #[inline(always)]
     pub(crate) fn live(&self) -> usize {
         self.live
+    }
+
+    /// Connections open or closing (not counting kept slots: nothing comes on those that
+    /// cannot wait in the CQ).
+    #[inline(always)]
+    pub(crate) fn connections(&self) -> usize {
+        self.live - self.kept
     }
 
     /// The worker whose connections these are.
@@ -278,7 +291,7 @@ mod tests {
         let mut c = Conns::<Soft>::new(0, 2);
         let a = c.reserve().unwrap();
         let b = c.reserve().unwrap();
-        assert_eq!(c.live(), 2);
+        assert_eq!((c.live(), c.connections()), (2, 0));
         assert!(c.reserve().is_none(), "kept slots are taken");
         assert!(c.get(a).is_err() && c.at_mut(a.slot).is_none());
         let conn = |id| Conn::new(id, info(), crate::handoff::Origin::Handler, ArrayVec::new());
@@ -287,7 +300,7 @@ mod tests {
         assert!(c.get(a).is_ok());
         assert!(!c.fill(a, conn(a)) && !c.unreserve(a), "filled: no longer kept");
         assert!(c.unreserve(b) && !c.unreserve(b));
-        assert_eq!(c.live(), 1);
+        assert_eq!((c.live(), c.connections()), (1, 1));
         let b2 = c.reserve().unwrap();
         assert_eq!(b2.slot, b.slot);
         assert_ne!(b2, b, "a new generation");

@@ -176,9 +176,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             if busy {
                 self.idle_since = None;
                 self.empty_run = 0;
-            } else if self.cx.conns.live() > 0 {
+            } else if self.cx.conns.connections() > 0 {
                 // A worker with connections busy-polls (reading no clock for this); where the
-                // core map says so, it lets others have the core while nothing comes.
+                // core map says so, it lets others have the core while nothing comes. (One
+                // with connections coming up only does not: their messages wait in the CQ
+                // until the control core hands them over, and it needs the CPU meanwhile.)
                 self.idle_since = None;
                 self.empty_run = self.empty_run.saturating_add(1);
                 if self.cx.cfg.yield_after > 0 && self.empty_run >= self.cx.cfg.yield_after {

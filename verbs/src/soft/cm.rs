@@ -557,6 +557,19 @@ impl crate::Connecting<Soft> for SoftConnecting {
     }
 }
 
+impl Drop for SoftConnecting {
+    /// A connect dropped before it was up is abandoned: a listener skips its request, and an
+    /// accepting side waiting for its confirmation hears at once, as rdma_cm's peer would when
+    /// the connector's id is destroyed.
+    fn drop(&mut self) {
+        let mut answer = lock(&self.attempt.answer.value);
+        if matches!(*answer, Answer::Waiting | Answer::Accepted { .. }) {
+            *answer = Answer::Abandoned;
+            self.attempt.answer.notify();
+        }
+    }
+}
+
 /// An instant no wait reaches (for a timeout too long to add).
 fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400 * 365)
