@@ -1,6 +1,7 @@
 //! The engine under `soft`'s injected faults (`soft::faults::plan_at`, deterministic from a
 //! seed): with 10 % of packets dropped and 5 % duplicated each way, RC resends what was lost
-//! and throws duplicates away, so every one of 2,000 messages is echoed once, in order; with
+//! and throws duplicates away, so every one of 2,000 messages is echoed once, in order (and
+//! so with every message held 500 us each way); with
 //! every packet dropped, the first send fails with `RetryExcErr` after the lane's retries and
 //! the connection closes with that reason.
 
@@ -44,32 +45,38 @@ fn connect(e: &mut Engine<Soft>, addr: SocketAddr) -> (Client, ConnId) {
     }
 }
 
-#[test]
-fn drops_and_duplicates_cost_retries_not_messages() {
-    let addr: SocketAddr = "10.83.0.1:7000".parse().unwrap();
-    faults::plan_at(addr, FaultPlan { seed: 11, drop: 0.1, dup: 0.05 });
-    let server = engine("10.83.0.1:7000");
-    let mut client_engine = engine("10.83.0.2:7000");
+/// Echoes `n` messages over a connection to `server_at` (whose accepted connections get
+/// `plan`) from an engine at `client_at`, 16 in flight: each is echoed once, in order. Returns
+/// the fault counts before and after.
+fn echo_all(
+    server_at: &str,
+    client_at: &str,
+    plan: FaultPlan,
+    n: u32,
+) -> (faults::FaultCounts, faults::FaultCounts) {
+    let addr: SocketAddr = server_at.parse().unwrap();
+    faults::plan_at(addr, plan);
+    let server = engine(server_at);
+    let mut client_engine = engine(client_at);
     let (mut c, conn) = connect(&mut client_engine, addr);
     let before = faults::counts();
-    const N: u32 = 2000;
     const WINDOW: u32 = 16;
     let (mut sent, mut echoed) = (0u32, 0u32);
     let send = |c: &mut Client, i: u32| {
         let op = Op::Send { buf: i.to_le_bytes().to_vec(), imm: Some(i) };
         c.submit(conn, op, u64::from(i)).unwrap();
     };
-    while sent < WINDOW {
+    while sent < WINDOW.min(n) {
         send(&mut c, sent);
         sent += 1;
     }
-    while echoed < N {
+    while echoed < n {
         match c.wait(HANG) {
             Some(Event::Done(d)) => assert_eq!(d.status, WcStatus::Success, "send {}", d.token),
             Some(Event::Message { data, imm, .. }) => {
                 assert_eq!((imm, data), (Some(echoed), echoed.to_le_bytes().to_vec()));
                 echoed += 1;
-                if sent < N {
+                if sent < n {
                     send(&mut c, sent);
                     sent += 1;
                 }
@@ -78,18 +85,34 @@ fn drops_and_duplicates_cost_retries_not_messages() {
         }
     }
     let after = faults::counts();
-    assert!(after.dropped > before.dropped && after.retransmitted > before.retransmitted);
-    assert!(after.duplicates_discarded > before.duplicates_discarded, "{after:?}");
     faults::clear_at(addr);
     drop(c);
     client_engine.shutdown().unwrap();
     server.shutdown().unwrap();
+    (before, after)
+}
+
+#[test]
+fn drops_and_duplicates_cost_retries_not_messages() {
+    let plan = FaultPlan { seed: 11, drop: 0.1, dup: 0.05, ..Default::default() };
+    let (before, after) = echo_all("10.83.0.1:7000", "10.83.0.2:7000", plan, 2000);
+    assert!(after.dropped > before.dropped && after.retransmitted > before.retransmitted);
+    assert!(after.duplicates_discarded > before.duplicates_discarded, "{after:?}");
+}
+
+/// A wire that holds every message 500 us each way (and drops 5 %) costs time, not messages
+/// or their order.
+#[test]
+fn a_delay_costs_time_not_messages_or_their_order() {
+    let plan = FaultPlan { seed: 12, drop: 0.05, delay_us: 500, ..Default::default() };
+    let (before, after) = echo_all("10.83.0.5:7000", "10.83.0.6:7000", plan, 300);
+    assert!(after.delayed >= before.delayed + 600, "{after:?}: each message and its echo held");
 }
 
 #[test]
 fn a_wire_that_drops_everything_fails_the_first_send_after_its_retries() {
     let addr: SocketAddr = "10.83.0.3:7000".parse().unwrap();
-    faults::plan_at(addr, FaultPlan { seed: 1, drop: 1.0, dup: 0.0 });
+    faults::plan_at(addr, FaultPlan { seed: 1, drop: 1.0, ..Default::default() });
     let server = engine("10.83.0.3:7000");
     let mut client_engine = engine("10.83.0.4:7000");
     let (mut c, conn) = connect(&mut client_engine, addr);
@@ -122,7 +145,7 @@ fn a_wire_that_drops_everything_fails_the_first_send_after_its_retries() {
 #[test]
 fn every_request_ends_once_under_faults_and_a_shutdown_in_flight() {
     let addr: SocketAddr = "10.83.0.5:7000".parse().unwrap();
-    faults::plan_at(addr, FaultPlan { seed: 5, drop: 0.3, dup: 0.2 });
+    faults::plan_at(addr, FaultPlan { seed: 5, drop: 0.3, dup: 0.2, ..Default::default() });
     let server = engine("10.83.0.5:7000");
     let mut client_engine = engine("10.83.0.6:7000");
     let (mut c, conn) = connect(&mut client_engine, addr);

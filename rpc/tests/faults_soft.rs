@@ -16,7 +16,7 @@ use corelink_rpc::SessionEvent;
 #[test]
 fn every_call_ends_once_and_runs_at_most_once_under_drops_and_duplicates() {
     let site = Site::soft("10.98.31.1");
-    faults::plan_at(site.listen, FaultPlan { seed: 9, drop: 0.2, dup: 0.2 });
+    faults::plan_at(site.listen, FaultPlan { seed: 9, drop: 0.2, dup: 0.2, ..Default::default() });
     const N: u64 = 500;
     let (tx, rx) = outcomes();
     let at = site.listen;

@@ -298,8 +298,7 @@ impl<P: Provider> Control<P> {
                 app: app.to_vec(),
             }
             .to_bytes();
-            match self.ctx.connect_start(addr, qp, &self.cfg.attr, &hdr, self.cfg.connect_timeout)
-            {
+            match self.ctx.connect_start(addr, qp, &self.cfg.attr, &hdr, self.cfg.connect_timeout) {
                 Ok(c) => started.push(c),
                 Err(e) => {
                     drop(started);

@@ -26,6 +26,8 @@ pub(crate) enum Step {
     Done(WcStatus, u32),
     /// The receiver had no receive posted: try again after this wait.
     Rnr(Duration),
+    /// A fault plan's delay: run it again (once, without another delay) after this wait.
+    Later(Duration),
 }
 
 /// Posts a batch of send requests.
@@ -212,6 +214,8 @@ fn transport_allows(t: QpType, op: &Op) -> bool {
 /// (RNR on RC when there is none); the rkey; the data; for reads and atomics, the local scatter
 /// list when the response arrives.
 ///
+/// `replaying`: it was held before (a fault plan's delay is not drawn again).
+///
 /// # Safety
 /// When `d.inline`, every SGE's `addr..addr+length` must be readable.
 #[inline]
@@ -221,6 +225,7 @@ pub(crate) unsafe fn execute(
     d: &Head,
     sges: &[Sge],
     keys: &mut Keys<'_>,
+    replaying: bool,
 ) -> Step {
     if !transport_allows(qp.qp_type, &d.op) {
         return Step::Done(WcStatus::LocQpOpErr, 0);
@@ -292,7 +297,7 @@ pub(crate) unsafe fn execute(
     let r = Responder { qp, target, keys, reliable, len, sent };
     // An injected fault (`soft::faults`: a cut wire, a plan; one branch while there is none).
     if qp.anomalous() {
-        if let Some(step) = r.faulted(&d.op, &src) {
+        if let Some(step) = r.faulted(&d.op, &src, replaying) {
             return step;
         }
     }
@@ -367,9 +372,10 @@ struct Responder<'a> {
 impl Responder<'_> {
     /// What an injected fault does to the message: `Some` its end (lost, retries exceeded, or
     /// a UD send delivered twice: a duplicate takes a second receive, or is dropped as any UD
-    /// message without one), `None` when it goes on as usual.
+    /// message without one) or its delay (held, then run again with `replaying`: its other
+    /// fates are drawn then), `None` when it goes on as usual.
     #[cold]
-    fn faulted(&self, op: &Op, src: &[(*mut u8, usize)]) -> Option<Step> {
+    fn faulted(&self, op: &Op, src: &[(*mut u8, usize)], replaying: bool) -> Option<Step> {
         if self.qp.is_cut() {
             // Nobody answers: a reliable transport retries until it gives up.
             return Some(if self.reliable {
@@ -377,6 +383,11 @@ impl Responder<'_> {
             } else {
                 self.sent.clone()
             });
+        }
+        if !replaying {
+            if let Some(wait) = self.qp.fault_delay() {
+                return Some(Step::Later(wait));
+            }
         }
         match self.qp.fate(self.len) {
             Fate::Arrives => None,

@@ -4,11 +4,14 @@
 //! one QP ([`super::SoftQp::set_fault_plan`]). A message is packets of the path MTU: a packet dropped loses a UC or UD
 //! message, and makes RC send the message again (once per retry, `retry_cnt` of them; then
 //! `RetryExcErr`; `retry_cnt = 7` retries for ever, as on rxe). A duplicated packet is thrown
-//! away by RC's and UC's sequence numbers (counted) and delivered twice on UD. Each QP draws
-//! from its own generator (the seed and its QP number), so that one QP's posts meet the same
-//! fates in every run. With no plan the data path pays one predictable branch.
+//! away by RC's and UC's sequence numbers (counted) and delivered twice on UD. A delay
+//! (`delay_us`) holds every message that long before it reaches its target, in order (it runs
+//! when the sender's CQ is polled then, as RNR retries do; on RC its completion comes with
+//! it). Each QP draws from its own generator (the seed and its QP number), so that one QP's
+//! posts meet the same fates in every run. With no plan the data path pays one predictable
+//! branch.
 //!
-//! Not yet: `reorder` and `delay_us` (a plan naming them is refused, saying so), CQ overrun,
+//! Not yet: `reorder` (a plan naming it is refused, saying so), CQ overrun,
 //! connection-manager events lost or late.
 
 use std::net::SocketAddr;
@@ -22,8 +25,8 @@ pub use super::cm::cut;
 /// The environment variable a whole program's plan comes from.
 pub const ENV: &str = "CORELINK_SOFT_FAULTS";
 
-/// What goes wrong on the wire, and how often.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// What goes wrong on the wire, and how often (the default: nothing).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct FaultPlan {
     /// The generators' seed.
     pub seed: u64,
@@ -31,14 +34,20 @@ pub struct FaultPlan {
     pub drop: f64,
     /// Probability that a packet arrives twice, `0.0..=1.0`.
     pub dup: f64,
+    /// Microseconds every message takes to reach its target (at most [`MAX_DELAY_US`]).
+    pub delay_us: u32,
 }
 
+/// The longest `delay_us` a plan may give (10 s).
+pub const MAX_DELAY_US: u32 = 10_000_000;
+
 impl FaultPlan {
-    /// A plan from its text: `key=value` pairs separated by commas, keys `seed`, `drop` and
-    /// `dup` (as in `seed=7,drop=0.01`); anything else is refused with why.
+    /// A plan from its text: `key=value` pairs separated by commas, keys `seed`, `drop`,
+    /// `dup` and `delay_us` (as in `seed=7,drop=0.01,delay_us=50`); anything else is refused
+    /// with why.
     pub fn parse(text: &str) -> Result<FaultPlan> {
         let bad = |why: String| Error::BadFaultPlan { text: text.to_owned(), why };
-        let mut plan = FaultPlan { seed: 0, drop: 0.0, dup: 0.0 };
+        let mut plan = FaultPlan::default();
         for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let Some((key, value)) = item.split_once('=') else {
                 return Err(bad(format!("`{item}` is not key=value")));
@@ -56,12 +65,22 @@ impl FaultPlan {
                 }
                 "drop" => plan.drop = p()?,
                 "dup" => plan.dup = p()?,
-                "reorder" | "delay_us" => {
+                "delay_us" => {
+                    plan.delay_us = match value.parse::<u32>() {
+                        Ok(us) if us <= MAX_DELAY_US => us,
+                        _ => {
+                            return Err(bad(format!(
+                                "delay_us = `{value}`: microseconds, 0 to {MAX_DELAY_US}"
+                            )))
+                        }
+                    }
+                }
+                "reorder" => {
                     return Err(bad(format!(
-                        "{key}: not injected by soft yet (seed, drop, dup are)"
+                        "{key}: not injected by soft yet (seed, drop, dup, delay_us are)"
                     )))
                 }
-                _ => return Err(bad(format!("unknown key `{key}` (seed, drop, dup)"))),
+                _ => return Err(bad(format!("unknown key `{key}` (seed, drop, dup, delay_us)"))),
             }
         }
         Ok(plan)
@@ -69,7 +88,7 @@ impl FaultPlan {
 
     /// Whether it does anything.
     fn active(&self) -> bool {
-        self.drop > 0.0 || self.dup > 0.0
+        self.drop > 0.0 || self.dup > 0.0 || self.delay_us > 0
     }
 }
 
@@ -125,6 +144,8 @@ pub struct FaultCounts {
     pub duplicates_discarded: u64,
     /// UD messages delivered twice.
     pub duplicates_delivered: u64,
+    /// Messages held for a plan's `delay_us`.
+    pub delayed: u64,
 }
 
 static DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -132,6 +153,7 @@ static RETRANSMITTED: AtomicU64 = AtomicU64::new(0);
 static RETRY_EXCEEDED: AtomicU64 = AtomicU64::new(0);
 static DUP_DISCARDED: AtomicU64 = AtomicU64::new(0);
 static DUP_DELIVERED: AtomicU64 = AtomicU64::new(0);
+static DELAYED: AtomicU64 = AtomicU64::new(0);
 
 /// The process's totals so far.
 pub fn counts() -> FaultCounts {
@@ -142,6 +164,7 @@ pub fn counts() -> FaultCounts {
         retry_exceeded: l(&RETRY_EXCEEDED),
         duplicates_discarded: l(&DUP_DISCARDED),
         duplicates_delivered: l(&DUP_DELIVERED),
+        delayed: l(&DELAYED),
     }
 }
 
@@ -168,6 +191,15 @@ pub(crate) enum Fate {
 impl QpFaults {
     pub(crate) fn new(plan: FaultPlan, qpn: u32) -> QpFaults {
         QpFaults { plan, state: plan.seed ^ (u64::from(qpn) << 32 | u64::from(qpn)) }
+    }
+
+    /// How long a message is held before it goes on (counted as a delay), if at all.
+    pub(crate) fn delay(&self) -> Option<std::time::Duration> {
+        if self.plan.delay_us == 0 {
+            return None;
+        }
+        DELAYED.fetch_add(1, Ordering::Relaxed);
+        Some(std::time::Duration::from_micros(u64::from(self.plan.delay_us)))
     }
 
     /// A uniform draw in `0.0..1.0`.
@@ -235,16 +267,17 @@ mod tests {
 
     #[test]
     fn plans_parse_and_bad_ones_say_why() {
-        let p = FaultPlan::parse("seed=7,drop=0.01, dup=0.5").unwrap();
-        assert_eq!(p, FaultPlan { seed: 7, drop: 0.01, dup: 0.5 });
-        assert_eq!(FaultPlan::parse("").unwrap(), FaultPlan { seed: 0, drop: 0.0, dup: 0.0 });
+        let p = FaultPlan::parse("seed=7,drop=0.01, dup=0.5,delay_us=20").unwrap();
+        assert_eq!(p, FaultPlan { seed: 7, drop: 0.01, dup: 0.5, delay_us: 20 });
+        assert_eq!(FaultPlan::parse("").unwrap(), FaultPlan::default());
         for (text, says) in [
             ("drop=2", "0.0 to 1.0"),
             ("drop", "not key=value"),
             ("seed=-1", "unsigned"),
             ("loss=0.1", "unknown key `loss`"),
             ("reorder=0.1", "not injected by soft yet"),
-            ("delay_us=5", "not injected by soft yet"),
+            ("delay_us=-5", "microseconds"),
+            ("delay_us=20000000", "0 to 10000000"),
         ] {
             let e = FaultPlan::parse(text).unwrap_err().to_string();
             assert!(e.contains(says) && e.contains(text), "{text}: {e}");
@@ -253,7 +286,7 @@ mod tests {
 
     #[test]
     fn fates_are_the_seeds_and_follow_the_rates() {
-        let plan = FaultPlan { seed: 42, drop: 0.1, dup: 0.05 };
+        let plan = FaultPlan { seed: 42, drop: 0.1, dup: 0.05, delay_us: 0 };
         let run = |qpn| {
             let mut f = QpFaults::new(plan, qpn);
             (0..10_000).map(|_| f.fate(8, 1024, false, 0, true)).collect::<Vec<_>>()
@@ -271,11 +304,11 @@ mod tests {
         let n = big.count();
         assert!((7800..8700).contains(&n), "{n}: about 1 - 0.9^16 = 81 %");
         // RC: every message arrives, after retries, unless all retry_cnt + 1 tries lose.
-        let mut f = QpFaults::new(FaultPlan { seed: 1, drop: 0.5, dup: 0.0 }, 9);
+        let mut f = QpFaults::new(FaultPlan { seed: 1, drop: 0.5, ..FaultPlan::default() }, 9);
         let rc: Vec<Fate> = (0..10_000).map(|_| f.fate(8, 1024, true, 6, false)).collect();
         let gave_up = rc.iter().filter(|f| **f == Fate::RetryExceeded).count();
         assert!((40..120).contains(&gave_up), "{gave_up}: about 0.5^7 = 0.8 %");
-        let mut f = QpFaults::new(FaultPlan { seed: 1, drop: 1.0, dup: 0.0 }, 9);
+        let mut f = QpFaults::new(FaultPlan { seed: 1, drop: 1.0, ..FaultPlan::default() }, 9);
         assert_eq!(f.fate(8, 1024, true, 3, false), Fate::RetryExceeded);
     }
 }

@@ -132,7 +132,7 @@ pub(crate) enum RecvSource {
     Srq(Arc<SrqShared>),
 }
 
-/// A send request waiting for its RNR timer, or behind one that does.
+/// A send request waiting for its RNR timer or a fault plan's delay, or behind one that does.
 #[derive(Debug)]
 pub(crate) struct Pending {
     pub(crate) desc: Desc,
@@ -266,6 +266,12 @@ impl QpShared {
         } else {
             self.anomalies.fetch_and(!FAULTY, Ordering::Relaxed);
         }
+    }
+
+    /// How long its plan holds a message it sends (counted), if it has a plan with a delay.
+    #[cold]
+    pub(crate) fn fault_delay(&self) -> Option<std::time::Duration> {
+        self.faults.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|f| f.delay())
     }
 
     /// What the wire does to a message of `len` bytes it sends (it has a plan).
@@ -408,14 +414,28 @@ impl QpShared {
                 return Err(errno(libc::ENOMEM));
             }
             let rnr_left = sq.rnr_retry;
+            // A fault plan's delay holds it its own time after the ones before it.
+            let next_try = if self.anomalous() {
+                self.fault_delay().map(|wait| Instant::now() + wait)
+            } else {
+                None
+            };
             // SAFETY: forwarded from this function's contract.
             let desc = unsafe { Desc::keep(head, sges) };
-            sq.pending.push_back(Pending { desc, next_try: None, rnr_left });
+            sq.pending.push_back(Pending { desc, next_try, rnr_left });
             return Ok(());
         }
         // SAFETY: forwarded from this function's contract.
-        match unsafe { super::exec::execute(self, sq, &head, sges, keys) } {
+        match unsafe { super::exec::execute(self, sq, &head, sges, keys, false) } {
             Step::Done(status, len) => self.complete(sq, &head, status, len),
+            Step::Later(wait) => {
+                let rnr_left = sq.rnr_retry;
+                // SAFETY: forwarded from this function's contract.
+                let desc = unsafe { Desc::keep(head, sges) };
+                let next_try = Some(Instant::now() + wait);
+                sq.pending.push_back(Pending { desc, next_try, rnr_left });
+                self.send_cq.note_work();
+            }
             Step::Rnr(wait) => {
                 if sq.rnr_retry == 0 {
                     self.complete(sq, &head, WcStatus::RnrRetryExcErr, 0);
@@ -452,8 +472,14 @@ impl QpShared {
             let Some(p) = sq.pending.pop_front() else { break };
             let (head, sges) = (&p.desc.head, &p.desc.sges);
             // SAFETY: a kept request's inline SGE points at its own copy of the payload.
-            match unsafe { super::exec::execute(self, &mut sq, head, sges, &mut keys) } {
+            match unsafe { super::exec::execute(self, &mut sq, head, sges, &mut keys, true) } {
                 Step::Done(status, len) => self.complete(&mut sq, head, status, len),
+                Step::Later(wait) => {
+                    // (never: a replayed request draws no delay)
+                    let next_try = Some(now + wait);
+                    sq.pending.push_front(Pending { desc: p.desc, next_try, rnr_left: p.rnr_left });
+                    return true;
+                }
                 Step::Rnr(wait) => {
                     if p.rnr_left == 0 {
                         self.complete(&mut sq, head, WcStatus::RnrRetryExcErr, 0);

@@ -428,7 +428,7 @@ fn a_plans_duplicates_reach_ud_twice_and_its_drops_lose_ud() {
     post_recv(&mut b, 1);
     post_recv(&mut b, 2);
     post_recv(&mut b, 3);
-    a.qp.set_fault_plan(Some(faults::FaultPlan { seed: 3, drop: 0.0, dup: 1.0 }));
+    a.qp.set_fault_plan(Some(faults::FaultPlan { seed: 3, dup: 1.0, ..Default::default() }));
     a.mr.write_at(0, b"twice").unwrap();
     let sge = [a.mr.sge(0, 5).unwrap()];
     let dest = UdDest { ah: &ah, qpn: b.qp.qp_num(), qkey: DEFAULT_QKEY };
@@ -438,12 +438,63 @@ fn a_plans_duplicates_reach_ud_twice_and_its_drops_lose_ud() {
     let (r1, r2) = (poll_one(&b.cq), poll_one(&b.cq));
     assert_eq!((r1.wr_id, r2.wr_id), (1, 2));
     assert_eq!((r1.status, r2.status), (WcStatus::Success, WcStatus::Success));
-    a.qp.set_fault_plan(Some(faults::FaultPlan { seed: 3, drop: 1.0, dup: 0.0 }));
+    a.qp.set_fault_plan(Some(faults::FaultPlan { seed: 3, drop: 1.0, ..Default::default() }));
     let dest = UdDest { ah: &ah, qpn: b.qp.qp_num(), qkey: DEFAULT_QKEY };
     // SAFETY: as above.
     unsafe { a.qp.post_send(&[SendWr::new(10, SendOp::Send, &sge).to(dest)]).unwrap() };
     assert_eq!(poll_one(&a.cq).status, WcStatus::Success);
     let mut wc = [Wc::default(); 1];
     assert_eq!(b.cq.poll(&mut wc).unwrap(), 0, "a dropped UD send takes no receive");
+    a.qp.set_fault_plan(None);
+}
+
+/// A plan's delay holds RC sends until it has passed and the sender's CQ is polled: nothing
+/// reaches the receiver at the post, then all arrive, in order, each completing at the sender
+/// with it; a QP that goes to ERR meanwhile flushes what it holds, and none of it arrives.
+#[test]
+fn a_plans_delay_holds_messages_in_order_and_an_error_flushes_them() {
+    let (mut a, mut b) = pair(QpType::Rc, QpAttr::default());
+    for id in 1..=3 {
+        let sge = [b.mr.sge(id as usize * 64, 64).unwrap()];
+        // SAFETY: the region outlives the receives (it is `b`'s).
+        unsafe { b.qp.post_recv(&[RecvWr { wr_id: id, sgl: &sge }]).unwrap() };
+    }
+    let before = faults::counts().delayed;
+    a.qp.set_fault_plan(Some(faults::FaultPlan { seed: 1, delay_us: 2_000, ..Default::default() }));
+    for id in 1..=3u64 {
+        a.mr.write_at(id as usize * 8, &[id as u8; 8]).unwrap();
+        let sge = [a.mr.sge(id as usize * 8, 8).unwrap()];
+        // SAFETY: the region outlives the completions polled below.
+        unsafe { a.qp.post_send(&[SendWr::new(id, SendOp::Send, &sge)]).unwrap() };
+    }
+    let mut wc = [Wc::default(); 4];
+    assert_eq!(b.cq.poll(&mut wc).unwrap(), 0, "held: nothing arrived at the post");
+    let sent: Vec<(u64, WcStatus)> =
+        (0..3).map(|_| poll_one(&a.cq)).map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(sent, (1..=3).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>());
+    for id in 1..=3u64 {
+        let r = poll_one(&b.cq);
+        assert_eq!((r.wr_id, r.status, r.byte_len), (id, WcStatus::Success, 8), "in order");
+        let mut got = [0u8; 8];
+        b.mr.read_at(id as usize * 64, &mut got).unwrap();
+        assert_eq!(got, [id as u8; 8]);
+    }
+    assert!(faults::counts().delayed >= before + 3);
+    // Held for a second, then the QP errs: both flush, neither arrives.
+    a.qp.set_fault_plan(Some(faults::FaultPlan {
+        seed: 1,
+        delay_us: 1_000_000,
+        ..Default::default()
+    }));
+    for id in 4..=5u64 {
+        let sge = [a.mr.sge(0, 8).unwrap()];
+        // SAFETY: as above.
+        unsafe { a.qp.post_send(&[SendWr::new(id, SendOp::Send, &sge)]).unwrap() };
+    }
+    a.qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() }).unwrap();
+    let flushed: Vec<(u64, WcStatus)> =
+        (0..2).map(|_| poll_one(&a.cq)).map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(flushed, vec![(4, WcStatus::WrFlushErr), (5, WcStatus::WrFlushErr)]);
+    assert_eq!(b.cq.poll(&mut wc).unwrap(), 0, "nothing held reached the receiver");
     a.qp.set_fault_plan(None);
 }
