@@ -1,7 +1,7 @@
 //! The engine under `soft`'s injected faults (`soft::faults::plan_at`, deterministic from a
 //! seed): with 10 % of packets dropped and 5 % duplicated each way, RC resends what was lost
 //! and throws duplicates away, so every one of 2,000 messages is echoed once, in order (and
-//! so with every message held 500 us each way); with
+//! so with every message held 500 us each way and 20 % reordered); with
 //! every packet dropped, the first send fails with `RetryExcErr` after the lane's retries and
 //! the connection closes with that reason.
 
@@ -100,13 +100,15 @@ fn drops_and_duplicates_cost_retries_not_messages() {
     assert!(after.duplicates_discarded > before.duplicates_discarded, "{after:?}");
 }
 
-/// A wire that holds every message 500 us each way (and drops 5 %) costs time, not messages
-/// or their order.
+/// A wire that holds every message 500 us each way, reorders 20 % and drops 5 % costs time
+/// (RC resends from each gap), not messages or their order.
 #[test]
-fn a_delay_costs_time_not_messages_or_their_order() {
-    let plan = FaultPlan { seed: 12, drop: 0.05, delay_us: 500, ..Default::default() };
+fn a_delay_and_reordering_cost_time_not_messages_or_their_order() {
+    let plan =
+        FaultPlan { seed: 12, drop: 0.05, delay_us: 500, reorder: 0.2, ..Default::default() };
     let (before, after) = echo_all("10.83.0.5:7000", "10.83.0.6:7000", plan, 300);
     assert!(after.delayed >= before.delayed + 600, "{after:?}: each message and its echo held");
+    assert!(after.reordered > before.reordered, "{after:?}");
 }
 
 #[test]

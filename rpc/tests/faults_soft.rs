@@ -1,8 +1,9 @@
 //! The RPC layer under `soft`'s injected faults (`soft::faults::plan_at` on the endpoint's
 //! own listener, so that both ends of its session to itself draw them): with 20 % of packets
-//! dropped and 20 % duplicated, every one of 500 calls ends exactly once, and no request runs
-//! twice (RC resends what was lost and throws duplicates away; the endpoint's sequence numbers
-//! would catch any that came through).
+//! dropped, 20 % duplicated, 10 % reordered and every one held 200 us, every one of 500 calls
+//! ends exactly once, and no request runs twice (RC resends what was lost or came out of
+//! order and throws duplicates away; the endpoint's sequence numbers would catch any that came
+//! through).
 
 mod common;
 
@@ -14,9 +15,10 @@ use corelink_engine::verbs::soft::Soft;
 use corelink_rpc::SessionEvent;
 
 #[test]
-fn every_call_ends_once_and_runs_at_most_once_under_drops_and_duplicates() {
+fn every_call_ends_once_and_runs_at_most_once_under_drops_duplicates_reordering_and_delay() {
     let site = Site::soft("10.98.31.1");
-    faults::plan_at(site.listen, FaultPlan { seed: 9, drop: 0.2, dup: 0.2, ..Default::default() });
+    let plan = FaultPlan { seed: 9, drop: 0.2, dup: 0.2, reorder: 0.1, delay_us: 200 };
+    faults::plan_at(site.listen, plan);
     const N: u64 = 500;
     let (tx, rx) = outcomes();
     let at = site.listen;

@@ -358,6 +358,64 @@ pub(crate) unsafe fn execute(
     }
 }
 
+/// A UC or UD message held back to be overtaken (`soft::faults`' `reorder`): a copy of its
+/// payload, its target and what it does there.
+#[derive(Debug)]
+pub(crate) struct Held {
+    target: std::sync::Arc<QpShared>,
+    op: HeldOp,
+    payload: Vec<u8>,
+    /// When it goes anyway if no message overtakes it.
+    pub(crate) due: std::time::Instant,
+}
+
+#[derive(Debug)]
+enum HeldOp {
+    Send(Option<u32>),
+    Write(RemoteAddr, Option<u32>),
+}
+
+/// How long a held message waits for one to overtake it.
+const HOLD: Duration = Duration::from_micros(100);
+
+impl Held {
+    /// A copy of message `op` of `len` bytes from `src` to `target` (`None` for what UC and
+    /// UD do not carry, or a target gone from the fabric).
+    fn copy(target: &QpShared, op: &Op, src: &[(*mut u8, usize)], len: u64) -> Option<Held> {
+        let op = match op {
+            Op::Send(imm) => HeldOp::Send(*imm),
+            Op::Write(remote, imm) => HeldOp::Write(*remote, *imm),
+            _ => return None,
+        };
+        let mut payload = vec![0u8; len as usize];
+        // SAFETY: `src` are live local buffers (or the request's inline copy) of `len` bytes
+        // in all; `payload` is a fresh buffer of `len` bytes.
+        unsafe { copy_segs(src, &[(payload.as_mut_ptr(), payload.len())], 0, payload.len()) };
+        let target = Fabric::get().qp(target.qpn)?;
+        Some(Held { target, op, payload, due: std::time::Instant::now() + HOLD })
+    }
+
+    /// Delivers it now, from `qp`, as it would have been at its post (nothing if its target
+    /// no longer receives).
+    pub(crate) fn deliver(mut self, qp: &QpShared, keys: &KeyTable) {
+        if !self.target.receiving() {
+            return;
+        }
+        let len = self.payload.len() as u64;
+        let sent = Step::Done(WcStatus::Success, len.min(u64::from(u32::MAX)) as u32);
+        let target = &*self.target;
+        let r = Responder { qp, target, keys, reliable: false, len, sent };
+        let src = [(self.payload.as_mut_ptr(), self.payload.len())];
+        let _ = match self.op {
+            HeldOp::Send(imm) => r.send(&src, imm),
+            HeldOp::Write(_, _) if !target.access().contains(AccessFlags::REMOTE_WRITE) => {
+                r.class_c(WcStatus::RemInvReqErr)
+            }
+            HeldOp::Write(remote, imm) => r.write(&src, remote, imm),
+        };
+    }
+}
+
 /// What the responder side of one message needs.
 struct Responder<'a> {
     qp: &'a QpShared,
@@ -389,19 +447,44 @@ impl Responder<'_> {
                 return Some(Step::Later(wait));
             }
         }
-        match self.qp.fate(self.len) {
-            Fate::Arrives => None,
-            Fate::Lost => Some(self.sent.clone()),
-            Fate::RetryExceeded => Some(Step::Done(WcStatus::RetryExcErr, 0)),
+        let step = match self.qp.fate(self.len) {
+            Fate::Arrives if self.reliable => return None,
+            Fate::Arrives => match op {
+                Op::Send(imm) => self.send(src, *imm),
+                Op::Write(remote, imm)
+                    if self.target.access().contains(AccessFlags::REMOTE_WRITE) =>
+                {
+                    self.write(src, *remote, *imm)
+                }
+                Op::Write(..) => self.class_c(WcStatus::RemInvReqErr),
+                _ => return None, // (UC and UD carry sends and writes only)
+            },
+            Fate::Lost => return Some(self.sent.clone()),
+            Fate::RetryExceeded => return Some(Step::Done(WcStatus::RetryExcErr, 0)),
             Fate::Twice => match op {
                 Op::Send(imm) => {
                     let first = self.send(src, *imm);
                     let _ = self.send(src, *imm);
-                    Some(first)
+                    first
                 }
-                _ => None,
+                _ => return None,
             },
+            Fate::Overtaken => {
+                // Held back, a copy of it (the sender's buffer is its own again at the
+                // completion); one held before goes now, ahead of it.
+                let held = Held::copy(self.target, op, src, self.len);
+                if let Some(earlier) = held.and_then(|h| self.qp.hold(h)) {
+                    earlier.deliver(self.qp, self.keys);
+                }
+                self.qp.send_cq.note_work();
+                return Some(self.sent.clone());
+            }
+        };
+        // A message this one overtook arrives after it.
+        if let Some(h) = self.qp.take_held() {
+            h.deliver(self.qp, self.keys);
         }
+        Some(step)
     }
 
     /// An error the responder NAKs (class A/C): on RC the responder QP goes to ERR and the

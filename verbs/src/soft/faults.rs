@@ -9,10 +9,13 @@
 //! when the sender's CQ is polled then, as RNR retries do; on RC its completion comes with
 //! it). Each QP draws from its own generator (the seed and its QP number), so that one QP's
 //! posts meet the same fates in every run. With no plan the data path pays one predictable
-//! branch.
+//! branch. A reordered message (`reorder`) is overtaken by the QP's next one: RC sees the gap,
+//! and its go-back-N retransmission delivers both in order (counted as a retransmission); UC
+//! loses a message of several packets whose packets came out of order, and delivers a message
+//! of one packet, as UD does, after the next one (or on the sender's next CQ poll at least
+//! 100 us later, if none follows); the sender's completions stay in post order.
 //!
-//! Not yet: `reorder` (a plan naming it is refused, saying so), CQ overrun,
-//! connection-manager events lost or late.
+//! Not yet: CQ overrun, connection-manager events lost or late.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +39,8 @@ pub struct FaultPlan {
     pub dup: f64,
     /// Microseconds every message takes to reach its target (at most [`MAX_DELAY_US`]).
     pub delay_us: u32,
+    /// Probability that a message is overtaken by the next one, `0.0..=1.0`.
+    pub reorder: f64,
 }
 
 /// The longest `delay_us` a plan may give (10 s).
@@ -43,8 +48,8 @@ pub const MAX_DELAY_US: u32 = 10_000_000;
 
 impl FaultPlan {
     /// A plan from its text: `key=value` pairs separated by commas, keys `seed`, `drop`,
-    /// `dup` and `delay_us` (as in `seed=7,drop=0.01,delay_us=50`); anything else is refused
-    /// with why.
+    /// `dup`, `reorder` and `delay_us` (as in `seed=7,drop=0.01,reorder=0.1,delay_us=50`);
+    /// anything else is refused with why.
     pub fn parse(text: &str) -> Result<FaultPlan> {
         let bad = |why: String| Error::BadFaultPlan { text: text.to_owned(), why };
         let mut plan = FaultPlan::default();
@@ -75,12 +80,12 @@ impl FaultPlan {
                         }
                     }
                 }
-                "reorder" => {
+                "reorder" => plan.reorder = p()?,
+                _ => {
                     return Err(bad(format!(
-                        "{key}: not injected by soft yet (seed, drop, dup, delay_us are)"
+                        "unknown key `{key}` (seed, drop, dup, reorder, delay_us)"
                     )))
                 }
-                _ => return Err(bad(format!("unknown key `{key}` (seed, drop, dup, delay_us)"))),
             }
         }
         Ok(plan)
@@ -88,7 +93,7 @@ impl FaultPlan {
 
     /// Whether it does anything.
     fn active(&self) -> bool {
-        self.drop > 0.0 || self.dup > 0.0 || self.delay_us > 0
+        self.drop > 0.0 || self.dup > 0.0 || self.reorder > 0.0 || self.delay_us > 0
     }
 }
 
@@ -146,6 +151,8 @@ pub struct FaultCounts {
     pub duplicates_delivered: u64,
     /// Messages held for a plan's `delay_us`.
     pub delayed: u64,
+    /// Messages overtaken by the next one (`reorder`; RC's also count as retransmitted).
+    pub reordered: u64,
 }
 
 static DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -154,6 +161,7 @@ static RETRY_EXCEEDED: AtomicU64 = AtomicU64::new(0);
 static DUP_DISCARDED: AtomicU64 = AtomicU64::new(0);
 static DUP_DELIVERED: AtomicU64 = AtomicU64::new(0);
 static DELAYED: AtomicU64 = AtomicU64::new(0);
+static REORDERED: AtomicU64 = AtomicU64::new(0);
 
 /// The process's totals so far.
 pub fn counts() -> FaultCounts {
@@ -165,14 +173,17 @@ pub fn counts() -> FaultCounts {
         duplicates_discarded: l(&DUP_DISCARDED),
         duplicates_delivered: l(&DUP_DELIVERED),
         delayed: l(&DELAYED),
+        reordered: l(&REORDERED),
     }
 }
 
-/// A QP's plan and its generator (splitmix64).
+/// A QP's plan and its generator (splitmix64), and the message it holds back for the next one
+/// to overtake.
 #[derive(Debug)]
 pub(crate) struct QpFaults {
     plan: FaultPlan,
     state: u64,
+    pub(crate) held: Option<super::exec::Held>,
 }
 
 /// What the wire did to a message.
@@ -186,11 +197,14 @@ pub(crate) enum Fate {
     Lost,
     /// RC gave up: every try lost a packet.
     RetryExceeded,
+    /// Overtaken by the next message (UC of one packet, UD): its delivery is held back.
+    Overtaken,
 }
 
 impl QpFaults {
     pub(crate) fn new(plan: FaultPlan, qpn: u32) -> QpFaults {
-        QpFaults { plan, state: plan.seed ^ (u64::from(qpn) << 32 | u64::from(qpn)) }
+        let state = plan.seed ^ (u64::from(qpn) << 32 | u64::from(qpn));
+        QpFaults { plan, state, held: None }
     }
 
     /// How long a message is held before it goes on (counted as a delay), if at all.
@@ -250,6 +264,17 @@ impl QpFaults {
         } else if self.loses(packets) {
             return Fate::Lost;
         }
+        if self.plan.reorder > 0.0 && self.draw() < self.plan.reorder {
+            REORDERED.fetch_add(1, Ordering::Relaxed);
+            if reliable {
+                // The gap is NAKed and resent from: in order, a retransmission later.
+                RETRANSMITTED.fetch_add(1, Ordering::Relaxed);
+            } else if packets > 1 {
+                return Fate::Lost; // (UC: a packet out of order inside a message drops it)
+            } else {
+                return Fate::Overtaken;
+            }
+        }
         if self.plan.dup > 0.0 && self.draw() < self.plan.dup {
             if datagram {
                 DUP_DELIVERED.fetch_add(1, Ordering::Relaxed);
@@ -268,14 +293,15 @@ mod tests {
     #[test]
     fn plans_parse_and_bad_ones_say_why() {
         let p = FaultPlan::parse("seed=7,drop=0.01, dup=0.5,delay_us=20").unwrap();
-        assert_eq!(p, FaultPlan { seed: 7, drop: 0.01, dup: 0.5, delay_us: 20 });
+        assert_eq!(p, FaultPlan { seed: 7, drop: 0.01, dup: 0.5, delay_us: 20, reorder: 0.0 });
+        assert_eq!(FaultPlan::parse("reorder=0.25").unwrap().reorder, 0.25);
         assert_eq!(FaultPlan::parse("").unwrap(), FaultPlan::default());
         for (text, says) in [
             ("drop=2", "0.0 to 1.0"),
             ("drop", "not key=value"),
             ("seed=-1", "unsigned"),
             ("loss=0.1", "unknown key `loss`"),
-            ("reorder=0.1", "not injected by soft yet"),
+            ("reorder=1.5", "0.0 to 1.0"),
             ("delay_us=-5", "microseconds"),
             ("delay_us=20000000", "0 to 10000000"),
         ] {
@@ -286,7 +312,7 @@ mod tests {
 
     #[test]
     fn fates_are_the_seeds_and_follow_the_rates() {
-        let plan = FaultPlan { seed: 42, drop: 0.1, dup: 0.05, delay_us: 0 };
+        let plan = FaultPlan { seed: 42, drop: 0.1, dup: 0.05, ..FaultPlan::default() };
         let run = |qpn| {
             let mut f = QpFaults::new(plan, qpn);
             (0..10_000).map(|_| f.fate(8, 1024, false, 0, true)).collect::<Vec<_>>()
@@ -310,5 +336,11 @@ mod tests {
         assert!((40..120).contains(&gave_up), "{gave_up}: about 0.5^7 = 0.8 %");
         let mut f = QpFaults::new(FaultPlan { seed: 1, drop: 1.0, ..FaultPlan::default() }, 9);
         assert_eq!(f.fate(8, 1024, true, 3, false), Fate::RetryExceeded);
+        // Reordering: RC keeps its order (a retransmission), UC loses a message of several
+        // packets, a message of one is overtaken.
+        let mut f = QpFaults::new(FaultPlan { seed: 2, reorder: 1.0, ..FaultPlan::default() }, 9);
+        assert_eq!(f.fate(8, 1024, true, 6, false), Fate::Arrives);
+        assert_eq!(f.fate(4096, 1024, false, 0, false), Fate::Lost);
+        assert_eq!(f.fate(8, 1024, false, 0, true), Fate::Overtaken);
     }
 }

@@ -268,6 +268,38 @@ impl QpShared {
         }
     }
 
+    /// Holds back `h` to be overtaken; returns the message held before, if any.
+    #[cold]
+    pub(crate) fn hold(&self, h: super::exec::Held) -> Option<super::exec::Held> {
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        match f.as_mut() {
+            Some(f) => f.held.replace(h),
+            None => Some(h),
+        }
+    }
+
+    /// The message held back to be overtaken (`due`: only if its time has come).
+    #[cold]
+    pub(crate) fn take_held(&self) -> Option<super::exec::Held> {
+        self.take_held_if(|_| true)
+    }
+
+    fn take_held_if(&self, ok: impl Fn(&super::exec::Held) -> bool) -> Option<super::exec::Held> {
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        let f = f.as_mut()?;
+        if f.held.as_ref().is_some_and(ok) {
+            f.held.take()
+        } else {
+            None
+        }
+    }
+
+    /// Whether a message is held back (waiting for one to overtake it).
+    fn holds(&self) -> bool {
+        let f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        f.as_ref().is_some_and(|f| f.held.is_some())
+    }
+
     /// How long its plan holds a message it sends (counted), if it has a plan with a delay.
     #[cold]
     pub(crate) fn fault_delay(&self) -> Option<std::time::Duration> {
@@ -456,8 +488,18 @@ impl QpShared {
     /// timer is due. Returns whether work remains.
     pub(crate) fn progress(&self) -> bool {
         let mut sq = self.sq();
+        let mut held = false;
+        if self.anomalous() {
+            // A message held back to be overtaken goes once none came in time.
+            let now = Instant::now();
+            if let Some(h) = self.take_held_if(|h| h.due <= now) {
+                let mut keys = Fabric::get().keys_lazy();
+                h.deliver(self, keys.get());
+            }
+            held = self.holds();
+        }
         if sq.pending.is_empty() {
-            return false;
+            return held;
         }
         if self.state() == QpState::Err {
             self.flush_pending(&mut sq);
@@ -496,7 +538,7 @@ impl QpShared {
                 }
             }
         }
-        !sq.pending.is_empty()
+        !sq.pending.is_empty() || held
     }
 }
 

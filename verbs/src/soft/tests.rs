@@ -498,3 +498,83 @@ fn a_plans_delay_holds_messages_in_order_and_an_error_flushes_them() {
     assert_eq!(b.cq.poll(&mut wc).unwrap(), 0, "nothing held reached the receiver");
     a.qp.set_fault_plan(None);
 }
+
+/// A plan's reordering: UD messages arrive out of order, each once (a held one goes after the
+/// next, or on a later poll of the sender's CQ), while the sender's completions stay in post
+/// order; UC loses a message of several packets; RC keeps its order.
+#[test]
+fn a_plans_reordering_permutes_ud_loses_long_uc_and_keeps_rc_in_order() {
+    use crate::wr::UdDest;
+    let (mut a, mut b) = pair(QpType::Ud, QpAttr::default());
+    let gid = b._ctx.query_gid(1, 0).unwrap();
+    let ah_attr = AhAttr { port: 1, dlid: 0, dgid: gid, sgid_index: 0, hop_limit: 64 };
+    let ah = a.pd.create_ah(&ah_attr).unwrap();
+    const N: u64 = 32;
+    for i in 0..N {
+        let sge = [b.mr.sge(i as usize * 64, 64).unwrap()];
+        // SAFETY: the region outlives the receives (it is `b`'s).
+        unsafe { b.qp.post_recv(&[RecvWr { wr_id: i, sgl: &sge }]).unwrap() };
+    }
+    let before = faults::counts().reordered;
+    a.qp.set_fault_plan(Some(faults::FaultPlan { seed: 5, reorder: 0.5, ..Default::default() }));
+    for i in 0..N {
+        a.mr.write_at(i as usize * 8, &i.to_le_bytes()).unwrap();
+        let sge = [a.mr.sge(i as usize * 8, 8).unwrap()];
+        let dest = UdDest { ah: &ah, qpn: b.qp.qp_num(), qkey: DEFAULT_QKEY };
+        // SAFETY: the region outlives the completions polled below.
+        unsafe { a.qp.post_send(&[SendWr::new(i, SendOp::Send, &sge).to(dest)]).unwrap() };
+    }
+    let sent: Vec<u64> = (0..N).map(|_| poll_one(&a.cq).wr_id).collect();
+    assert_eq!(sent, (0..N).collect::<Vec<_>>(), "the sender completes in post order");
+    // (the last one held goes on a later poll of the sender's CQ)
+    let mut arrived = Vec::new();
+    let mut wc = [Wc::default(); 1];
+    for _ in 0..10_000 {
+        if arrived.len() as u64 == N {
+            break;
+        }
+        let _ = a.cq.poll(&mut wc).unwrap();
+        if b.cq.poll(&mut wc).unwrap() == 1 {
+            assert_eq!(wc[0].status, WcStatus::Success);
+            let mut got = [0u8; 8];
+            b.mr.read_at(wc[0].wr_id as usize * 64 + 40, &mut got).unwrap();
+            arrived.push(u64::from_le_bytes(got));
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+    let mut sorted = arrived.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..N).collect::<Vec<_>>(), "each once: {arrived:?}");
+    assert_ne!(arrived, sorted, "some out of order");
+    assert!(faults::counts().reordered > before);
+    a.qp.set_fault_plan(None);
+
+    // UC: a message of 4 packets reordered is lost; RC delivers in order.
+    let every = faults::FaultPlan { seed: 5, reorder: 1.0, ..Default::default() };
+    let attr = QpAttr { path_mtu: Mtu::Mtu1024, ..QpAttr::default() };
+    let (mut a, mut b) = pair(QpType::Uc, attr);
+    let sge = [b.mr.sge(0, 4096).unwrap()];
+    // SAFETY: as above.
+    unsafe { b.qp.post_recv(&[RecvWr { wr_id: 1, sgl: &sge }]).unwrap() };
+    a.qp.set_fault_plan(Some(every));
+    let sge = [a.mr.sge(0, 4096).unwrap()];
+    // SAFETY: as above.
+    unsafe { a.qp.post_send(&[SendWr::new(1, SendOp::Send, &sge)]).unwrap() };
+    assert_eq!(poll_one(&a.cq).status, WcStatus::Success);
+    assert_eq!(b.cq.poll(&mut wc).unwrap(), 0, "UC lost the message");
+    let (mut a, mut b) = pair(QpType::Rc, QpAttr::default());
+    for i in 0..4u64 {
+        let sge = [b.mr.sge(i as usize * 64, 64).unwrap()];
+        // SAFETY: as above.
+        unsafe { b.qp.post_recv(&[RecvWr { wr_id: i, sgl: &sge }]).unwrap() };
+    }
+    a.qp.set_fault_plan(Some(every));
+    for i in 0..4u64 {
+        let sge = [a.mr.sge(i as usize * 8, 8).unwrap()];
+        // SAFETY: as above.
+        unsafe { a.qp.post_send(&[SendWr::new(i, SendOp::Send, &sge)]).unwrap() };
+    }
+    let rc: Vec<u64> = (0..4).map(|_| poll_one(&b.cq).wr_id).collect();
+    assert_eq!(rc, vec![0, 1, 2, 3], "RC in order");
+}
