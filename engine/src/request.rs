@@ -183,6 +183,10 @@ pub struct Done<B> {
     pub buf: Option<B>,
     /// An atomic's old value.
     pub old_value: Option<u64>,
+    /// For a request flushed (`WrFlushErr`) because its connection closed: why it closed, the
+    /// root cause (a failed request among them ended with that status itself, and `None`
+    /// here). A consequence, not a failure of its own.
+    pub closed_by: Option<CloseReason>,
 }
 
 /// An incoming message: a send, or a write-with-immediate's notice.
@@ -217,7 +221,7 @@ pub struct ConnInfo {
 }
 
 /// Why a connection closed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CloseReason {
     /// This side asked.
     Local,

@@ -44,7 +44,7 @@ impl Handler<Soft> for Watcher {
     }
 
     fn on_closed(&mut self, _cx: &mut Cx<Soft>, conn: ConnId, reason: &CloseReason) {
-        let _ = self.0.send(Seen::Closed(conn, reason.clone()));
+        let _ = self.0.send(Seen::Closed(conn, *reason));
     }
 }
 

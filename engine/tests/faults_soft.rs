@@ -2,8 +2,9 @@
 //! seed): with 10 % of packets dropped and 5 % duplicated each way, RC resends what was lost
 //! and throws duplicates away, so every one of 2,000 messages is echoed once, in order (and
 //! so with every message held 500 us each way and 20 % reordered); with
-//! every packet dropped, the first send fails with `RetryExcErr` after the lane's retries and
-//! the connection closes with that reason.
+//! every packet dropped, the first send fails with `RetryExcErr` after the lane's retries, the
+//! two behind it are flushed as its consequences (`Done::closed_by`), and the connection closes
+//! with that reason.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -118,14 +119,13 @@ fn a_wire_that_drops_everything_fails_the_first_send_after_its_retries() {
     let server = engine("10.83.0.3:7000");
     let mut client_engine = engine("10.83.0.4:7000");
     let (mut c, conn) = connect(&mut client_engine, addr);
-    c.submit(conn, Op::Send { buf: b"lost".to_vec(), imm: None }, 5).unwrap();
-    let mut failed = false;
+    for token in 5..8 {
+        c.submit(conn, Op::Send { buf: b"lost".to_vec(), imm: None }, token).unwrap();
+    }
+    let mut ends = Vec::new();
     loop {
         match c.wait(HANG) {
-            Some(Event::Done(d)) => {
-                assert_eq!((d.token, d.status), (5, WcStatus::RetryExcErr));
-                failed = true;
-            }
+            Some(Event::Done(d)) => ends.push((d.token, d.status, d.closed_by)),
             Some(Event::Closed { conn: x, reason }) => {
                 assert_eq!((x, reason), (conn, CloseReason::Error(WcStatus::RetryExcErr)));
                 break;
@@ -133,7 +133,16 @@ fn a_wire_that_drops_everything_fails_the_first_send_after_its_retries() {
             other => panic!("{other:?}"),
         }
     }
-    assert!(failed, "the send's own end came first");
+    // The root cause as such; the two behind it as its consequences.
+    let cause = Some(CloseReason::Error(WcStatus::RetryExcErr));
+    assert_eq!(
+        ends,
+        vec![
+            (5, WcStatus::RetryExcErr, None),
+            (6, WcStatus::WrFlushErr, cause),
+            (7, WcStatus::WrFlushErr, cause)
+        ]
+    );
     faults::clear_at(addr);
     drop(c);
     client_engine.shutdown().unwrap();

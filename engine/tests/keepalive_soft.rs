@@ -25,7 +25,7 @@ impl Handler<Soft> for Server {
     }
 
     fn on_closed(&mut self, _cx: &mut Cx<Soft>, _conn: ConnId, reason: &CloseReason) {
-        let _ = self.0.send(reason.clone());
+        let _ = self.0.send(*reason);
     }
 }
 

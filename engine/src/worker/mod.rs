@@ -582,7 +582,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             }
         });
         conns.release_drained(|c| {
-            let reason = c.reason.clone().unwrap_or(CloseReason::Local);
+            let reason = c.reason.unwrap_or(CloseReason::Local);
             for lane in c.lanes {
                 outbox.tell_control(ToControl::Release { cm_key: lane.cm_key, qp: lane.qp });
             }

@@ -23,11 +23,13 @@ impl<P: Provider> Notice<P> {
     /// The notice telling the issuer of request `id` (taken out as `r`) that it ended with
     /// `status` off the device. `data` is an external client's vector (see `Requests`).
     /// `None` for the worker's own keepalive probe, which nobody waits for.
+    /// `closed_by`: the close it is a consequence of, if any.
     pub(crate) fn failed(
         id: ReqId,
         r: Req<P>,
         status: WcStatus,
         data: Vec<u8>,
+        closed_by: Option<CloseReason>,
     ) -> Option<Notice<P>> {
         Some(match r.origin {
             Origin::Keepalive => return None,
@@ -38,9 +40,11 @@ impl<P: Provider> Notice<P> {
                 status,
                 buf: Some(r.buf),
                 old_value: None,
+                closed_by,
             }),
             Origin::Client(n) => {
-                Notice::Client(n, Event::Done(Retired::of(id, r).client_done(status, data, None)))
+                let done = Retired::of(id, r).client_done(status, data, None, closed_by);
+                Notice::Client(n, Event::Done(done))
             }
         })
     }

@@ -56,6 +56,7 @@ impl<P: Provider> Retired<P> {
         status: WcStatus,
         mut data: Vec<u8>,
         old_value: Option<u64>,
+        closed_by: Option<crate::request::CloseReason>,
     ) -> Done<Vec<u8>> {
         let buf = match self.kind {
             OpKind::FetchAdd | OpKind::CompareSwap => None,
@@ -66,7 +67,8 @@ impl<P: Provider> Retired<P> {
             }
             _ => Some(data),
         };
-        Done { conn: self.conn, token: self.token, kind: self.kind, status, buf, old_value }
+        let (conn, token, kind) = (self.conn, self.token, self.kind);
+        Done { conn, token, kind, status, buf, old_value, closed_by }
     }
 }
 
@@ -234,7 +236,7 @@ impl<P: Provider> Requests<P> {
         while let Some(n) = next {
             let Some((r, data)) = self.remove(n) else { break };
             next = r.next;
-            if let Some(n) = Notice::failed(n, r, status, data) {
+            if let Some(n) = Notice::failed(n, r, status, data, None) {
                 outbox.notify(n);
             }
         }

@@ -76,11 +76,17 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             }
             _ => None,
         };
+        // A flush is its connection's close's consequence: it says which close.
+        let closed_by = if status == WcStatus::WrFlushErr {
+            self.cx.conns.get(r.conn).ok().and_then(|c| c.reason)
+        } else {
+            None
+        };
         match r.origin {
             Origin::Handler => {
                 self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
                 let Retired { conn, token, kind, buf, .. } = r;
-                let done = Done { conn, token, kind, status, buf: Some(buf), old_value };
+                let done = Done { conn, token, kind, status, buf: Some(buf), old_value, closed_by };
                 self.handler.on_completion(&mut self.cx, done);
             }
             // (its buffer goes back to the pool; a failure closed its connection above)
@@ -88,7 +94,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             Origin::Client(n) => {
                 self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
                 let ext = self.cx.reqs.vector(r.id, r.origin);
-                let done = r.client_done(status, ext, old_value);
+                let done = r.client_done(status, ext, old_value, closed_by);
                 self.clients.tell(n, crate::client::Event::Done(done));
             }
         }

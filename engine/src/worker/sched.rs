@@ -64,7 +64,7 @@ fn flush_waiting<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
     for q in c.waiting.queues.iter_mut() {
         while let Some(id) = q.pop(x.reqs.slab()) {
             if let Some((r, data)) = x.reqs.remove(id) {
-                if let Some(n) = Notice::failed(id, r, WcStatus::WrFlushErr, data) {
+                if let Some(n) = Notice::failed(id, r, WcStatus::WrFlushErr, data, c.reason) {
                     x.outbox.notify(n);
                 }
             }
