@@ -29,9 +29,14 @@ impl Handler<Soft> for Echo {
 }
 
 fn engine(listen: &str) -> Engine<Soft> {
+    engine_with(listen, "")
+}
+
+/// An echoing engine listening on `listen`, with `worker` added to its `[worker]` table.
+fn engine_with(listen: &str, worker: &str) -> Engine<Soft> {
     let text = format!(
         "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{listen}\"\n\
-         [worker]\nidle_after_us = 1000"
+         [worker]\nidle_after_us = 1000\n{worker}"
     );
     let v = parse(&text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
     Engine::<Soft>::start(&v, Placement::RoundRobin, |_| Echo).unwrap()
@@ -55,10 +60,21 @@ fn echo_all(
     plan: FaultPlan,
     n: u32,
 ) -> (faults::FaultCounts, faults::FaultCounts) {
+    echo_all_with(server_at, client_at, plan, n, "")
+}
+
+/// [`echo_all`] with `worker` added to both engines' `[worker]` tables.
+fn echo_all_with(
+    server_at: &str,
+    client_at: &str,
+    plan: FaultPlan,
+    n: u32,
+    worker: &str,
+) -> (faults::FaultCounts, faults::FaultCounts) {
     let addr: SocketAddr = server_at.parse().unwrap();
     faults::plan_at(addr, plan);
-    let server = engine(server_at);
-    let mut client_engine = engine(client_at);
+    let server = engine_with(server_at, worker);
+    let mut client_engine = engine_with(client_at, worker);
     let (mut c, conn) = connect(&mut client_engine, addr);
     let before = faults::counts();
     const WINDOW: u32 = 16;
@@ -110,6 +126,16 @@ fn a_delay_and_reordering_cost_time_not_messages_or_their_order() {
     let (before, after) = echo_all("10.83.0.5:7000", "10.83.0.6:7000", plan, 300);
     assert!(after.delayed >= before.delayed + 600, "{after:?}: each message and its echo held");
     assert!(after.reordered > before.reordered, "{after:?}");
+}
+
+/// Receivers that withhold their receives 30 % of the time (an RNR storm) cost RNR waits and
+/// retries (`rnr_retry = 7`: for ever), not messages or their order.
+#[test]
+fn an_rnr_storm_costs_waits_not_messages() {
+    let plan = FaultPlan { seed: 13, rnr: 0.3, ..Default::default() };
+    let keys = "rnr_retry = 7\nmin_rnr_timer = 1";
+    let (before, after) = echo_all_with("10.83.0.7:7000", "10.83.0.8:7000", plan, 500, keys);
+    assert!(after.rnr_naks > before.rnr_naks, "{after:?}");
 }
 
 #[test]

@@ -447,6 +447,16 @@ impl Responder<'_> {
                 return Some(Step::Later(wait));
             }
         }
+        let needs_recv = matches!(op, Op::Send(_) | Op::Write(_, Some(_)));
+        if needs_recv && self.qp.fault_withholds() {
+            // No receive this time: what the transport does without one.
+            return Some(if self.reliable {
+                Step::Rnr(self.target.rnr_wait())
+            } else {
+                self.target.dropped.fetch_add(1, Ordering::Relaxed);
+                self.sent.clone()
+            });
+        }
         let step = match self.qp.fate(self.len) {
             Fate::Arrives if self.reliable => return None,
             Fate::Arrives => match op {

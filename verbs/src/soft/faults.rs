@@ -15,6 +15,9 @@
 //! of one packet, as UD does, after the next one (or on the sender's next CQ poll at least
 //! 100 us later, if none follows); the sender's completions stay in post order.
 //!
+//! A plan's `rnr` has a message that needs a receive find none now and then, as if its receiver
+//! withheld them (an RNR storm): RC waits and tries again, within its `rnr_retry`.
+//!
 //! Not yet: CQ overrun, connection-manager events lost or late.
 
 use std::net::SocketAddr;
@@ -41,6 +44,10 @@ pub struct FaultPlan {
     pub delay_us: u32,
     /// Probability that a message is overtaken by the next one, `0.0..=1.0`.
     pub reorder: f64,
+    /// Probability that a message that needs a receive finds none (as if the receiver withheld
+    /// its receives: an RNR storm), `0.0..=1.0`: RC waits the responder's RNR timer and tries
+    /// again (`rnr_retry` times, 7 for ever; then `RnrRetryExcErr`), UC and UD drop it.
+    pub rnr: f64,
 }
 
 /// The longest `delay_us` a plan may give (10 s).
@@ -48,7 +55,7 @@ pub const MAX_DELAY_US: u32 = 10_000_000;
 
 impl FaultPlan {
     /// A plan from its text: `key=value` pairs separated by commas, keys `seed`, `drop`,
-    /// `dup`, `reorder` and `delay_us` (as in `seed=7,drop=0.01,reorder=0.1,delay_us=50`);
+    /// `dup`, `reorder`, `delay_us` and `rnr` (as in `seed=7,drop=0.01,reorder=0.1,delay_us=50`);
     /// anything else is refused with why.
     pub fn parse(text: &str) -> Result<FaultPlan> {
         let bad = |why: String| Error::BadFaultPlan { text: text.to_owned(), why };
@@ -81,9 +88,10 @@ impl FaultPlan {
                     }
                 }
                 "reorder" => plan.reorder = p()?,
+                "rnr" => plan.rnr = p()?,
                 _ => {
                     return Err(bad(format!(
-                        "unknown key `{key}` (seed, drop, dup, reorder, delay_us)"
+                        "unknown key `{key}` (seed, drop, dup, reorder, delay_us, rnr)"
                     )))
                 }
             }
@@ -93,7 +101,11 @@ impl FaultPlan {
 
     /// Whether it does anything.
     fn active(&self) -> bool {
-        self.drop > 0.0 || self.dup > 0.0 || self.reorder > 0.0 || self.delay_us > 0
+        self.drop > 0.0
+            || self.dup > 0.0
+            || self.reorder > 0.0
+            || self.delay_us > 0
+            || self.rnr > 0.0
     }
 }
 
@@ -153,6 +165,8 @@ pub struct FaultCounts {
     pub delayed: u64,
     /// Messages overtaken by the next one (`reorder`; RC's also count as retransmitted).
     pub reordered: u64,
+    /// Messages that found no receive for a plan's `rnr` (each try counts).
+    pub rnr_naks: u64,
 }
 
 static DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -162,6 +176,7 @@ static DUP_DISCARDED: AtomicU64 = AtomicU64::new(0);
 static DUP_DELIVERED: AtomicU64 = AtomicU64::new(0);
 static DELAYED: AtomicU64 = AtomicU64::new(0);
 static REORDERED: AtomicU64 = AtomicU64::new(0);
+static RNR_NAKS: AtomicU64 = AtomicU64::new(0);
 
 /// The process's totals so far.
 pub fn counts() -> FaultCounts {
@@ -174,6 +189,7 @@ pub fn counts() -> FaultCounts {
         duplicates_delivered: l(&DUP_DELIVERED),
         delayed: l(&DELAYED),
         reordered: l(&REORDERED),
+        rnr_naks: l(&RNR_NAKS),
     }
 }
 
@@ -214,6 +230,15 @@ impl QpFaults {
         }
         DELAYED.fetch_add(1, Ordering::Relaxed);
         Some(std::time::Duration::from_micros(u64::from(self.plan.delay_us)))
+    }
+
+    /// Whether a message that needs a receive finds none this try (counted).
+    pub(crate) fn withholds(&mut self) -> bool {
+        if self.plan.rnr <= 0.0 || self.draw() >= self.plan.rnr {
+            return false;
+        }
+        RNR_NAKS.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// A uniform draw in `0.0..1.0`.
@@ -293,8 +318,12 @@ mod tests {
     #[test]
     fn plans_parse_and_bad_ones_say_why() {
         let p = FaultPlan::parse("seed=7,drop=0.01, dup=0.5,delay_us=20").unwrap();
-        assert_eq!(p, FaultPlan { seed: 7, drop: 0.01, dup: 0.5, delay_us: 20, reorder: 0.0 });
+        assert_eq!(
+            p,
+            FaultPlan { seed: 7, drop: 0.01, dup: 0.5, delay_us: 20, ..FaultPlan::default() }
+        );
         assert_eq!(FaultPlan::parse("reorder=0.25").unwrap().reorder, 0.25);
+        assert_eq!(FaultPlan::parse("rnr=0.5").unwrap().rnr, 0.5);
         assert_eq!(FaultPlan::parse("").unwrap(), FaultPlan::default());
         for (text, says) in [
             ("drop=2", "0.0 to 1.0"),

@@ -300,6 +300,13 @@ impl QpShared {
         f.as_ref().is_some_and(|f| f.held.is_some())
     }
 
+    /// Whether its plan has a message it sends find no receive this try (counted).
+    #[cold]
+    pub(crate) fn fault_withholds(&self) -> bool {
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        f.as_mut().is_some_and(|f| f.withholds())
+    }
+
     /// How long its plan holds a message it sends (counted), if it has a plan with a delay.
     #[cold]
     pub(crate) fn fault_delay(&self) -> Option<std::time::Duration> {

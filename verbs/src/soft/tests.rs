@@ -578,3 +578,24 @@ fn a_plans_reordering_permutes_ud_loses_long_uc_and_keeps_rc_in_order() {
     let rc: Vec<u64> = (0..4).map(|_| poll_one(&b.cq).wr_id).collect();
     assert_eq!(rc, vec![0, 1, 2, 3], "RC in order");
 }
+
+/// A plan's `rnr`: an RC send that never finds a receive fails with `RnrRetryExcErr` after the
+/// QP's `rnr_retry`, its receive untaken; the plan counts each try.
+#[test]
+fn a_plans_rnr_storm_exhausts_rc_retries_and_drops_ud() {
+    let attr = QpAttr { rnr_retry: 2, min_rnr_timer: 1, ..QpAttr::default() };
+    let (mut a, mut b) = pair(QpType::Rc, attr);
+    let sge = [b.mr.sge(0, 64).unwrap()];
+    // SAFETY: the region outlives the receive (it is `b`'s).
+    unsafe { b.qp.post_recv(&[RecvWr { wr_id: 1, sgl: &sge }]).unwrap() };
+    let before = faults::counts().rnr_naks;
+    a.qp.set_fault_plan(Some(faults::FaultPlan { seed: 4, rnr: 1.0, ..Default::default() }));
+    let sge = [a.mr.sge(0, 8).unwrap()];
+    // SAFETY: the region outlives the completion polled below.
+    unsafe { a.qp.post_send(&[SendWr::new(7, SendOp::Send, &sge)]).unwrap() };
+    let wc = poll_one(&a.cq);
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::RnrRetryExcErr));
+    assert_eq!(faults::counts().rnr_naks, before + 3, "the first try and 2 retries");
+    let mut got = [Wc::default(); 1];
+    assert_eq!(b.cq.poll(&mut got).unwrap(), 0, "the receive was never taken");
+}
