@@ -17,7 +17,14 @@ use corelink_rpc::SessionEvent;
 #[test]
 fn every_call_ends_once_and_runs_at_most_once_under_drops_duplicates_reordering_and_delay() {
     let site = Site::soft("10.98.31.1");
-    let plan = FaultPlan { seed: 9, drop: 0.2, dup: 0.2, reorder: 0.1, delay_us: 200, rnr: 0.0 };
+    let plan = FaultPlan {
+        seed: 9,
+        drop: 0.2,
+        dup: 0.2,
+        reorder: 0.1,
+        delay_us: 200,
+        ..Default::default()
+    };
     faults::plan_at(site.listen, plan);
     const N: u64 = 500;
     let (tx, rx) = outcomes();
