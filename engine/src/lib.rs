@@ -11,6 +11,35 @@
 //!   own threads through a [`Client`];
 //! - per-worker [`Metrics`], [`tunables`] in one place, and a graceful shutdown ([`Engine`]).
 //!
+//! # The contract under faults
+//!
+//! What the engine promises whatever the wire, the peer or the device does (tested on `soft`
+//! under seeded fault plans, `engine/tests/contract_soft.rs`, `faults_soft.rs`,
+//! `keepalive_soft.rs`, `early_soft.rs`, and on rxe in the guest batch):
+//! - **Every request accepted ends exactly once**, for a handler ([`Handler::on_completion`])
+//!   and for a [`Client`] ([`Event::Done`], or [`Event::Refused`] when the worker refuses it
+//!   as it takes it): success or an error, never twice, never silently. A request refused at
+//!   submission comes back at once with its operation and the reason, and never started.
+//! - **The root cause reaches its requester as such**: the request that failed ends with its
+//!   own status (`RetryExcErr`, `RnrRetryExcErr`, a protection error...), its connection closes
+//!   with [`CloseReason::Error`] of it, and the requests flushed because of that close end with
+//!   `WrFlushErr` and name it in [`Done::closed_by`]: consequences, not failures of their own.
+//! - **A peer that dies is seen in bounded time**, on a busy connection within
+//!   (`worker.retry_cnt` + 1) x 4.096 us x 2^`worker.timeout` (about 0.47 s by default), on an
+//!   idle one within `worker.keepalive_ms` more (a zero-length write probes it;
+//!   [`CloseReason::Unanswered`]).
+//! - **A connection's receives are posted before its peer can send** (the worker posts them
+//!   on its QPs before the connection manager's exchange), so a peer that sends at once meets
+//!   no receiver-not-ready NAK; what arrives before the worker has the connection is delivered
+//!   after [`Handler::on_connected`], in order ([`Metrics::early_receives`]).
+//! - **Every message that completed at the receiver reaches its handler or client**, before
+//!   the connection's close, however it closes.
+//! - **Shutdown ends** with requests in flight under any fault: each ends (flushed at worst)
+//!   within a grace period, and every connection closes.
+//!
+//! Reconnecting is the application's: a closed connection stays closed, and a new `connect`
+//! takes QPs from the worker's pool.
+//!
 //! # Examples
 //!
 //! An engine on the in-process `soft` provider that connects to itself: a [`Client`] on the
