@@ -66,7 +66,15 @@ fn plans() -> Vec<(&'static str, FaultPlan)> {
         ("drop 15 % (closes)", FaultPlan { seed: 4, drop: 0.15, ..p() }),
         (
             "everything",
-            FaultPlan { seed: 5, drop: 0.1, dup: 0.05, reorder: 0.05, delay_us: 20, rnr: 0.05 },
+            FaultPlan {
+                seed: 5,
+                drop: 0.1,
+                dup: 0.05,
+                reorder: 0.05,
+                delay_us: 20,
+                rnr: 0.05,
+                ..p()
+            },
         ),
     ]
 }
@@ -284,8 +292,7 @@ fn rpc_engine<S: Service<Soft> + 'static>(
     let res = map.map.worker.clone();
     Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| {
         let mut ep = Endpoint::new(EndpointConfig::for_worker(&res), &res).expect("an endpoint");
-        ep.register(ECHO, |req, resp| resp.write(req.data).map_err(|_| Reject(1)))
-            .expect("ECHO");
+        ep.register(ECHO, |req, resp| resp.write(req.data).map_err(|_| Reject(1))).expect("ECHO");
         RpcHandler::new(ep, make())
     })
     .map_err(|e| chain(&e).to_string())
@@ -317,10 +324,9 @@ fn delta(a: &FaultCounts, b: &FaultCounts) -> String {
 fn run(cli: &Cli) -> Result<bool, String> {
     let (one_sided_at, rpc_at) = ("10.91.0.1:7000", "10.91.0.3:7000");
     let counts = Arc::new(Counts::default());
-    let granter = Engine::<Soft>::start(&map(one_sided_at)?, Placement::RoundRobin, |_| {
-        Granter::default()
-    })
-    .map_err(|e| chain(&e).to_string())?;
+    let granter =
+        Engine::<Soft>::start(&map(one_sided_at)?, Placement::RoundRobin, |_| Granter::default())
+            .map_err(|e| chain(&e).to_string())?;
     let c2 = counts.clone();
     let to: SocketAddr = one_sided_at.parse().map_err(|e| format!("{e}"))?;
     let issuer = Engine::<Soft>::start(&map("10.91.0.2:7000")?, Placement::RoundRobin, move |_| {

@@ -220,7 +220,15 @@ fn client_run(c: &mut Client, to: SocketAddr, ledger: &Mutex<Ledger>) {
 #[test]
 fn every_request_of_both_issuers_ends_once_under_a_seeded_fault_plan() {
     let to: SocketAddr = "10.84.0.1:7000".parse().unwrap();
-    let plan = FaultPlan { seed: 21, drop: 0.1, dup: 0.05, reorder: 0.05, delay_us: 20, rnr: 0.05 };
+    let plan = FaultPlan {
+        seed: 21,
+        drop: 0.1,
+        dup: 0.05,
+        reorder: 0.05,
+        delay_us: 20,
+        rnr: 0.05,
+        ..Default::default()
+    };
     faults::plan_at(to, plan);
     let before = faults::counts();
     let server =
@@ -277,6 +285,7 @@ fn every_request_of_both_issuers_ends_once_under_a_seeded_fault_plan() {
             delayed: after.delayed - before.delayed,
             reordered: after.reordered - before.reordered,
             rnr_naks: after.rnr_naks - before.rnr_naks,
+            cm_events_lost: after.cm_events_lost - before.cm_events_lost,
         }
     );
     assert!(by_status.get(&Some(WcStatus::Success)).copied().unwrap_or(0) > PER_ISSUER);

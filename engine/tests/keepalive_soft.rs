@@ -137,3 +137,28 @@ fn with_keepalive_off_nothing_is_probed() {
     client_engine.shutdown().unwrap();
     server.shutdown().unwrap();
 }
+
+/// A peer's disconnect that the connection manager loses (`cm_drop`): the far end never hears
+/// of it, and its keepalive finds out (the probe is not answered), closing it as unanswered
+/// instead of leaving it open for ever.
+#[test]
+fn a_disconnect_the_connection_manager_loses_is_found_by_the_keepalive() {
+    let addr: SocketAddr = "10.77.0.7:7000".parse().unwrap();
+    let before = faults::counts().cm_events_lost;
+    faults::plan_at(addr, faults::FaultPlan { seed: 1, cm_drop: 1.0, ..Default::default() });
+    let (server, closes) = engine("10.77.0.7:7000", 100);
+    let (mut client_engine, _) = engine("10.77.0.8:7000", 100);
+    let (mut client, conn) = connect(&mut client_engine, addr);
+    client.close(conn).unwrap();
+    match client.wait(HANG) {
+        Some(Event::Closed { reason, .. }) => assert_eq!(reason, CloseReason::Local),
+        other => panic!("the client's close: {other:?}"),
+    }
+    let unanswered = CloseReason::Unanswered(WcStatus::RetryExcErr);
+    assert_eq!(closes.recv_timeout(HANG).unwrap(), unanswered, "found by the keepalive");
+    assert!(faults::counts().cm_events_lost > before);
+    faults::clear_at(addr);
+    drop(client);
+    client_engine.shutdown().unwrap();
+    server.shutdown().unwrap();
+}

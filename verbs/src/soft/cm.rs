@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -166,6 +166,8 @@ struct Link {
     /// The fault plan of its listener when it was made (`soft::faults::plan_at`), for both
     /// ends' QPs.
     plan: Option<super::faults::FaultPlan>,
+    /// Its connection-manager events sent so far (what the plan's `cm_drop` draws from).
+    cm_events: AtomicU64,
 }
 
 impl Link {
@@ -177,6 +179,7 @@ impl Link {
             qps: Mutex::new([Weak::new(), Weak::new()]),
             cut: AtomicBool::new(false),
             plan: super::faults::at(listener),
+            cm_events: AtomicU64::new(0),
         });
         let mut links = lock(&LINKS);
         if links.len() >= 64 && links.len().is_power_of_two() {
@@ -627,12 +630,18 @@ impl crate::Connection for SoftConnection {
         if let Some(qp) = self.qp.upgrade() {
             qp.set_error();
         }
-        // (Across a cut wire only this side hears it.)
+        // (Across a cut wire only this side hears it; a plan's cm_drop may lose it there.)
         let cut = self.link.cut.load(Ordering::Acquire);
         for (i, side) in self.link.sides.iter().enumerate() {
-            if i == self.side || !cut {
-                side.update(|q| q.push_back(CmEvent::Disconnected));
+            let far = i != self.side;
+            if far && cut {
+                continue;
             }
+            let n = self.link.cm_events.fetch_add(1, Ordering::Relaxed);
+            if far && self.link.plan.is_some_and(|p| p.loses_cm_event(n)) {
+                continue;
+            }
+            side.update(|q| q.push_back(CmEvent::Disconnected));
         }
         Ok(())
     }

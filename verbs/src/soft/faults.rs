@@ -18,7 +18,10 @@
 //! A plan's `rnr` has a message that needs a receive find none now and then, as if its receiver
 //! withheld them (an RNR storm): RC waits and tries again, within its `rnr_retry`.
 //!
-//! Not yet: CQ overrun, connection-manager events lost or late.
+//! A plan's `cm_drop` loses the connection manager's word of a disconnect to the far end now
+//! and then: that end hears nothing, as when the message is lost on a real fabric.
+//!
+//! Not yet: CQ overrun, connection-manager events late.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,6 +51,10 @@ pub struct FaultPlan {
     /// its receives: an RNR storm), `0.0..=1.0`: RC waits the responder's RNR timer and tries
     /// again (`rnr_retry` times, 7 for ever; then `RnrRetryExcErr`), UC and UD drop it.
     pub rnr: f64,
+    /// Probability that a connection-manager event for the far end of a connection (its
+    /// peer's disconnect) is lost, `0.0..=1.0`: that end hears nothing and finds out as a NIC
+    /// would let it (its next request, or a keepalive probe, is not answered).
+    pub cm_drop: f64,
 }
 
 /// The longest `delay_us` a plan may give (10 s).
@@ -89,9 +96,10 @@ impl FaultPlan {
                 }
                 "reorder" => plan.reorder = p()?,
                 "rnr" => plan.rnr = p()?,
+                "cm_drop" => plan.cm_drop = p()?,
                 _ => {
                     return Err(bad(format!(
-                        "unknown key `{key}` (seed, drop, dup, reorder, delay_us, rnr)"
+                        "unknown key `{key}` (seed, drop, dup, reorder, delay_us, rnr, cm_drop)"
                     )))
                 }
             }
@@ -106,6 +114,20 @@ impl FaultPlan {
             || self.reorder > 0.0
             || self.delay_us > 0
             || self.rnr > 0.0
+            || self.cm_drop > 0.0
+    }
+
+    /// Whether the `n`-th connection-manager event of a connection is lost (counted).
+    pub(crate) fn loses_cm_event(&self, n: u64) -> bool {
+        if self.cm_drop <= 0.0 {
+            return false;
+        }
+        let mut g = QpFaults::new(*self, (n as u32) ^ 0x00c0_ffee);
+        let lost = g.draw() < self.cm_drop;
+        if lost {
+            CM_LOST.fetch_add(1, Ordering::Relaxed);
+        }
+        lost
     }
 }
 
@@ -167,6 +189,8 @@ pub struct FaultCounts {
     pub reordered: u64,
     /// Messages that found no receive for a plan's `rnr` (each try counts).
     pub rnr_naks: u64,
+    /// Connection-manager events lost (`cm_drop`).
+    pub cm_events_lost: u64,
 }
 
 static DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -177,6 +201,7 @@ static DUP_DELIVERED: AtomicU64 = AtomicU64::new(0);
 static DELAYED: AtomicU64 = AtomicU64::new(0);
 static REORDERED: AtomicU64 = AtomicU64::new(0);
 static RNR_NAKS: AtomicU64 = AtomicU64::new(0);
+static CM_LOST: AtomicU64 = AtomicU64::new(0);
 
 /// The process's totals so far.
 pub fn counts() -> FaultCounts {
@@ -190,6 +215,7 @@ pub fn counts() -> FaultCounts {
         delayed: l(&DELAYED),
         reordered: l(&REORDERED),
         rnr_naks: l(&RNR_NAKS),
+        cm_events_lost: l(&CM_LOST),
     }
 }
 
@@ -324,6 +350,7 @@ mod tests {
         );
         assert_eq!(FaultPlan::parse("reorder=0.25").unwrap().reorder, 0.25);
         assert_eq!(FaultPlan::parse("rnr=0.5").unwrap().rnr, 0.5);
+        assert_eq!(FaultPlan::parse("cm_drop=1").unwrap().cm_drop, 1.0);
         assert_eq!(FaultPlan::parse("").unwrap(), FaultPlan::default());
         for (text, says) in [
             ("drop=2", "0.0 to 1.0"),
