@@ -65,9 +65,35 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
     }
 
-    /// Tells the issuer of a request (just taken out as `r`) how it ended.
+    /// Why connection `conn` is closing, if it is (off the hot path: flushes only).
+    #[cold]
+    #[inline(never)]
+    fn close_reason(&self, conn: crate::request::ConnId) -> Option<crate::request::CloseReason> {
+        self.cx.conns.get(conn).ok().and_then(|c| c.reason)
+    }
+
+    /// Tells the issuer of a request (just taken out as `r`) how it ended; a flush names the
+    /// close it is a consequence of (looked up off the success path).
     #[inline(always)]
     pub(super) fn complete(&mut self, r: Retired<P>, status: WcStatus) {
+        if status == WcStatus::Success {
+            self.complete_as(r, status, None)
+        } else {
+            self.complete_failed(r, status)
+        }
+    }
+
+    /// [`Worker::complete`] of a request that failed or was flushed.
+    #[cold]
+    #[inline(never)]
+    fn complete_failed(&mut self, r: Retired<P>, status: WcStatus) {
+        let closed_by =
+            if status == WcStatus::WrFlushErr { self.close_reason(r.conn) } else { None };
+        self.complete_as(r, status, closed_by)
+    }
+
+    #[inline(always)]
+    fn complete_as(&mut self, r: Retired<P>, status: WcStatus, closed_by: Option<CloseReason>) {
         let old_value = match r.kind {
             OpKind::FetchAdd | OpKind::CompareSwap if status.is_success() => {
                 let mut w = [0u8; 8];
@@ -75,12 +101,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 Some(u64::from_ne_bytes(w))
             }
             _ => None,
-        };
-        // A flush is its connection's close's consequence: it says which close.
-        let closed_by = if status == WcStatus::WrFlushErr {
-            self.cx.conns.get(r.conn).ok().and_then(|c| c.reason)
-        } else {
-            None
         };
         match r.origin {
             Origin::Handler => {
