@@ -21,7 +21,7 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
-# cargo-fuzz, for scripts/test.sh's bounded fuzz run of the RPC wire decoder (about two
+# cargo-fuzz, for scripts/test.sh's bounded runs of the fuzz targets in fuzz/ (about two
 # minutes to build; skipped when it is there).
 if ! cargo fuzz --help >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # corelink's test command (README, .ci/run):
 #  1. every unit and integration test on the host, the conformance suite on `soft` included;
-#  2. loom's model check of the SPSC rings, and a bounded fuzz run of the RPC wire decoder
-#     (when cargo-fuzz is installed);
+#  2. loom's model check of the SPSC rings, and bounded fuzz runs (fuzz/: the RPC wire decoder,
+#     core maps, the engine's connection header, sequences of verbs on `soft`) when cargo-fuzz
+#     is installed;
 #  3. in one boot of the Soft-RoCE guest (tests/rxe-guest/run): the conformance suite on
 #     `ibverbs` against rxe0, the fidelity comparison soft vs rxe0, the two-process
 #     connection-manager exchange, and the engine's and the RPC layer's end-to-end tests on
@@ -26,11 +27,23 @@ RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR=target/doc-codes cargo test -q -p corelink-en
 echo "== loom: the SPSC rings"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -q -p corelink-engine --release --lib ring::loom_tests
 
-echo "== fuzz: the RPC wire decoder, 20 s (rpc/fuzz)"
+echo "== fuzz: decode 15 s, core_map 15 s, header 10 s, verbs_seq 20 s (fuzz/)"
 # cargo-fuzz needs nightly features: RUSTC_BOOTSTRAP=1 lets the stable toolchain build it. The
-# fuzz crate is outside the workspace (its own target directory, rpc/fuzz/target).
+# fuzz crate is outside the workspace (its own target directory, fuzz/target); one build serves
+# every target. libFuzzer writes new inputs into the first corpus directory it is given: a
+# fresh temporary one, so that the checked-in seeds (fuzz/corpus/<target>) stay as they are.
 if cargo fuzz --help >/dev/null 2>&1; then
-  (cd rpc && RUSTC_BOOTSTRAP=1 cargo fuzz run decode -- -max_total_time=20 -dict=fuzz/decode.dict)
+  fuzz_tmp=$(mktemp -d)
+  trap 'rm -rf "$fuzz_tmp"' EXIT
+  for run in decode:15 core_map:15 header:10 verbs_seq:20; do
+    target=${run%:*}
+    dict=()
+    if [ "$target" = decode ]; then dict=(-dict=fuzz/decode.dict); fi
+    mkdir "$fuzz_tmp/$target"
+    RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" "$fuzz_tmp/$target" "fuzz/corpus/$target" -- \
+      -max_total_time="${run#*:}" "${dict[@]}"
+  done
+  rm -rf "$fuzz_tmp"
 else
   echo "== fuzz: skipped, cargo-fuzz not installed (scripts/install-deps.sh installs it)"
 fi

@@ -118,3 +118,41 @@ pub mod bench_support {
     pub use crate::pool::Pool;
     pub use crate::ring::{ring, Consumer, Producer};
 }
+
+/// Internals that the fuzz targets (`fuzz/`) drive directly (not part of the API): the engine's
+/// private-data header and its reject reasons, through thin wrappers that keep the types
+/// crate-private.
+#[doc(hidden)]
+pub mod fuzz_support {
+    use crate::control::header::{self, Header};
+
+    /// A header's fields: group nonce, lane index, lane count, the sender's receive size
+    /// (`None`: unknown) and the application's part.
+    pub type HeaderFields = (u64, u8, u8, Option<u32>, Vec<u8>);
+
+    /// Bytes a reject's private data carries at most (its prefix included).
+    pub const MAX_REJECT: usize = header::MAX_REJECT;
+    /// What an engine's reject starts with, before its reason.
+    pub const REJECT_PREFIX: &[u8] = header::REJECT_PREFIX;
+
+    /// Parses connection private data as the control core does (`Ok(None)`: a foreign peer's).
+    pub fn parse_header(pd: &[u8]) -> Result<Option<HeaderFields>, String> {
+        Header::parse(pd).map(|h| h.map(|h| (h.nonce, h.lane, h.lanes, h.recv_size, h.app)))
+    }
+
+    /// The wire form of a header with these fields.
+    pub fn header_bytes(fields: &HeaderFields) -> Vec<u8> {
+        let (nonce, lane, lanes, recv_size, app) = fields.clone();
+        Header { nonce, lane, lanes, recv_size, app }.to_bytes()
+    }
+
+    /// The private data of a reject saying `why`.
+    pub fn reject_data(why: &str) -> Vec<u8> {
+        header::reject_data(why)
+    }
+
+    /// The reason in a reject's private data (`None`: not an engine's reject).
+    pub fn reject_reason(pd: &[u8]) -> Option<String> {
+        header::reject_reason(pd)
+    }
+}

@@ -102,15 +102,21 @@ impl Header {
 }
 
 /// What an engine's reject starts with, before its reason in text.
-const REJECT_PREFIX: &[u8] = b"corelink: ";
+pub(crate) const REJECT_PREFIX: &[u8] = b"corelink: ";
 /// Private data bytes a reject carries (rdma_cm over the TCP port space).
-const MAX_REJECT: usize = 148;
+pub(crate) const MAX_REJECT: usize = 148;
 
-/// The private data of a reject saying why (cut to what a reject carries).
+/// The private data of a reject saying why, cut to what a reject carries at a character
+/// boundary (a cut through a character would reach the peer as U+FFFD) and at a NUL (which
+/// ends the reason on the wire, as rdma_cm's zero padding does).
 pub(crate) fn reject_data(why: &str) -> Vec<u8> {
+    let why = why.split('\0').next().unwrap_or_default();
+    let mut end = why.len().min(MAX_REJECT - REJECT_PREFIX.len());
+    while !why.is_char_boundary(end) {
+        end -= 1;
+    }
     let mut v = REJECT_PREFIX.to_vec();
-    v.extend_from_slice(why.as_bytes());
-    v.truncate(MAX_REJECT);
+    v.extend_from_slice(&why.as_bytes()[..end]);
     v
 }
 
@@ -204,6 +210,20 @@ mod tests {
         assert_eq!(reject_reason(&b).as_deref(), Some("worker.qps.max reached"));
         assert_eq!(reject_reason(b"someone else's data"), None);
         assert_eq!(reject_data(&"x".repeat(500)).len(), MAX_REJECT);
+    }
+
+    /// Found by the `header` fuzz target: a reason cut through a multi-byte character came
+    /// back ending in U+FFFD, and one with a NUL came back cut there but sent whole.
+    #[test]
+    fn reject_reasons_are_cut_at_a_character_boundary_and_a_nul() {
+        let fits = MAX_REJECT - REJECT_PREFIX.len();
+        let why = format!("{}\u{f36b}", "x".repeat(fits - 1));
+        let b = reject_data(&why);
+        assert_eq!(b.len(), MAX_REJECT - 1);
+        assert_eq!(reject_reason(&b).as_deref(), Some(&why[..fits - 1]));
+        let b = reject_data("refused\0hidden");
+        assert_eq!(b, b"corelink: refused");
+        assert_eq!(reject_reason(&b).as_deref(), Some("refused"));
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //! engine connections.
 
 mod budget;
-mod header;
+pub(crate) mod header;
 mod lanes;
 mod pool;
 
