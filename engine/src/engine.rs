@@ -136,6 +136,8 @@ impl<P: Provider> Engine<P> {
             let pd = Arc::new(wctx.ctx.alloc_pd()?);
             let cq = Arc::new(wctx.ctx.create_cq(w.cq_depth)?);
             let own_context = wctx.own;
+            // (a context shared with the control core: its events are not the worker's)
+            let events = own_context.then(|| wctx.ctx.clone());
             // The worker's QPs, made ahead on its PD and CQ (in RESET until a connection).
             let qps = QpPool::new(
                 i,
@@ -176,6 +178,7 @@ impl<P: Provider> Engine<P> {
                             to_control: to_c,
                             from_control: from_c,
                             wake: wake2,
+                            events,
                         },
                         published,
                         pinned,

@@ -36,6 +36,10 @@
 //!   the connection's close, however it closes.
 //! - **Shutdown ends** with requests in flight under any fault: each ends (flushed at worst)
 //!   within a grace period, and every connection closes.
+//! - **The device's errors are heard**: each worker reads its device context's asynchronous
+//!   events ([`Metrics::async_events`]); a QP's fatal error closes its connection, a CQ
+//!   overrun or a failed device every connection of the worker
+//!   ([`CloseReason::Device`]), and the fatal ones are said on stderr.
 //!
 //! Reconnecting is the application's: a closed connection stays closed, and a new `connect`
 //! takes QPs from the worker's pool.

@@ -94,6 +94,10 @@ pub struct Metrics {
     /// before the connection manager's exchange, kept and delivered after `on_connected`
     /// (without that, each would have been a receiver-not-ready NAK to the sender).
     pub early_receives: u64,
+    /// Asynchronous events the worker's device context reported (a QP's fatal error, a CQ
+    /// overrun, a port or device event); the fatal ones close what they concern with
+    /// `CloseReason::Device` and are said on stderr.
+    pub async_events: u64,
     /// Lookups that cannot fail and did (a bug: each is also a debug assertion).
     pub invariant_misses: u64,
     /// Keepalive probes posted to connections idle for `worker.keepalive_ms`.
@@ -140,6 +144,7 @@ impl Metrics {
         m.poll_errors = d(m.poll_errors, earlier.poll_errors);
         m.recv_post_errors = d(m.recv_post_errors, earlier.recv_post_errors);
         m.early_receives = d(m.early_receives, earlier.early_receives);
+        m.async_events = d(m.async_events, earlier.async_events);
         m.invariant_misses = d(m.invariant_misses, earlier.invariant_misses);
         m.keepalive_probes = d(m.keepalive_probes, earlier.keepalive_probes);
         m.keepalive_failures = d(m.keepalive_failures, earlier.keepalive_failures);
@@ -189,6 +194,7 @@ impl fmt::Display for Metrics {
             ("poll errors", self.poll_errors),
             ("receive post errors", self.recv_post_errors),
             ("early receives", self.early_receives),
+            ("device events", self.async_events),
             ("invariant misses", self.invariant_misses),
             ("keepalive probes", self.keepalive_probes),
             ("keepalive probes failed", self.keepalive_failures),

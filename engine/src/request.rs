@@ -237,6 +237,9 @@ pub enum CloseReason {
     /// The connection had been idle for `worker.keepalive_ms` and the worker's probe failed
     /// with this status (`RetryExcErr`: no acknowledgement): the peer died, or its wire did.
     Unanswered(WcStatus),
+    /// The device reported an error it could not put in a completion (an asynchronous event:
+    /// a QP's fatal error, the worker's CQ overrun, the device failed).
+    Device(corelink_verbs::AsyncEventKind),
 }
 
 impl fmt::Display for CloseReason {
@@ -263,7 +266,13 @@ impl fmt::Display for CloseReason {
             CloseReason::Shutdown => f.write_str("the engine shut down"),
             CloseReason::Unanswered(s) => write!(
                 f,
-                "the peer stopped answering: the connection was idle for worker.keepalive_ms                  and the keepalive probe failed with {s} (no acknowledgement within                  worker.timeout, worker.retry_cnt + 1 times: the peer or its wire died)"
+                "the peer stopped answering: the connection was idle for worker.keepalive_ms \
+                 and the keepalive probe failed with {s} (no acknowledgement within \
+                 worker.timeout, worker.retry_cnt + 1 times: the peer or its wire died)"
+            ),
+            CloseReason::Device(kind) => write!(
+                f,
+                "the device reported {kind:?} (an error it could not put in a completion)"
             ),
         }
     }
@@ -284,6 +293,9 @@ mod tests {
         assert!(flush.contains("failed with"), "{flush}");
         let idle = CloseReason::Unanswered(WcStatus::RetryExcErr).to_string();
         assert!(idle.contains("keepalive") && idle.contains("stopped answering"), "{idle}");
+        assert!(!idle.contains("  "), "one space between words: {idle}");
+        let dev = CloseReason::Device(corelink_verbs::AsyncEventKind::CqErr).to_string();
+        assert!(dev.contains("CqErr") && dev.contains("device"), "{dev}");
     }
 
     #[test]

@@ -95,6 +95,8 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
     pub(crate) keepalive: Option<keepalive::Keepalive>,
     /// Connections coming up: their slots kept, their receives posted.
     primes: Primes<P>,
+    /// Where the device's asynchronous events come from (see [`Owned::events`]).
+    events: Option<Arc<P::Context>>,
 }
 
 /// What a worker is given to own: its CQ and PD (made by the engine, shared with the control
@@ -108,6 +110,9 @@ pub(crate) struct Owned<P: Provider> {
     pub(crate) from_control: Consumer<ToWorker<P>>,
     /// Ends the control core's wait when a message for it is on the ring.
     pub(crate) wake: corelink_verbs::Waker,
+    /// The device context whose asynchronous events are the worker's to read (its own; `None`
+    /// when it shares the control core's).
+    pub(crate) events: Option<Arc<P::Context>>,
 }
 
 impl<P: Provider, H: Handler<P>> Worker<P, H> {
@@ -128,7 +133,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let classes: Vec<(usize, usize)> = res.pools.iter().map(|p| (p.size, p.count)).collect();
         let recvs = crate::control::Budget::recv_buffers(res) as usize;
         let recv_class = [(res.recv_size as usize, recvs)];
-        let Owned { cq, pd, own_context, to_control, from_control, wake } = owned;
+        let Owned { cq, pd, own_context, to_control, from_control, wake, events } = owned;
         let (pool, recv_pool) = (Pool::new(&*pd, &classes)?, Pool::new(&*pd, &recv_class)?);
         let keepalive = cfg.keepalive.map(|k| keepalive::Keepalive::new(k, res.max_conns as usize));
         let cx = Cx {
@@ -165,6 +170,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             stopped: false,
             keepalive,
             primes: Primes::new(),
+            events,
         })
     }
 
@@ -292,11 +298,63 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if self.keepalive.is_some() {
             self.keepalive_pass();
         }
+        if self.events.is_some() {
+            self.device_events();
+        }
         if self.cx.metrics.polls % METRICS_EVERY == 0 {
             self.publish();
             if self.from_control.is_abandoned() {
                 // The engine is gone without a shutdown (it failed to start): stop too.
                 self.cx.begin_shutdown();
+            }
+        }
+    }
+
+    /// Reads the device's asynchronous events (a few a pass): each is counted; a QP's fatal
+    /// error closes its connection, a CQ overrun or a failed device every connection (their
+    /// completions cannot be trusted), each with `CloseReason::Device`, and is said on stderr.
+    fn device_events(&mut self) {
+        use corelink_verbs::{AsyncElement, AsyncEventKind as K, Context as _, Qp as _};
+        let Some(ctx) = self.events.clone() else { return };
+        for _ in 0..16 {
+            let ev = match ctx.poll_async_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => return,
+                Err(_) => {
+                    self.cx.metrics.poll_errors += 1;
+                    return;
+                }
+            };
+            self.cx.metrics.async_events += 1;
+            let reason = CloseReason::Device(ev.kind);
+            let hit: Vec<ConnId> = match (ev.kind, ev.element) {
+                (K::QpFatal | K::QpReqErr | K::QpAccessErr, AsyncElement::Qp(qpn)) => self
+                    .cx
+                    .conns
+                    .iter()
+                    .filter(|c| c.lanes.iter().any(|l| l.qp.qp_num() == qpn))
+                    .map(|c| c.id)
+                    .collect(),
+                (K::CqErr | K::DeviceFatal, _) => self.cx.conns.iter().map(|c| c.id).collect(),
+                _ => Vec::new(),
+            };
+            if matches!(ev.kind, K::CqErr | K::DeviceFatal | K::PortErr | K::QpFatal) {
+                eprintln!(
+                    "corelink: worker {}: the device reported {:?} on {:?}{}",
+                    self.cx.index,
+                    ev.kind,
+                    ev.element,
+                    if hit.is_empty() { String::new() } else { format!(": closing {hit:?}") }
+                );
+            }
+            for id in hit {
+                if let Ok(c) = self.cx.conns.get_mut(id) {
+                    c.error_lanes();
+                    if c.phase == Phase::Open {
+                        c.reason = Some(reason);
+                    }
+                }
+                let _ = self.cx.begin_close(id, reason);
             }
         }
     }

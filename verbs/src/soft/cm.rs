@@ -211,6 +211,24 @@ pub fn cut(listener: SocketAddr) -> usize {
     links.len()
 }
 
+/// A fatal error on both ends' QPs of every connection accepted at `listener`, as a NIC
+/// reports one it cannot put in a completion: each QP goes to ERR (what is posted flushes) and
+/// its device raises `IBV_EVENT_QP_FATAL` for it (`Context::poll_async_event`). Returns the
+/// QPs failed.
+pub fn fail_qps(listener: SocketAddr) -> usize {
+    let links: Vec<Arc<Link>> =
+        lock(&LINKS).iter().filter_map(Weak::upgrade).filter(|l| l.listener == listener).collect();
+    let mut n = 0;
+    for link in &links {
+        for qp in lock(&link.qps).iter().filter_map(Weak::upgrade) {
+            qp.set_error();
+            qp.ctx.raise(crate::AsyncEventKind::QpFatal, crate::AsyncElement::Qp(qp.qpn));
+            n += 1;
+        }
+    }
+    n
+}
+
 /// A listener as connectors find it.
 #[derive(Debug, Default)]
 pub(crate) struct ListenerShared {

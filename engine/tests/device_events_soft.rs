@@ -1,0 +1,91 @@
+//! The device's asynchronous events reach the engine: a fatal error on a connection's QPs
+//! (`soft::faults::fail_qps`, which moves them to ERR and raises `IBV_EVENT_QP_FATAL`, as a
+//! NIC reports an error it cannot put in a completion) closes the connection on both sides,
+//! and each worker counts the event (`Metrics::async_events`). Before, the engine never read
+//! its devices' events: nothing counted or said them.
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use corelink_config::{parse, MachineTopology};
+use corelink_engine::verbs::soft::{faults, Soft};
+use corelink_engine::verbs::{AsyncEventKind, WcStatus};
+use corelink_engine::*;
+
+const HANG: Duration = Duration::from_secs(30);
+
+/// Tells the test of its connections (`None`) and closes.
+struct Server(mpsc::Sender<Option<CloseReason>>);
+
+impl Handler<Soft> for Server {
+    fn on_connected(&mut self, _cx: &mut Cx<Soft>, _conn: ConnId, _info: &ConnInfo) {
+        let _ = self.0.send(None);
+    }
+
+    fn on_closed(&mut self, _cx: &mut Cx<Soft>, _conn: ConnId, reason: &CloseReason) {
+        let _ = self.0.send(Some(*reason));
+    }
+}
+
+fn engine(listen: &str) -> (Engine<Soft>, mpsc::Receiver<Option<CloseReason>>) {
+    let text = format!(
+        "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{listen}\"\n\
+         [worker]\nidle_after_us = 1000"
+    );
+    let v = parse(&text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
+    let (tx, rx) = mpsc::channel();
+    (Engine::<Soft>::start(&v, Placement::RoundRobin, move |_| Server(tx.clone())).unwrap(), rx)
+}
+
+/// The sum of `f` over `engine`'s workers' metrics once it is at least `n`.
+fn metric_at_least(engine: &Engine<Soft>, f: impl Fn(&Metrics) -> u64, n: u64) -> u64 {
+    let deadline = Instant::now() + HANG;
+    loop {
+        let got = engine.metrics().iter().map(&f).sum();
+        if got >= n {
+            return got;
+        }
+        assert!(Instant::now() < deadline, "the metric stayed at {got}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_fatal_qp_error_closes_its_connection_and_is_counted_on_both_sides() {
+    let addr: SocketAddr = "10.85.0.1:7000".parse().unwrap();
+    let (server, closes) = engine("10.85.0.1:7000");
+    let (mut client_engine, _) = engine("10.85.0.2:7000");
+    let mut client = client_engine.client(0).unwrap();
+    client.connect(addr, b"", 1).unwrap();
+    let conn = match client.wait(HANG) {
+        Some(Event::Connected { conn, .. }) => conn,
+        other => panic!("no connection: {other:?}"),
+    };
+    assert_eq!(closes.recv_timeout(HANG).unwrap(), None, "the server has it too");
+    assert_eq!(faults::fail_qps(addr), 2, "both ends' QPs");
+    // Closed by the event, by the receives it flushed, or by the other side's disconnect,
+    // whichever the worker met first.
+    let closed_by_it = |r: &CloseReason| {
+        matches!(
+            r,
+            CloseReason::Device(AsyncEventKind::QpFatal)
+                | CloseReason::Error(WcStatus::WrFlushErr)
+                | CloseReason::Peer
+        )
+    };
+    match client.wait(HANG) {
+        Some(Event::Closed { conn: c, reason }) => {
+            assert_eq!(c, conn);
+            assert!(closed_by_it(&reason), "{reason}");
+        }
+        other => panic!("the client never heard: {other:?}"),
+    }
+    let reason = closes.recv_timeout(HANG).unwrap().expect("a close");
+    assert!(closed_by_it(&reason), "{reason}");
+    assert!(metric_at_least(&client_engine, |m| m.async_events, 1) >= 1);
+    assert!(metric_at_least(&server, |m| m.async_events, 1) >= 1);
+    drop(client);
+    client_engine.shutdown().unwrap();
+    server.shutdown().unwrap();
+}
