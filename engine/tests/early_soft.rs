@@ -1,12 +1,13 @@
 //! A connection's receives are posted before the connection manager's exchange, so a peer
 //! that sends the moment its side is up never meets a receiver-not-ready NAK, however late
-//! the accepting worker hears of the connection. Here the accepting worker sleeps 300 ms in
-//! its first `on_connected` while eight connections' peers send at once, with
-//! `rnr_retry = 0` (the first NAK would fail the send and close the connection): every message
-//! arrives, in order, after its connection's `on_connected`, and the worker counts those that
-//! came before it knew of their connection (`Metrics::early_receives`). Before, the accepting
-//! worker posted a connection's receives when it took the connection over: this test's sends
-//! failed with `IBV_WC_RNR_RETRY_EXC_ERR`.
+//! the accepting worker hears of the connection. Here the accepting control core is slow (its
+//! placement rule sleeps 100 ms for each connection after the first, as a control core in an
+//! emulated guest is slow) while eight connections' peers send at once, with `rnr_retry = 0`
+//! (the first NAK would fail the send and close the connection): every message arrives, in
+//! order, after its connection's `on_connected`, and the worker counts those that came before
+//! it knew of their connection (`Metrics::early_receives`). Before, the accepting worker posted
+//! a connection's receives when it took the connection over: this test's sends failed with
+//! `IBV_WC_RNR_RETRY_EXC_ERR`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -102,7 +103,7 @@ fn a_peer_that_sends_at_once_finds_receives_posted_while_the_control_core_is_slo
     let placed = AtomicU32::new(0);
     let slow = Placement::Custom(Box::new(move |_: &[u8], _: &[usize]| {
         if placed.fetch_add(1, Ordering::Relaxed) > 0 {
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(100));
         }
         0
     }));
