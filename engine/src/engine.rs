@@ -137,7 +137,7 @@ impl<P: Provider> Engine<P> {
             let cq = Arc::new(wctx.ctx.create_cq(w.cq_depth)?);
             let own_context = wctx.own;
             // (a context shared with the control core: its events are not the worker's)
-            let events = own_context.then(|| wctx.ctx.clone());
+            let own = own_context.then(|| wctx.ctx.clone());
             // The worker's QPs, made ahead on its PD and CQ (in RESET until a connection).
             let qps = QpPool::new(
                 i,
@@ -174,11 +174,10 @@ impl<P: Provider> Engine<P> {
                         Owned {
                             cq: cq2,
                             pd: pd2,
-                            own_context,
+                            own_context: own,
                             to_control: to_c,
                             from_control: from_c,
                             wake: wake2,
-                            events,
                         },
                         published,
                         pinned,

@@ -716,8 +716,7 @@ impl<P: Provider> Control<P> {
         let Some(g) = self.incoming.groups.get_mut(&nonce) else {
             // (never: a group stays while its lanes are confirming)
             retire(cm);
-            drop(qp);
-            return self.workers[w].qps.forget();
+            return self.workers[w].qps.destroy(qp);
         };
         g.confirming -= 1;
         if g.failed.is_some() {
@@ -738,8 +737,7 @@ impl<P: Provider> Control<P> {
             _ => {
                 for (qp, cm) in up {
                     retire(cm);
-                    drop(qp);
-                    self.workers[w].qps.forget();
+                    self.workers[w].qps.destroy(qp);
                 }
             }
         }

@@ -385,8 +385,7 @@ impl<P: Provider> Control<P> {
             if lanes.is_full() {
                 // Never more lanes than a connection may have (headers are checked).
                 lanes::retire(cm);
-                drop(qp);
-                self.workers[w].qps.forget();
+                self.workers[w].qps.destroy(qp);
                 continue;
             }
             let key = self.next_key;

@@ -140,9 +140,14 @@ impl<P: Provider> QpPool<P> {
         if reset.is_ok() && self.idle.len() < self.size {
             self.idle.push_back((qp, true));
         } else {
-            drop(qp);
-            self.forget();
+            self.destroy(qp);
         }
+    }
+
+    /// Destroys a QP of this worker instead of keeping it.
+    pub(crate) fn destroy(&mut self, qp: P::Qp) {
+        drop(qp);
+        self.forget();
     }
 
     /// A QP of this worker was destroyed outside the pool.

@@ -95,7 +95,7 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
     pub(crate) keepalive: Option<keepalive::Keepalive>,
     /// Connections coming up: their slots kept, their receives posted.
     primes: Primes<P>,
-    /// Where the device's asynchronous events come from (see [`Owned::events`]).
+    /// Where the device's asynchronous events come from (see [`Owned::own_context`]).
     events: Option<Arc<P::Context>>,
 }
 
@@ -104,15 +104,13 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
 pub(crate) struct Owned<P: Provider> {
     pub(crate) cq: Arc<P::Cq>,
     pub(crate) pd: Arc<P::Pd>,
-    /// The CQ and PD are on a device context of the worker's own (false: the control core's).
-    pub(crate) own_context: bool,
+    /// The worker's own device context, which its CQ and PD are on and whose asynchronous
+    /// events are its to read (`None`: it shares the control core's).
+    pub(crate) own_context: Option<Arc<P::Context>>,
     pub(crate) to_control: Producer<ToControl<P>>,
     pub(crate) from_control: Consumer<ToWorker<P>>,
     /// Ends the control core's wait when a message for it is on the ring.
     pub(crate) wake: corelink_verbs::Waker,
-    /// The device context whose asynchronous events are the worker's to read (its own; `None`
-    /// when it shares the control core's).
-    pub(crate) events: Option<Arc<P::Context>>,
 }
 
 impl<P: Provider, H: Handler<P>> Worker<P, H> {
@@ -133,7 +131,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let classes: Vec<(usize, usize)> = res.pools.iter().map(|p| (p.size, p.count)).collect();
         let recvs = crate::control::Budget::recv_buffers(res) as usize;
         let recv_class = [(res.recv_size as usize, recvs)];
-        let Owned { cq, pd, own_context, to_control, from_control, wake, events } = owned;
+        let Owned { cq, pd, own_context, to_control, from_control, wake } = owned;
+        let (own, events) = (own_context.is_some(), own_context);
         let (pool, recv_pool) = (Pool::new(&*pd, &classes)?, Pool::new(&*pd, &recv_class)?);
         let keepalive = cfg.keepalive.map(|k| keepalive::Keepalive::new(k, res.max_conns as usize));
         let cx = Cx {
@@ -150,7 +149,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             repost_first: false,
             timers: Timers::new(MAX_TIMERS),
             pd,
-            metrics: Metrics { worker: index, pinned, own_context, ..Metrics::default() },
+            metrics: Metrics { worker: index, pinned, own_context: own, ..Metrics::default() },
             stopping: false,
             shutdown_deadline: None,
             thread: std::thread::current(),
@@ -298,10 +297,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if self.keepalive.is_some() {
             self.keepalive_pass();
         }
-        if self.events.is_some() {
-            self.device_events();
-        }
         if self.cx.metrics.polls % METRICS_EVERY == 0 {
+            // (on ibverbs a look at the device's events is a system call: this rarely)
+            if self.events.is_some() {
+                self.device_events();
+            }
             self.publish();
             if self.from_control.is_abandoned() {
                 // The engine is gone without a shutdown (it failed to start): stop too.
@@ -350,9 +350,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             for id in hit {
                 if let Ok(c) = self.cx.conns.get_mut(id) {
                     c.error_lanes();
-                    if c.phase == Phase::Open {
-                        c.reason = Some(reason);
-                    }
                 }
                 let _ = self.cx.begin_close(id, reason);
             }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use arrayvec::ArrayVec;
 
 use super::fabric::{Fabric, KeyEntry, KeyTable, Keys};
-use super::faults::Fate;
+use super::faults::{Drawn, Fate};
 use super::limits::MAX_SGE;
 use super::qp::{QpShared, RecvEntry, SendQueue};
 use super::req::{admit, Head, Op};
@@ -442,22 +442,18 @@ impl Responder<'_> {
                 self.sent.clone()
             });
         }
-        if !replaying {
-            if let Some(wait) = self.qp.fault_delay() {
-                return Some(Step::Later(wait));
-            }
-        }
         let needs_recv = matches!(op, Op::Send(_) | Op::Write(_, Some(_)));
-        if needs_recv && self.qp.fault_withholds() {
+        let fate = match self.qp.draw_for(self.len, !replaying, needs_recv) {
+            Drawn::Later(wait) => return Some(Step::Later(wait)),
             // No receive this time: what the transport does without one.
-            return Some(if self.reliable {
-                Step::Rnr(self.target.rnr_wait())
-            } else {
+            Drawn::Withheld if self.reliable => return Some(Step::Rnr(self.target.rnr_wait())),
+            Drawn::Withheld => {
                 self.target.dropped.fetch_add(1, Ordering::Relaxed);
-                self.sent.clone()
-            });
-        }
-        let step = match self.qp.fate(self.len) {
+                return Some(self.sent.clone());
+            }
+            Drawn::Wire(fate) => fate,
+        };
+        let step = match fate {
             Fate::Arrives if self.reliable => return None,
             Fate::Arrives => match op {
                 Op::Send(imm) => self.send(src, *imm),

@@ -122,8 +122,8 @@ impl FaultPlan {
         if self.cm_drop <= 0.0 {
             return false;
         }
-        let mut g = QpFaults::new(*self, (n as u32) ^ 0x00c0_ffee);
-        let lost = g.draw() < self.cm_drop;
+        let lost =
+            unit(self.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xc0ff_ee00) < self.cm_drop;
         if lost {
             CM_LOST.fetch_add(1, Ordering::Relaxed);
         }
@@ -228,6 +228,42 @@ pub(crate) struct QpFaults {
     pub(crate) held: Option<super::exec::Held>,
 }
 
+/// splitmix64's finish: `z` to a uniform value in `0.0..1.0`.
+fn unit(mut z: u64) -> f64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// A message as a plan's draw sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Msg {
+    pub(crate) len: u64,
+    /// The path MTU.
+    pub(crate) mtu: u64,
+    /// RC (with `retry_cnt` retries, 7 for ever).
+    pub(crate) reliable: bool,
+    pub(crate) retry_cnt: u8,
+    /// UD (a duplicate is delivered).
+    pub(crate) datagram: bool,
+    /// Not held for a delay before.
+    pub(crate) fresh: bool,
+    /// It takes a receive at its target.
+    pub(crate) needs_recv: bool,
+}
+
+/// What a plan does to a message ([`QpFaults::draw_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Drawn {
+    /// Held this long first (`delay_us`), its other fates drawn when it goes on.
+    Later(std::time::Duration),
+    /// It finds no receive this try (`rnr`).
+    Withheld,
+    /// What the wire did to it.
+    Wire(Fate),
+}
+
 /// What the wire did to a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fate {
@@ -250,7 +286,7 @@ impl QpFaults {
     }
 
     /// How long a message is held before it goes on (counted as a delay), if at all.
-    pub(crate) fn delay(&self) -> Option<std::time::Duration> {
+    pub(super) fn delay(&self) -> Option<std::time::Duration> {
         if self.plan.delay_us == 0 {
             return None;
         }
@@ -259,7 +295,7 @@ impl QpFaults {
     }
 
     /// Whether a message that needs a receive finds none this try (counted).
-    pub(crate) fn withholds(&mut self) -> bool {
+    fn withholds(&mut self) -> bool {
         if self.plan.rnr <= 0.0 || self.draw() >= self.plan.rnr {
             return false;
         }
@@ -270,11 +306,22 @@ impl QpFaults {
     /// A uniform draw in `0.0..1.0`.
     fn draw(&mut self) -> f64 {
         self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        unit(self.state)
+    }
+
+    /// What the plan does to a message it sends (`fresh`: not held for a delay before;
+    /// `needs_recv`: it takes a receive at its target): held for its delay, no receive found,
+    /// or what the wire did to it.
+    pub(crate) fn draw_for(&mut self, msg: Msg) -> Drawn {
+        if msg.fresh {
+            if let Some(wait) = self.delay() {
+                return Drawn::Later(wait);
+            }
+        }
+        if msg.needs_recv && self.withholds() {
+            return Drawn::Withheld;
+        }
+        Drawn::Wire(self.fate(msg.len, msg.mtu, msg.reliable, msg.retry_cnt, msg.datagram))
     }
 
     /// Whether one try of a message of `packets` packets loses one of them.

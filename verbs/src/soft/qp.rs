@@ -278,33 +278,22 @@ impl QpShared {
         }
     }
 
-    /// The message held back to be overtaken (`due`: only if its time has come).
+    /// The message held back to be overtaken.
     #[cold]
     pub(crate) fn take_held(&self) -> Option<super::exec::Held> {
-        self.take_held_if(|_| true)
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        f.as_mut()?.held.take()
     }
 
-    fn take_held_if(&self, ok: impl Fn(&super::exec::Held) -> bool) -> Option<super::exec::Held> {
+    /// The message held back to be overtaken if its time (`now`) has come, and whether one is
+    /// held still.
+    fn held_due(&self, now: Instant) -> (Option<super::exec::Held>, bool) {
         let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
-        let f = f.as_mut()?;
-        if f.held.as_ref().is_some_and(ok) {
-            f.held.take()
-        } else {
-            None
+        let Some(f) = f.as_mut() else { return (None, false) };
+        match &f.held {
+            Some(h) if h.due <= now => (f.held.take(), false),
+            held => (None, held.is_some()),
         }
-    }
-
-    /// Whether a message is held back (waiting for one to overtake it).
-    fn holds(&self) -> bool {
-        let f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
-        f.as_ref().is_some_and(|f| f.held.is_some())
-    }
-
-    /// Whether its plan has a message it sends find no receive this try (counted).
-    #[cold]
-    pub(crate) fn fault_withholds(&self) -> bool {
-        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
-        f.as_mut().is_some_and(|f| f.withholds())
     }
 
     /// How long its plan holds a message it sends (counted), if it has a plan with a delay.
@@ -313,15 +302,23 @@ impl QpShared {
         self.faults.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|f| f.delay())
     }
 
-    /// What the wire does to a message of `len` bytes it sends (it has a plan).
+    /// What its plan does to a message of `len` bytes it sends (`fresh`: not held for a delay
+    /// before; `needs_recv`: it takes a receive), drawn under one lock.
     #[cold]
-    pub(crate) fn fate(&self, len: u64) -> super::faults::Fate {
-        let mtu = u64::from(self.mtu.load(Ordering::Relaxed));
-        let retry_cnt = self.retry_cnt.load(Ordering::Relaxed);
-        let (reliable, datagram) = (self.qp_type == QpType::Rc, self.qp_type == QpType::Ud);
+    pub(crate) fn draw_for(&self, len: u64, fresh: bool, needs_recv: bool) -> super::faults::Drawn {
+        use super::faults::{Drawn, Fate, Msg};
+        let msg = Msg {
+            len,
+            mtu: u64::from(self.mtu.load(Ordering::Relaxed)),
+            reliable: self.qp_type == QpType::Rc,
+            retry_cnt: self.retry_cnt.load(Ordering::Relaxed),
+            datagram: self.qp_type == QpType::Ud,
+            fresh,
+            needs_recv,
+        };
         match self.faults.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-            Some(f) => f.fate(len, mtu, reliable, retry_cnt, datagram),
-            None => super::faults::Fate::Arrives,
+            Some(f) => f.draw_for(msg),
+            None => Drawn::Wire(Fate::Arrives),
         }
     }
 
@@ -498,12 +495,12 @@ impl QpShared {
         let mut held = false;
         if self.anomalous() {
             // A message held back to be overtaken goes once none came in time.
-            let now = Instant::now();
-            if let Some(h) = self.take_held_if(|h| h.due <= now) {
+            let (due, still) = self.held_due(Instant::now());
+            if let Some(h) = due {
                 let mut keys = Fabric::get().keys_lazy();
                 h.deliver(self, keys.get());
             }
-            held = self.holds();
+            held = still;
         }
         if sq.pending.is_empty() {
             return held;
