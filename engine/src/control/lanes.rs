@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use corelink_verbs::{
     Accepting as _, CmEvent, CmWaiter as _, ConnRequest, Connecting as _, Connection, Context,
-    Listener, Progress, Provider, Qp as _, QpAttr, QpState, Watch, ACCEPT_WAIT,
+    Listener, Progress, Provider, Watch, ACCEPT_WAIT,
 };
 
 use super::header::{nonce, reject_data, reject_reason, Header, MAX_APP_PRIVATE_DATA};
@@ -229,29 +229,11 @@ fn lane_text(lane: usize, lanes: usize, e: String) -> String {
 }
 
 impl<P: Provider> Control<P> {
-    /// Takes `k` QPs from worker `w`'s pool and moves them to INIT, where the worker can post
-    /// receives on them.
+    /// Takes `k` QPs from worker `w`'s pool, in INIT, where the worker can post receives on
+    /// them.
     fn qps_for(&mut self, w: usize, k: usize) -> Result<Qps<P>, EngineError> {
-        let mut qps = Qps::<P>::new();
-        let mut failed = None;
-        for mut qp in self.workers[w].qps.take(k.min(MAX_QPS_PER_CONN))? {
-            if failed.is_none() {
-                let init = QpAttr { state: QpState::Init, ..self.cfg.attr };
-                if let Err(e) = qp.modify(&init) {
-                    failed = Some(EngineError::from(e));
-                }
-            }
-            qps.push(qp);
-        }
-        match failed {
-            None => Ok(qps),
-            Some(e) => {
-                for qp in qps {
-                    self.workers[w].qps.give_back(qp, &self.cfg.attr);
-                }
-                Err(e)
-            }
-        }
+        let qps = self.workers[w].qps.take_init(k.min(MAX_QPS_PER_CONN), &self.cfg.attr)?;
+        Ok(qps.into_iter().collect())
     }
 
     /// Starts worker `w`'s connect to `addr`: `per_conn` lanes, primed by the worker first.

@@ -133,6 +133,20 @@ impl<P: Provider> QpPool<P> {
         Ok(out)
     }
 
+    /// [`QpPool::take`], each QP moved to INIT with `attr` (where its worker can post its
+    /// receives before the connection manager's exchange); all go back if one cannot move.
+    pub(crate) fn take_init(&mut self, n: usize, attr: &QpAttr) -> Result<Vec<P::Qp>> {
+        let mut qps = self.take(n)?;
+        let init = QpAttr { state: QpState::Init, ..*attr };
+        if let Some(e) = qps.iter_mut().find_map(|qp| qp.modify(&init).err()) {
+            for qp in qps {
+                self.give_back(qp, attr);
+            }
+            return Err(e.into());
+        }
+        Ok(qps)
+    }
+
     /// Takes back a QP of this worker whose connection-manager side is gone (dropped first):
     /// resets it and keeps it for reuse if the pool is below its size, else destroys it.
     pub(crate) fn give_back(&mut self, mut qp: P::Qp, attr: &QpAttr) {
