@@ -32,11 +32,14 @@ use corelink_engine::verbs::ibverbs::Ibverbs;
 
 /// A site on the device, listening on `port` of its address; `None` (after saying so) without
 /// a device. Soft-RoCE's work runs on the machine's cores, which busy-polling workers share:
-/// a worker with connections yields its core after 64 empty polls in a row.
+/// a worker with connections yields its core after 64 empty polls in a row. A connect may
+/// take 60 s (the default is 10): the checks run at once, and one beside the thousand-session
+/// check's connects waited longer than 10 s for its route in the emulated guest.
 fn site(port: u16) -> Option<Site> {
     let (provider, ip) = ibverbs_env::target()?;
     let worker = "yield_after_empty_polls = 64\n";
-    Some(Site { provider, worker, listen: SocketAddr::new(ip, port) })
+    let top = "connect_timeout_ms = 60000";
+    Some(Site { provider, worker, top, listen: SocketAddr::new(ip, port) })
 }
 
 /// Port 1 of the device's own address: nothing listens there, so the peer's connection

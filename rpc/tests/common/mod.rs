@@ -64,6 +64,8 @@ pub struct Site {
     pub provider: String,
     /// `[worker]` lines the provider wants before the check's own (each ending in a newline).
     pub worker: &'static str,
+    /// Top-level lines the provider wants where a check gives none of its own.
+    pub top: &'static str,
     /// The address the engine listens on (and its sessions to itself connect to).
     pub listen: SocketAddr,
 }
@@ -71,7 +73,7 @@ pub struct Site {
 impl Site {
     /// A site on the soft fabric: `ip` with the tests' port.
     pub fn soft(ip: &str) -> Site {
-        Site { provider: "provider = \"soft\"".into(), worker: "", listen: addr(ip) }
+        Site { provider: "provider = \"soft\"".into(), worker: "", top: "", listen: addr(ip) }
     }
 
     /// A one-worker core map listening here, with `worker` lines in its `[worker]`.
@@ -96,6 +98,7 @@ impl Site {
     }
 
     fn map_full(&self, workers: &str, top: &str, worker: &str) -> Validated {
+        let top = if top.is_empty() { self.top } else { top };
         let text = format!(
             "{}\ncontrol_core = 0\nworkers = {workers}\nlisten = \"{}\"\n{top}\n\
              [worker]\nidle_after_us = 1000\n{}{worker}",
