@@ -67,6 +67,8 @@ pub struct Expect {
     pub ud_larger_than_mtu_delivered: bool,
     /// UD receive completions set `Wc::grh` (a GRH is placed in the first 40 bytes).
     pub ud_recv_grh: bool,
+    /// RC and UC receive completions set `Wc::grh` too (no GRH is placed in the buffer).
+    pub rc_uc_recv_grh: bool,
     /// A CQ overrun raises this async event (`None`: no event).
     pub cq_overrun_event: Option<AsyncEventKind>,
     /// `byte_len` of the receive consumed by a write-with-immediate is the write's length
@@ -133,6 +135,8 @@ pub const TABLE: Expect = Expect {
     ud_larger_than_mtu_delivered: false,
     // Case 9e, N5.
     ud_recv_grh: true,
+    // N5: every successful receive completion of a user QP carries IBV_WC_GRH.
+    rc_uc_recv_grh: true,
     // Case 13.
     cq_overrun_event: Some(AsyncEventKind::CqErr),
     // Case 15.

@@ -331,6 +331,11 @@ pub trait Qp<P: Provider>: Send + Debug {
     /// Posts send requests as one batch (one doorbell). Those before a refused one stay
     /// posted ([`Error::PostSend`] gives its index). Inline payloads are copied now.
     ///
+    /// A QP that has not reached RTS (RESET, INIT, RTR) refuses every request with
+    /// [`Error::PostSend`] at index 0 and queues none of them, on every provider (rxe's own
+    /// post answers `EINVAL` and yet keeps the request, to run once the QP is up: corelink
+    /// refuses before the device sees it). In ERR requests are taken and flushed.
+    ///
     /// # Safety
     /// Every buffer named by a non-inline gather/scatter list must stay valid, and free of Rust
     /// references that conflict with the device's access, until the request's completion has

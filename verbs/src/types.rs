@@ -330,11 +330,16 @@ pub struct Wc {
     pub byte_len: u32,
     /// The immediate, for a receive consumed by a send- or write-with-immediate.
     pub imm: Option<u32>,
+    /// The rkey the message invalidated, for a receive consumed by a send-with-invalidate
+    /// (the window it named is revoked by then).
+    pub invalidated_rkey: Option<u32>,
     /// Local QP number of the work request.
     pub qp_num: u32,
     /// Source QP number (UD receives).
     pub src_qp: u32,
-    /// A global route header was placed in the first 40 bytes of the buffer (UD receives).
+    /// The message came with a global route header (every successful receive on RoCE, as rxe
+    /// reports it, RC and UC included); on UD the header is placed in the first 40 bytes of
+    /// the receive buffer. `false` on error completions and send-queue completions.
     pub grh: bool,
 }
 

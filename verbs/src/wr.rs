@@ -13,6 +13,11 @@ pub enum SendOp<'a, P: Provider> {
     Send,
     /// SEND_WITH_IMM: a send whose receive completion carries the immediate.
     SendWithImm(u32),
+    /// SEND_WITH_INV (RC): a send that also invalidates, at the responder, the memory window
+    /// with this rkey (a type 2 window bound through the receiving QP), revoking the peer's
+    /// access before the receive completes; the receive completion carries the rkey in
+    /// [`crate::Wc::invalidated_rkey`].
+    SendWithInv(u32),
     /// RDMA_WRITE to the remote location.
     Write(RemoteAddr),
     /// RDMA_WRITE_WITH_IMM: a write that also consumes a receive and reports the immediate.
@@ -65,6 +70,7 @@ impl<P: Provider> fmt::Debug for SendOp<'_, P> {
         match self {
             SendOp::Send => f.write_str("Send"),
             SendOp::SendWithImm(i) => write!(f, "SendWithImm({i:#x})"),
+            SendOp::SendWithInv(k) => write!(f, "SendWithInv({k:#x})"),
             SendOp::Write(r) => write!(f, "Write({r:?})"),
             SendOp::WriteWithImm(r, i) => write!(f, "WriteWithImm({r:?}, {i:#x})"),
             SendOp::Read(r) => write!(f, "Read({r:?})"),

@@ -11,7 +11,7 @@ use corelink_verbs::{
 use crate::cases::errors::check_aftermath;
 use crate::expect::{self, PostOutcome};
 use crate::harness::*;
-use crate::{ensure, CaseResult, Target};
+use crate::{ensure, ensure_eq, CaseResult, Target};
 
 const WIN_OFF: usize = 1024;
 const WIN_LEN: usize = 1024;
@@ -25,7 +25,7 @@ struct Setup<P: Provider> {
     a: Side<P>,
     b: Side<P>,
     region: P::Mr,
-    _abuf: P::Mr,
+    abuf: P::Mr,
     blocal: P::Mr,
     before: Vec<u8>,
     exp: expect::Expect,
@@ -48,7 +48,7 @@ impl<P: Provider> Setup<P> {
         // SAFETY: `abuf` is a field after the QPs, so it is dropped after them.
         unsafe { post_recv::<P>(&mut a.qp, &rwrs) }?;
         let exp = expect::get::<P>(t);
-        Ok(Setup { mw, a, b, region, _abuf: abuf, blocal, before, exp, _da: da, _db: db })
+        Ok(Setup { mw, a, b, region, abuf, blocal, before, exp, _da: da, _db: db })
     }
 
     /// Binds the window to [WIN_OFF, WIN_OFF + WIN_LEN) of the region with `access`; returns
@@ -86,6 +86,16 @@ impl<P: Provider> Setup<P> {
 
     /// B's failed access: status, aftermath (B requester, A responder), region untouched.
     fn check_refused(&mut self, wc: &corelink_verbs::Wc, what: &str) -> CaseResult {
+        self.check_refused_with(wc, what, &[50, 51])
+    }
+
+    /// [`Setup::check_refused`] with A's receives `a_recvs` still posted.
+    fn check_refused_with(
+        &mut self,
+        wc: &corelink_verbs::Wc,
+        what: &str,
+        a_recvs: &[u64],
+    ) -> CaseResult {
         let exp = self.exp.remote_access;
         let PostOutcome::Completes(status) = exp.requester else {
             return Err(format!(
@@ -93,7 +103,7 @@ impl<P: Provider> Setup<P> {
             ));
         };
         check_wc(wc, wc.wr_id, status, WcOpcode::RdmaWrite).map_err(|e| format!("{what}: {e}"))?;
-        check_aftermath(&mut self.b, &mut self.a, &self.blocal, exp, &[50, 51])?;
+        check_aftermath(&mut self.b, &mut self.a, &self.blocal, exp, a_recvs)?;
         Ok(())
     }
 }
@@ -167,4 +177,29 @@ pub fn mw_read_only_refuses_write<P: Provider>(t: &Target) -> CaseResult {
     let wc = s.peer(true, win, 0, 64, 3)?;
     s.check_refused(&wc, "write through a read-only window")?;
     check_bytes(&s.region, 0, &s.before, "region after a write through a read-only window")
+}
+
+/// SEND_WITH_INV from the peer names the window's rkey: A's receive completes with the payload
+/// and the rkey in `invalidated_rkey`, and the window is revoked: the peer's write through it
+/// then fails and the region is untouched.
+pub fn mw_send_with_inv_revokes<P: Provider>(t: &Target) -> CaseResult {
+    let mut s = Setup::<P>::new(t)?;
+    let win = s.bind(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE)?;
+    let wc = s.peer(false, win, 0, 64, 2)?;
+    check_wc(&wc, 2, WcStatus::Success, WcOpcode::RdmaRead)?;
+    // (B's buffer from 2048 on still holds its own pattern: the read above landed at 0.)
+    let sgl = [sge(&s.blocal, 2048, 32)?];
+    let wr = SendWr::new(3, SendOp::SendWithInv(win.rkey), &sgl);
+    // SAFETY: `blocal` is a field of `s`, which outlives the completion `exec` polls.
+    let wc = unsafe { exec::<P>(&mut s.b.qp, &s.b.scq, wr) }?;
+    check_wc(&wc, 3, WcStatus::Success, WcOpcode::Send)?;
+    let r = poll_one(&s.a.rcq, "the receive of the send-with-invalidate")?;
+    check_wc(&r, 50, WcStatus::Success, WcOpcode::Recv)?;
+    ensure_eq!(r.byte_len, 32, "byte_len of the send-with-invalidate's receive");
+    ensure_eq!(r.invalidated_rkey, Some(win.rkey), "the receive's invalidated rkey");
+    ensure_eq!(r.imm, None, "the receive's immediate");
+    check_bytes(&s.abuf, 0, &pattern(0x17, 4096)[2048..2080], "the received payload")?;
+    let wc = s.peer(true, win, 0, 64, 4)?;
+    s.check_refused_with(&wc, "write through a window invalidated by a send", &[51])?;
+    check_bytes(&s.region, 0, &s.before, "region after a write through an invalidated window")
 }

@@ -96,3 +96,45 @@ pub fn rc_rnr_wait_then_receive<P: Provider>(t: &Target) -> CaseResult {
     ensure_eq!(r.byte_len, 32, "byte_len of the receive");
     check_bytes(&rbuf, 0, &want[..32], "the received bytes")
 }
+
+/// A send posted to an RC QP before it reaches RTS (in INIT, then in RTR) is refused at post
+/// (`PostSend` at index 0) and not queued: once the QP is in RTS nothing completes for it and
+/// the peer receives nothing, and the next send arrives alone. (rxe's own post answers EINVAL
+/// and yet keeps such a request in its ring, to run once the QP is up; corelink refuses it
+/// before the device sees it, on every provider.)
+pub fn rc_send_before_rts_refused<P: Provider>(t: &Target) -> CaseResult {
+    let (da, db) = devs::<P>(t)?;
+    let local = da.mr(64, AccessFlags::LOCAL_WRITE)?;
+    let want = fill(&local, 0x3c)?;
+    let rbuf = db.mr(128, AccessFlags::LOCAL_WRITE)?;
+    let (ascq, arcq, bscq, brcq) = (da.cq(16)?, da.cq(16)?, db.cq(16)?, db.cq(16)?);
+    let mut a = da.qp(QpType::Rc, &ascq, &arcq, None, QpCap::default(), true)?;
+    let mut b = db.qp(QpType::Rc, &bscq, &brcq, None, QpCap::default(), true)?;
+    let (ea, eb) = (da.endpoint(&a)?, db.endpoint(&b)?);
+    b.connect_to(ea, &db.attr()).ctx("connect B to A")?;
+    let rsgl = [sge(&rbuf, 0, 64)?, sge(&rbuf, 64, 64)?];
+    let rwrs = [RecvWr { wr_id: 7, sgl: &rsgl[..1] }, RecvWr { wr_id: 8, sgl: &rsgl[1..] }];
+    // SAFETY: `rbuf` is declared before the QPs and so outlives them.
+    unsafe { post_recv::<P>(&mut b, &rwrs) }?;
+    let sgl = [sge(&local, 0, 16)?];
+    for state in [QpState::Init, QpState::Rtr] {
+        a.modify(&QpAttr { state, dest: eb, ..da.attr() }).ctx(&format!("A to {state:?}"))?;
+        // SAFETY: `local` is declared before the QPs and so outlives them.
+        match unsafe { post::<P>(&mut a, &[SendWr::new(1, SendOp::Send, &sgl)]) } {
+            Err(e) if is_post_send_refusal(&e, 0) => {}
+            other => return Err(format!("a send in {state:?}: {other:?}, not a refusal")),
+        }
+    }
+    a.modify(&QpAttr { state: QpState::Rts, dest: eb, ..da.attr() }).ctx("A to RTS")?;
+    expect_quiet(&ascq, "no completion for the refused sends")?;
+    expect_quiet(&brcq, "nothing received of the refused sends")?;
+    // SAFETY: as above; `exec` polls the completion.
+    let wc = unsafe { exec::<P>(&mut a, &ascq, SendWr::new(2, SendOp::Send, &sgl)) }?;
+    check_wc(&wc, 2, WcStatus::Success, WcOpcode::Send)?;
+    let r = poll_one(&brcq, "the receive of the send posted in RTS")?;
+    check_wc(&r, 7, WcStatus::Success, WcOpcode::Recv)?;
+    ensure_eq!(r.byte_len, 16, "byte_len of the one message");
+    check_bytes(&rbuf, 0, &want[..16], "the one message")?;
+    expect_quiet(&brcq, "one message received")?;
+    expect_quiet(&ascq, "one send completed")
+}

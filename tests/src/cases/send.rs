@@ -27,6 +27,8 @@ fn two_sided<P: Provider>(t: &Target, qp_type: QpType, imm: Option<u32>) -> Case
     check_wc(&r, 7, WcStatus::Success, WcOpcode::Recv)?;
     ensure_eq!(r.byte_len, LEN as u32, "receive byte_len");
     ensure_eq!(r.imm, imm, "receive immediate");
+    ensure_eq!(r.invalidated_rkey, None, "receive's invalidated rkey");
+    ensure_eq!(r.grh, crate::expect::get::<P>(t).rc_uc_recv_grh, "receive grh flag");
     ensure_eq!(r.qp_num, b.qp.qp_num(), "receive completion's qp_num");
     check_bytes(&dst, 0, &data, "received payload")?;
     check_bytes(&dst, LEN, &[0; RECV_LEN - LEN], "receive buffer past the payload")?;

@@ -36,6 +36,7 @@ fn write<P: Provider>(t: &Target, qp_type: QpType, imm: Option<u32>) -> CaseResu
             let r = poll_one(&b.rcq, "the receive consumed by the write-with-immediate")?;
             check_wc(&r, 9, WcStatus::Success, WcOpcode::RecvRdmaWithImm)?;
             ensure_eq!(r.imm, Some(i), "immediate");
+            ensure_eq!(r.grh, exp.rc_uc_recv_grh, "grh flag of the write-with-immediate's receive");
             let want_len = if exp.write_with_imm_byte_len_is_write_len { LEN as u32 } else { 0 };
             ensure_eq!(r.byte_len, want_len, "byte_len of the write-with-immediate's receive");
             check_bytes(&rbuf, 0, &[0; 64], "receive buffer of a write-with-immediate")?;

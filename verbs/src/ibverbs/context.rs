@@ -43,6 +43,9 @@ pub(crate) struct CtxInner {
     pub(crate) max_qp_rd_atom: u8,
     /// Outstanding reads/atomics as initiator, per QP (clamps `max_rd_atomic`).
     pub(crate) max_qp_init_rd_atom: u8,
+    /// The `wc_flags` bit that says a receive's message invalidated an rkey (see
+    /// [`wc_inv_flag`]).
+    pub(crate) wc_inv_flag: u32,
     /// Sets the async fd non-blocking once.
     async_nonblock: Once,
 }
@@ -217,6 +220,7 @@ impl IbvContext {
             cm,
             max_qp_rd_atom: 0,
             max_qp_init_rd_atom: 0,
+            wc_inv_flag: 0,
             async_nonblock: Once::new(),
         };
         // On error `inner` drops here and releases the context.
@@ -224,7 +228,21 @@ impl IbvContext {
         inner.max_qp_rd_atom = u8::try_from(attr.max_qp_rd_atom.max(0)).unwrap_or(u8::MAX);
         inner.max_qp_init_rd_atom =
             u8::try_from(attr.max_qp_init_rd_atom.max(0)).unwrap_or(u8::MAX);
+        inner.wc_inv_flag = wc_inv_flag(attr.vendor_id);
         Ok(IbvContext { inner: Arc::new(inner) })
+    }
+}
+
+/// The `wc_flags` bit by which a device of vendor `vendor_id` says that a receive's message
+/// was a send-with-invalidate: libibverbs' `IBV_WC_WITH_INV` (bit 3), except for the software
+/// devices whose kernel driver writes the completion for user space itself, with the kernel's
+/// `IB_WC_WITH_INVALIDATE` (bit 2, libibverbs' `IBV_WC_IP_CSUM_OK`): rxe (vendor 0xffffff; seen
+/// on rxe0: flags 0x5 and the rkey) and siw (0x626d74). Neither sets a checksum flag.
+pub(crate) fn wc_inv_flag(vendor_id: u32) -> u32 {
+    const KERNEL_WITH_INVALIDATE: u32 = 1 << 2;
+    match vendor_id {
+        0x00ff_ffff | 0x0062_6d74 => KERNEL_WITH_INVALIDATE,
+        _ => rdma_sys::ibv_wc_flags::IBV_WC_WITH_INV.0,
     }
 }
 

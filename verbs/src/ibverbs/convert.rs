@@ -200,8 +200,9 @@ pub(crate) fn wc_opcode_from_ibv(op: ibv_wc_opcode::Type) -> WcOpcode {
 
 /// A work completion in our form. The immediate is converted from network order, and reported
 /// for receives only (as [`Wc::imm`] is defined): rxe also flags the *sender's* completion of a
-/// send- or write-with-immediate, with an immediate of 0.
-pub(crate) fn wc_from_ibv(wc: &ibv_wc) -> Wc {
+/// send- or write-with-immediate, with an immediate of 0. `inv_flag` is the device's bit for a
+/// send-with-invalidate's receive (`context::wc_inv_flag`).
+pub(crate) fn wc_from_ibv(wc: &ibv_wc, inv_flag: u32) -> Wc {
     let opcode = wc_opcode_from_ibv(wc.opcode);
     let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 && opcode.is_recv();
     let imm = if with_imm {
@@ -211,6 +212,11 @@ pub(crate) fn wc_from_ibv(wc: &ibv_wc) -> Wc {
     } else {
         None
     };
+    let with_inv = wc.wc_flags & inv_flag != 0 && opcode.is_recv();
+    // SAFETY: the union holds the invalidated rkey (host order) when IBV_WC_WITH_INV is set;
+    // both members are plain 32-bit integers.
+    let invalidated_rkey =
+        with_inv.then_some(unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey });
     Wc {
         wr_id: wc.wr_id,
         status: WcStatus::from_raw(wc.status),
@@ -218,6 +224,7 @@ pub(crate) fn wc_from_ibv(wc: &ibv_wc) -> Wc {
         vendor_err: wc.vendor_err,
         byte_len: wc.byte_len,
         imm,
+        invalidated_rkey,
         qp_num: wc.qp_num,
         src_qp: wc.src_qp,
         grh: wc.wc_flags & ibv_wc_flags::IBV_WC_GRH.0 != 0,
@@ -454,7 +461,8 @@ mod tests {
 
     #[test]
     fn completions_convert() {
-        let wc = wc_from_ibv(&raw_wc(ibv_wc_opcode::IBV_WC_RECV, 0, 0));
+        const INV: u32 = ibv_wc_flags::IBV_WC_WITH_INV.0;
+        let wc = wc_from_ibv(&raw_wc(ibv_wc_opcode::IBV_WC_RECV, 0, 0), INV);
         assert_eq!(wc.wr_id, 7);
         assert_eq!(wc.status, WcStatus::RemAccessErr);
         assert_eq!(wc.opcode, WcOpcode::Recv);
@@ -465,18 +473,28 @@ mod tests {
         assert!(!wc.grh);
 
         let flags = ibv_wc_flags::IBV_WC_WITH_IMM.0 | ibv_wc_flags::IBV_WC_GRH.0;
-        let wc = wc_from_ibv(&raw_wc(
-            ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
-            flags,
-            0x1234_5678u32.to_be(),
-        ));
+        let wc = wc_from_ibv(
+            &raw_wc(ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM, flags, 0x1234_5678u32.to_be()),
+            INV,
+        );
         assert_eq!(wc.imm, Some(0x1234_5678));
         assert!(wc.grh);
         assert_eq!(wc.opcode, WcOpcode::RecvRdmaWithImm);
 
         // rxe flags the sender's completion of a write-with-immediate too: not reported.
-        let wc = wc_from_ibv(&raw_wc(ibv_wc_opcode::IBV_WC_RDMA_WRITE, flags, 0));
+        let wc = wc_from_ibv(&raw_wc(ibv_wc_opcode::IBV_WC_RDMA_WRITE, flags, 0), INV);
         assert_eq!(wc.imm, None);
+
+        // A send-with-invalidate's receive: the rkey in host order, no immediate.
+        let flags = ibv_wc_flags::IBV_WC_WITH_INV.0 | ibv_wc_flags::IBV_WC_GRH.0;
+        let wc = wc_from_ibv(&raw_wc(ibv_wc_opcode::IBV_WC_RECV, flags, 0x0000_1a2b), INV);
+        assert_eq!((wc.imm, wc.invalidated_rkey, wc.grh), (None, Some(0x1a2b), true));
+        let raw = raw_wc(ibv_wc_opcode::IBV_WC_RECV, 0, 5);
+        assert_eq!(wc_from_ibv(&raw, INV).invalidated_rkey, None);
+        // rxe's receive of a send-with-invalidate, as seen on rxe0: the kernel's bit.
+        let rxe = crate::ibverbs::context::wc_inv_flag(0x00ff_ffff);
+        let wc = wc_from_ibv(&raw_wc(ibv_wc_opcode::IBV_WC_RECV, 0x5, 0x0800_01e8), rxe);
+        assert_eq!((wc.invalidated_rkey, wc.grh), (Some(0x0800_01e8), true));
     }
 
     #[test]

@@ -90,7 +90,7 @@ impl Cq for IbvCq {
             let n = (n as usize).min(want);
             for (slot, raw) in out[done..done + n].iter_mut().zip(&buf[..n]) {
                 // SAFETY: ibv_poll_cq initialised the first `n` entries.
-                *slot = wc_from_ibv(unsafe { raw.assume_init_ref() });
+                *slot = wc_from_ibv(unsafe { raw.assume_init_ref() }, self.inner.ctx.wc_inv_flag);
             }
             done += n;
             if n < want {

@@ -22,7 +22,7 @@ use super::qp::IbvQp;
 use super::srq::SrqInner;
 use super::Ibverbs;
 use crate::error::{Error, Result};
-use crate::types::{QpType, Sge};
+use crate::types::{QpState, QpType, Sge};
 use crate::wr::{RecvWr, SendOp, SendWr};
 
 /// Receive requests an SRQ post builds on the stack at a time.
@@ -67,6 +67,10 @@ fn build_send(wr: &SendWr<'_, Ibverbs>, ud: bool) -> ibv_send_wr {
         SendOp::SendWithImm(i) => {
             opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
             imm = i.to_be();
+        }
+        SendOp::SendWithInv(rkey) => {
+            opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_INV;
+            imm = rkey; // the union's invalidate_rkey, in host order
         }
         SendOp::Write(r) => {
             opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
@@ -146,6 +150,12 @@ fn undo_binds(wrs: &[SendWr<'_, Ibverbs>]) {
     }
 }
 
+/// Whether a QP in `state` takes send requests: RTS, and the states past it (SQD, SQE and ERR,
+/// where they flush). Before RTS (RESET, INIT, RTR) every provider refuses them.
+fn sends_allowed(state: QpState) -> bool {
+    matches!(state, QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err)
+}
+
 /// [`crate::Qp::post_send`].
 ///
 /// # Safety
@@ -155,6 +165,15 @@ pub(crate) unsafe fn post_send(qp: &mut IbvQp, wrs: &[SendWr<'_, Ibverbs>]) -> R
         return Ok(());
     }
     let qpn = qp.qp_num;
+    if !sends_allowed(qp.state) {
+        // rxe answers EINVAL here yet keeps the request queued in its ring, to run once the
+        // QP is up; corelink's promise is that a refused request is not queued.
+        let state = crate::Qp::state(qp); // (the device may have moved it to ERR since)
+        if !sends_allowed(state) {
+            let msg = format!("the QP is in {state:?}; sends need RTS");
+            return Err(Error::PostSend { qpn, index: 0, source: crate::error::invalid(msg) });
+        }
+    }
     let room = wrs.len().min(qp.send_wrs.len());
     let ok = wrs[..room].iter().position(|wr| check_send(qp, wr).is_some()).unwrap_or(room);
     let ud = qp.qp_type == QpType::Ud;

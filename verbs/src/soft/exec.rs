@@ -202,7 +202,9 @@ fn transport_allows(t: QpType, op: &Op) -> bool {
     match op {
         Op::Send(_) => true,
         Op::Write(..) | Op::BindMw { .. } => t != QpType::Ud,
-        Op::Read(_) | Op::CompSwap(..) | Op::FetchAdd(..) | Op::LocalInv(_) => t == QpType::Rc,
+        Op::Read(_) | Op::CompSwap(..) | Op::FetchAdd(..) | Op::LocalInv(_) | Op::SendInv(_) => {
+            t == QpType::Rc
+        }
     }
 }
 
@@ -263,7 +265,7 @@ pub(crate) unsafe fn execute(
         if let Err(st) = inline_segs(sges, &mut src) {
             return Step::Done(st, 0);
         }
-    } else if let Op::Send(_) | Op::Write(..) = d.op {
+    } else if let Op::Send(_) | Op::SendInv(_) | Op::Write(..) = d.op {
         if let Err(st) = resolve_local(keys, sges, false, qp.pd, &mut src) {
             return Step::Done(st, 0);
         }
@@ -312,6 +314,7 @@ pub(crate) unsafe fn execute(
     }
     match d.op {
         Op::Send(imm) => r.send(&src, imm),
+        Op::SendInv(rkey) => r.send_as(&src, None, Some(rkey)),
         Op::Write(remote, imm) => r.write(&src, remote, imm),
         Op::Read(remote) => {
             let p = match r.rkey(remote, len, need) {
@@ -442,7 +445,7 @@ impl Responder<'_> {
                 self.sent.clone()
             });
         }
-        let needs_recv = matches!(op, Op::Send(_) | Op::Write(_, Some(_)));
+        let needs_recv = matches!(op, Op::Send(_) | Op::SendInv(_) | Op::Write(_, Some(_)));
         let fate = match self.qp.draw_for(self.len, !replaying, needs_recv) {
             Drawn::Later(wait) => return Some(Step::Later(wait)),
             // No receive this time: what the transport does without one.
@@ -536,12 +539,18 @@ impl Responder<'_> {
             imm,
             qp_num: self.target.qpn,
             src_qp: if ud { self.qp.qpn } else { 0 },
-            grh: ud,
+            // rxe flags every successful receive so (N5 in docs/rxe-semantics.md).
+            grh: true,
             ..Wc::default()
         }
     }
 
     fn send(&self, src: &[(*mut u8, usize)], imm: Option<u32>) -> Step {
+        self.send_as(src, imm, None)
+    }
+
+    /// A send, with an immediate or invalidating `inv` at the target.
+    fn send_as(&self, src: &[(*mut u8, usize)], imm: Option<u32>, inv: Option<u32>) -> Step {
         let recv = match self.take_recv() {
             Ok(r) => r,
             Err(step) => return step,
@@ -571,8 +580,28 @@ impl Responder<'_> {
         }
         // SAFETY: as above; the payload goes after the GRH area.
         unsafe { copy_segs(src, &dst, grh as usize, self.len as usize) };
-        self.target.complete_recv(self.recv_wc(&recv, WcOpcode::Recv, self.len + grh, imm));
+        let mut wc = self.recv_wc(&recv, WcOpcode::Recv, self.len + grh, imm);
+        if let Some(rkey) = inv {
+            if let Err(st) = self.invalidate(rkey) {
+                // An invalidation error (class J), as rxe's responder handles it: the receive
+                // fails and the responder's QP goes to ERR; the message was acknowledged.
+                self.target.complete_recv(self.target.error_wc(recv.wr_id, st));
+                self.target.set_error();
+                return self.sent.clone();
+            }
+            wc.invalidated_rkey = Some(rkey);
+        }
+        self.target.complete_recv(wc);
         self.sent.clone()
+    }
+
+    /// A send-with-invalidate's revocation: the target's type 2 window with `rkey`, bound
+    /// through the target QP.
+    fn invalidate(&self, rkey: u32) -> Result<(), WcStatus> {
+        match self.keys.get(rkey) {
+            Some(KeyEntry::Mw(mw)) => mw.invalidate_remote(rkey, self.target.pd, self.target.qpn),
+            _ => Err(WcStatus::RemInvReqErr),
+        }
     }
 
     #[inline(always)]

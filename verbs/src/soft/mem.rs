@@ -191,6 +191,22 @@ impl MwShared {
         Ok(new)
     }
 
+    /// Invalidates the window for a send-with-invalidate that reached QP `qpn` of PD `pd`: a
+    /// type 2 window is revoked remotely only through the QP it is bound through.
+    pub(crate) fn invalidate_remote(&self, rkey: u32, pd: u64, qpn: u32) -> Result<(), WcStatus> {
+        if self.pd != pd || self.rkey.load(Ordering::Acquire) != rkey {
+            return Err(WcStatus::RemInvReqErr);
+        }
+        let mut b = self.binding();
+        match b.as_ref() {
+            Some(bound) if bound.qpn == qpn => {
+                *b = None;
+                Ok(())
+            }
+            _ => Err(WcStatus::RemInvReqErr),
+        }
+    }
+
     /// Invalidates the window if `rkey` is its current key.
     pub(crate) fn invalidate(&self, rkey: u32, pd: u64) -> Result<(), WcStatus> {
         if self.pd != pd || self.rkey.load(Ordering::Acquire) != rkey {

@@ -20,18 +20,26 @@ use crate::wr::{SendOp, SendWr};
 #[derive(Debug)]
 pub(crate) enum Op {
     Send(Option<u32>),
+    /// A send that invalidates this rkey at the responder.
+    SendInv(u32),
     Write(RemoteAddr, Option<u32>),
     Read(RemoteAddr),
     CompSwap(RemoteAddr, u64, u64),
     FetchAdd(RemoteAddr, u64),
-    BindMw { mw: Arc<MwShared>, mr: Arc<MrShared>, addr: u64, len: u64, access: AccessFlags },
+    BindMw {
+        mw: Arc<MwShared>,
+        mr: Arc<MrShared>,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+    },
     LocalInv(u32),
 }
 
 impl Op {
     pub(crate) fn wc_opcode(&self) -> WcOpcode {
         match self {
-            Op::Send(_) => WcOpcode::Send,
+            Op::Send(_) | Op::SendInv(_) => WcOpcode::Send,
             Op::Write(..) => WcOpcode::RdmaWrite,
             Op::Read(_) => WcOpcode::RdmaRead,
             Op::CompSwap(..) => WcOpcode::CompSwap,
@@ -122,6 +130,7 @@ pub(crate) fn admit(
     let op = match wr.op {
         SendOp::Send => Op::Send(None),
         SendOp::SendWithImm(imm) => Op::Send(Some(imm)),
+        SendOp::SendWithInv(rkey) => Op::SendInv(rkey),
         SendOp::Write(r) => Op::Write(r, None),
         SendOp::WriteWithImm(r, imm) => Op::Write(r, Some(imm)),
         SendOp::Read(r) => Op::Read(r),
@@ -141,7 +150,7 @@ pub(crate) fn admit(
     }
     let inline = wr.flags.contains(SendFlags::INLINE);
     if inline {
-        if !matches!(op, Op::Send(_) | Op::Write(..)) {
+        if !matches!(op, Op::Send(_) | Op::SendInv(_) | Op::Write(..)) {
             return Err(invalid("only sends and writes may be inline"));
         }
         if len > u64::from(qp.cap.max_inline_data) {

@@ -600,3 +600,32 @@ fn a_plans_rnr_storm_exhausts_rc_retries_and_drops_ud() {
     let mut got = [Wc::default(); 1];
     assert_eq!(b.cq.poll(&mut got).unwrap(), 0, "the receive was never taken");
 }
+
+/// A send-with-invalidate naming a key that is no window bound through the receiving QP is an
+/// invalidation error (class J, as rxe's responder has it): the message was acknowledged (the
+/// send succeeds), the receive fails with `RemInvReqErr` and the responder's QP goes to ERR.
+/// On UC the operation does not exist: the requester fails it with `LocQpOpErr`.
+#[test]
+fn send_with_invalidate_of_a_bad_key() {
+    let (mut a, mut b) = pair(QpType::Rc, QpAttr::default());
+    let rsge = [b.mr.sge(0, 64).unwrap()];
+    // SAFETY: the regions outlive the completions polled below.
+    unsafe { b.qp.post_recv(&[RecvWr { wr_id: 9, sgl: &rsge }]).unwrap() };
+    let sge = [a.mr.sge(0, 8).unwrap()];
+    let wr = SendWr::new(1, SendOp::SendWithInv(b.mr.rkey()), &sge);
+    // SAFETY: as above.
+    unsafe { a.qp.post_send(&[wr]).unwrap() };
+    let wc = poll_one(&a.cq);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+    let wc = poll_one(&b.cq);
+    assert_eq!((wc.wr_id, wc.status, wc.invalidated_rkey), (9, WcStatus::RemInvReqErr, None));
+    assert_eq!(b.qp.state(), QpState::Err);
+
+    let (mut a, b) = pair(QpType::Uc, QpAttr::default());
+    let sge = [a.mr.sge(0, 8).unwrap()];
+    let wr = SendWr::new(2, SendOp::SendWithInv(b.mr.rkey()), &sge);
+    // SAFETY: as above.
+    unsafe { a.qp.post_send(&[wr]).unwrap() };
+    let wc = poll_one(&a.cq);
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::LocQpOpErr));
+}
