@@ -79,6 +79,12 @@ pub struct WorkerResources {
     /// iteration (`sched_yield`) until a completion comes (0: never; pure busy-polling). For
     /// machines where the device's own work needs the worker's core (Soft-RoCE).
     pub yield_after_empty_polls: u32,
+    /// Whether each worker opens a device context of its own (`true`, the default: its QPs
+    /// have doorbell registers no other worker's lock; on ConnectX, QPs of one context share
+    /// them under a lock), or every worker shares the control core's (`false`: for devices
+    /// with few contexts or doorbell pages; the control core then reads the workers' device
+    /// events and hands them over).
+    pub own_context: bool,
     /// Registered buffer size classes, smallest first.
     pub pools: Vec<PoolClass>,
     /// Engine connections one worker holds at most (each end counts on its own worker); a
@@ -251,6 +257,7 @@ impl Default for WorkerResources {
             poll_budget: 32,
             idle_after_us: 1000,
             yield_after_empty_polls: 0,
+            own_context: true,
             pools: vec![
                 PoolClass { size: 256, count: 1024 },
                 PoolClass { size: 4096, count: 256 },

@@ -23,6 +23,12 @@ pub(crate) struct WorkerContext<C> {
 }
 
 impl<C> WorkerContext<C> {
+    /// The control core's context, shared because the core map says so
+    /// (`worker.own_context = false`).
+    pub(crate) fn shared(shared: &Arc<C>) -> Self {
+        WorkerContext { ctx: shared.clone(), own: false }
+    }
+
     /// Worker `worker`'s context: what `open` gives (a sibling of `shared`), or, if it
     /// fails, `shared` itself, saying why on stderr.
     pub(crate) fn open(

@@ -132,7 +132,11 @@ impl<P: Provider> Engine<P> {
         let mut threads = Vec::new();
         let mut metrics = Vec::new();
         for (i, &core) in cfg.workers.iter().enumerate() {
-            let wctx = WorkerContext::open(i, &ctx, |c| c.open_sibling());
+            let wctx = if w.own_context {
+                WorkerContext::open(i, &ctx, |c| c.open_sibling())
+            } else {
+                WorkerContext::shared(&ctx)
+            };
             let pd = Arc::new(wctx.ctx.alloc_pd()?);
             let cq = Arc::new(wctx.ctx.create_cq(w.cq_depth)?);
             let own_context = wctx.own;
@@ -206,6 +210,7 @@ impl<P: Provider> Engine<P> {
                 budget: Budget::new(i, w),
                 lanes: 0,
                 stopped: false,
+                shares_context: !own_context,
             });
             workers.push(jh);
         }

@@ -74,6 +74,9 @@ pub(crate) enum ToWorker<P: Provider> {
         overflow: Overflow,
         waiter: std::sync::Arc<crate::client::Waiter>,
     },
+    /// An asynchronous event of the control core's context, which this worker shares (see
+    /// `WorkerLink::shares_context`).
+    DeviceEvent(corelink_verbs::AsyncEvent),
     /// Finish in-flight requests, close every connection, stop.
     Shutdown,
 }

@@ -250,8 +250,12 @@ pub struct ControlMetrics {
     /// Lanes accepted and waiting for their connectors' confirmation now (a half-open peer's
     /// stays here until it confirms or its accept times out; it delays no other).
     pub accepts_waiting: u64,
-    /// Waits for connection-manager events that failed (the loop slept a slice instead).
+    /// Waits for connection-manager events that failed (the loop slept a slice instead),
+    /// and failed reads of the control core's device events.
     pub wait_errors: u64,
+    /// Asynchronous events of the control core's own context (port and device events; the
+    /// QP and CQ events of workers that share it, which are handed to them).
+    pub async_events: u64,
 }
 
 impl fmt::Display for ControlMetrics {
@@ -295,6 +299,9 @@ impl fmt::Display for ControlMetrics {
         if self.wait_errors > 0 {
             write!(f, "\n  failed waits for connection-manager events: {}", self.wait_errors)?;
         }
+        if self.async_events > 0 {
+            write!(f, "\n  device events on the control core's context: {}", self.async_events)?;
+        }
         Ok(())
     }
 }
@@ -329,6 +336,7 @@ mod tests {
             foreign_refused: 0,
             accepts_waiting: 0,
             wait_errors: 0,
+            async_events: 0,
             workers: vec![WorkerCounts {
                 connections: 2,
                 qps_reused: 7,

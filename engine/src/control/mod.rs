@@ -93,6 +93,9 @@ pub(crate) struct WorkerLink<P: Provider> {
     /// Lanes handed to it since start.
     pub(crate) lanes: u64,
     pub(crate) stopped: bool,
+    /// It has no context of its own (it shares the control core's): the control core reads
+    /// its QPs' and CQ's device events and hands them over.
+    pub(crate) shares_context: bool,
 }
 
 /// How the control core sets connections up.
@@ -162,6 +165,8 @@ pub(crate) struct Control<P: Provider> {
     foreign_refused: u64,
     /// Waits for connection-manager events that failed.
     wait_errors: u64,
+    /// Asynchronous events of the control core's own context read.
+    async_events: u64,
 }
 
 impl<P: Provider> Control<P> {
@@ -199,6 +204,7 @@ impl<P: Provider> Control<P> {
             idle: 0,
             foreign_refused: 0,
             wait_errors: 0,
+            async_events: 0,
         };
         c.publish();
         c
@@ -230,6 +236,10 @@ impl<P: Provider> Control<P> {
             }
             // After a busy pass, just a look (which tells the next pass what is ready).
             self.wait(if busy { Duration::ZERO } else { self.slice() });
+            if !self.targeted {
+                // (a system call on ibverbs: once a slice, with the full pass)
+                self.device_events();
+            }
         }
         self.drop_incoming();
         // Connection-manager sides first, then the QPs (in the pools, dropped with `self`).
@@ -267,6 +277,36 @@ impl<P: Provider> Control<P> {
         }
     }
 
+    /// Reads the control core's own context's asynchronous events (a few a look): each is
+    /// counted, a device's or port's failure said on stderr, and handed to every worker that
+    /// shares this context (its QPs and CQ are on it), which acts on those that name its own.
+    /// (A worker with a context of its own reads that context's.)
+    fn device_events(&mut self) {
+        use corelink_verbs::{AsyncEventKind as K, Context as _};
+        for _ in 0..16 {
+            let ev = match self.ctx.poll_async_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => return,
+                Err(_) => {
+                    self.wait_errors += 1;
+                    return;
+                }
+            };
+            self.async_events += 1;
+            if matches!(ev.kind, K::DeviceFatal | K::PortErr) {
+                eprintln!(
+                    "corelink: the control core's device reported {:?} on {:?}",
+                    ev.kind, ev.element
+                );
+            }
+            for w in 0..self.workers.len() {
+                if self.workers[w].shares_context {
+                    self.send(w, ToWorker::DeviceEvent(ev));
+                }
+            }
+        }
+    }
+
     /// Whether this pass looks at the object `w` watches.
     pub(super) fn look(&self, w: Watch) -> bool {
         !self.targeted || self.waiter.ready(w)
@@ -288,6 +328,7 @@ impl<P: Provider> Control<P> {
             foreign_refused: self.foreign_refused,
             accepts_waiting: self.incoming.confirming() as u64,
             wait_errors: self.wait_errors,
+            async_events: self.async_events,
         };
         if now != self.last_published {
             if let Ok(mut m) = self.published.lock() {

@@ -310,49 +310,59 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
     }
 
-    /// Reads the device's asynchronous events (a few a pass): each is counted; a QP's fatal
-    /// error closes its connection, a CQ overrun or a failed device every connection (their
-    /// completions cannot be trusted), each with `CloseReason::Device`, and is said on stderr.
+    /// Reads the device's asynchronous events (a few a pass), each handled by
+    /// [`Worker::device_event`].
     fn device_events(&mut self) {
-        use corelink_verbs::{AsyncElement, AsyncEventKind as K, Context as _, Qp as _};
+        use corelink_verbs::Context as _;
         let Some(ctx) = self.events.clone() else { return };
         for _ in 0..16 {
-            let ev = match ctx.poll_async_event() {
-                Ok(Some(ev)) => ev,
+            match ctx.poll_async_event() {
+                Ok(Some(ev)) => self.device_event(ev),
                 Ok(None) => return,
                 Err(_) => {
                     self.cx.metrics.poll_errors += 1;
                     return;
                 }
-            };
-            self.cx.metrics.async_events += 1;
-            let reason = CloseReason::Device(ev.kind);
-            let hit: Vec<ConnId> = match (ev.kind, ev.element) {
-                (K::QpFatal | K::QpReqErr | K::QpAccessErr, AsyncElement::Qp(qpn)) => self
-                    .cx
-                    .conns
-                    .iter()
-                    .filter(|c| c.lanes.iter().any(|l| l.qp.qp_num() == qpn))
-                    .map(|c| c.id)
-                    .collect(),
-                (K::CqErr | K::DeviceFatal, _) => self.cx.conns.iter().map(|c| c.id).collect(),
-                _ => Vec::new(),
-            };
-            if matches!(ev.kind, K::CqErr | K::DeviceFatal | K::PortErr | K::QpFatal) {
-                eprintln!(
-                    "corelink: worker {}: the device reported {:?} on {:?}{}",
-                    self.cx.index,
-                    ev.kind,
-                    ev.element,
-                    if hit.is_empty() { String::new() } else { format!(": closing {hit:?}") }
-                );
             }
-            for id in hit {
-                if let Ok(c) = self.cx.conns.get_mut(id) {
-                    c.error_lanes();
-                }
-                let _ = self.cx.begin_close(id, reason);
+        }
+    }
+
+    /// A device event (read on this worker's context, or handed over by the control core,
+    /// whose context this worker shares): counted; a fatal error of one of this worker's QPs
+    /// closes its connection, an overrun of its CQ or a failed device every connection (their
+    /// completions cannot be trusted), each with `CloseReason::Device`, and is said on stderr.
+    /// Events naming another worker's QP or CQ are only counted.
+    fn device_event(&mut self, ev: corelink_verbs::AsyncEvent) {
+        use corelink_verbs::{AsyncElement, AsyncEventKind as K, Cq as _, Qp as _};
+        self.cx.metrics.async_events += 1;
+        let reason = CloseReason::Device(ev.kind);
+        let hit: Vec<ConnId> = match (ev.kind, ev.element) {
+            (K::QpFatal | K::QpReqErr | K::QpAccessErr, AsyncElement::Qp(qpn)) => self
+                .cx
+                .conns
+                .iter()
+                .filter(|c| c.lanes.iter().any(|l| l.qp.qp_num() == qpn))
+                .map(|c| c.id)
+                .collect(),
+            (K::CqErr, AsyncElement::Cq(h)) if h != self.cx.cq.handle() => Vec::new(),
+            (K::CqErr | K::DeviceFatal, _) => self.cx.conns.iter().map(|c| c.id).collect(),
+            _ => Vec::new(),
+        };
+        let mine = !hit.is_empty() || matches!(ev.kind, K::DeviceFatal | K::PortErr);
+        if mine && matches!(ev.kind, K::CqErr | K::DeviceFatal | K::PortErr | K::QpFatal) {
+            eprintln!(
+                "corelink: worker {}: the device reported {:?} on {:?}{}",
+                self.cx.index,
+                ev.kind,
+                ev.element,
+                if hit.is_empty() { String::new() } else { format!(": closing {hit:?}") }
+            );
+        }
+        for id in hit {
+            if let Ok(c) = self.cx.conns.get_mut(id) {
+                c.error_lanes();
             }
+            let _ = self.cx.begin_close(id, reason);
         }
     }
 
@@ -525,6 +535,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                         self.cx.invariant_missed();
                     }
                 }
+                ToWorker::DeviceEvent(ev) => self.device_event(ev),
                 ToWorker::Shutdown => self.cx.begin_shutdown(),
             }
         }

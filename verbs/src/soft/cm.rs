@@ -17,7 +17,7 @@ use super::qp::{QpShared, SoftQp};
 use super::Soft;
 use crate::error::{Error, Result};
 use crate::provider::{CmEvent, Qp};
-use crate::types::{Endpoint, QpAttr, QpState, QpType};
+use crate::types::{AsyncElement, AsyncEventKind, Endpoint, QpAttr, QpState, QpType};
 
 /// Private data rdma_cm carries in a connect request, an accept and a reject (RDMA_PS_TCP).
 pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
@@ -222,11 +222,25 @@ pub fn fail_qps(listener: SocketAddr) -> usize {
     for link in &links {
         for qp in lock(&link.qps).iter().filter_map(Weak::upgrade) {
             qp.set_error();
-            qp.ctx.raise(crate::AsyncEventKind::QpFatal, crate::AsyncElement::Qp(qp.qpn));
+            qp.ctx.raise(AsyncEventKind::QpFatal, AsyncElement::Qp(qp.qpn));
             n += 1;
         }
     }
     n
+}
+
+/// Fault injection: an asynchronous event on the context of the listener bound to `listener`
+/// (an engine's control core's), as its device would raise it (`Context::poll_async_event`).
+/// Returns whether such a listener was found.
+pub fn raise_at(listener: SocketAddr, kind: AsyncEventKind, element: AsyncElement) -> bool {
+    let shared = lock(&Fabric::get().listeners).get(&listener).cloned();
+    match shared.and_then(|l| l.ctx.get().and_then(std::sync::Weak::upgrade)) {
+        Some(ctx) => {
+            ctx.raise(kind, element);
+            true
+        }
+        None => false,
+    }
 }
 
 /// A listener as connectors find it.
@@ -235,6 +249,8 @@ pub(crate) struct ListenerShared {
     requests: Signal<VecDeque<Arc<Attempt>>>,
     /// Set by its waker: the next (or current) wait ends at once.
     woken: std::sync::atomic::AtomicBool,
+    /// The context it listens on (for [`raise_at`]).
+    ctx: std::sync::OnceLock<std::sync::Weak<CtxShared>>,
 }
 
 /// A listener of `soft`'s connection manager.
@@ -268,6 +284,7 @@ impl SoftListener {
             });
         }
         let shared = Arc::new(ListenerShared::default());
+        let _ = shared.ctx.set(Arc::downgrade(&ctx.shared));
         table.insert(addr, shared.clone());
         Ok(SoftListener { addr, shared, ctx: ctx.shared.clone() })
     }

@@ -29,7 +29,7 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 
-pub use super::cm::{cut, fail_qps};
+pub use super::cm::{cut, fail_qps, raise_at};
 
 /// The environment variable a whole program's plan comes from.
 pub const ENV: &str = "CORELINK_SOFT_FAULTS";
