@@ -286,6 +286,7 @@ fn every_request_of_both_issuers_ends_once_under_a_seeded_fault_plan() {
             reordered: after.reordered - before.reordered,
             rnr_naks: after.rnr_naks - before.rnr_naks,
             cm_events_lost: after.cm_events_lost - before.cm_events_lost,
+            cm_events_delayed: after.cm_events_delayed - before.cm_events_delayed,
         }
     );
     assert!(by_status.get(&Some(WcStatus::Success)).copied().unwrap_or(0) > PER_ISSUER);

@@ -135,18 +135,41 @@ impl crate::CmWaiter for SoftCmWaiter {
 enum Answer {
     #[default]
     Waiting,
+    /// Accepted; the connector hears it at `at` (a plan's `cm_delay_us`).
     Accepted {
         qpn: u32,
         private_data: Vec<u8>,
         link: Arc<Link>,
+        at: Instant,
     },
     Rejected(Vec<u8>),
-    Ready,
+    /// The connector is up; the accepting side hears it at `at`.
+    Ready {
+        at: Instant,
+    },
     Abandoned,
+}
+
+/// Sleeps until `at` if that comes no later than `until` (a message in flight that arrives
+/// within the caller's wait); whether it has arrived.
+fn arrived_by(at: Instant, until: Instant) -> bool {
+    let now = Instant::now();
+    if at <= now {
+        return true;
+    }
+    if at > until {
+        return false;
+    }
+    std::thread::sleep(at - now);
+    true
 }
 
 #[derive(Debug)]
 struct Attempt {
+    /// When the listener hears of it (a plan's `cm_delay_us` after it was made).
+    arrives: Instant,
+    /// How late each of its connection-manager messages is.
+    late: Duration,
     from: SocketAddr,
     qpn: u32,
     qp_type: QpType,
@@ -158,7 +181,8 @@ struct Attempt {
 /// both ends' QPs (for [`cut`]).
 #[derive(Debug)]
 struct Link {
-    sides: [Signal<VecDeque<CmEvent>>; 2],
+    /// Each end's events, with when they reach it.
+    sides: [Signal<VecDeque<(CmEvent, Instant)>>; 2],
     listener: SocketAddr,
     qps: Mutex<[Weak<QpShared>; 2]>,
     /// Its wire is cut: the connection manager's messages do not cross it either.
@@ -168,6 +192,8 @@ struct Link {
     plan: Option<super::faults::FaultPlan>,
     /// Its connection-manager events sent so far (what the plan's `cm_drop` draws from).
     cm_events: AtomicU64,
+    /// The plan its connection-manager messages meet (the listener's, else the program's).
+    cm_plan: Option<super::faults::FaultPlan>,
 }
 
 impl Link {
@@ -180,6 +206,7 @@ impl Link {
             cut: AtomicBool::new(false),
             plan: super::faults::at(listener),
             cm_events: AtomicU64::new(0),
+            cm_plan: super::faults::for_cm(listener),
         });
         let mut links = lock(&LINKS);
         if links.len() >= 64 && links.len().is_power_of_two() {
@@ -326,7 +353,19 @@ impl crate::Listener<Soft> for SoftListener {
             .shared
             .requests
             .wait_until(deadline, |q| !q.is_empty() || woken.swap(false, Ordering::AcqRel));
-        while let Some(a) = q.pop_front() {
+        while let Some(a) = q.front() {
+            if a.arrives > Instant::now() {
+                // Still on its way (a plan's `cm_delay_us`; those behind it too): it arrives
+                // within this wait, or the next one looks again.
+                let at = a.arrives;
+                drop(q);
+                if !arrived_by(at, deadline) {
+                    return Ok(None);
+                }
+                q = lock(&self.shared.requests.value);
+                continue;
+            }
+            let Some(a) = q.pop_front() else { break };
             if !matches!(*lock(&a.answer.value), Answer::Abandoned) {
                 let (ctx, listener) = (self.ctx.clone(), self.addr);
                 return Ok(Some(SoftConnRequest { attempt: a, ctx, listener }));
@@ -370,12 +409,17 @@ impl crate::Accepting<Soft> for SoftAccepting {
         qp: &mut SoftQp,
         timeout: Duration,
     ) -> Result<crate::Progress<Soft, SoftAccepting>> {
-        let g = self.attempt.answer.wait_until(Instant::now() + timeout, |s| {
-            matches!(s, Answer::Ready | Answer::Abandoned)
-        });
+        let until = Instant::now().checked_add(timeout).unwrap_or_else(far_future);
+        let g = self
+            .attempt
+            .answer
+            .wait_until(until, |s| matches!(s, Answer::Ready { .. } | Answer::Abandoned));
         match *g {
-            Answer::Ready => {
+            Answer::Ready { at } => {
                 drop(g);
+                if !arrived_by(at, until) {
+                    return Ok(crate::Progress::Pending(self));
+                }
                 let pd = self.attempt.private_data.clone();
                 Ok(crate::Progress::Ready(SoftConnection::new(self.link, 1, pd, &qp.shared)))
             }
@@ -423,7 +467,8 @@ impl SoftContext {
     pub fn request_only(&self, addr: SocketAddr, private_data: &[u8]) -> Result<HalfOpen> {
         too_long("connect", private_data.len(), MAX_CONNECT_PRIVATE_DATA)?;
         let listener = listener_at(addr)?;
-        Ok(HalfOpen { attempt: request(&listener, self, 0, QpType::Rc, private_data) })
+        let late = super::faults::cm_late(addr);
+        Ok(HalfOpen { attempt: request(&listener, self, 0, QpType::Rc, private_data, late) })
     }
 }
 
@@ -459,6 +504,7 @@ impl crate::ConnRequest<Soft> for SoftConnRequest {
             qpn: qp.qp_num(),
             private_data: private_data.to_vec(),
             link: link.clone(),
+            at: Instant::now() + super::faults::cm_again(a.late),
         };
         a.answer.update(|s| *s = answer);
         Ok(SoftAccepting { attempt: a.clone(), link })
@@ -518,7 +564,8 @@ pub(crate) fn connect_start(
     if qp.state() == QpState::Reset {
         qp.modify(&QpAttr { state: QpState::Init, ..*attr })?;
     }
-    let attempt = request(&listener, ctx, qp.qp_num(), qp.qp_type(), private_data);
+    let late = super::faults::cm_late(addr);
+    let attempt = request(&listener, ctx, qp.qp_num(), qp.qp_type(), private_data, late);
     let deadline = Instant::now().checked_add(timeout);
     Ok(SoftConnecting { attempt, addr, attr: *attr, deadline })
 }
@@ -538,8 +585,11 @@ fn request(
     qpn: u32,
     qp_type: QpType,
     private_data: &[u8],
+    late: Duration,
 ) -> Arc<Attempt> {
     let attempt = Arc::new(Attempt {
+        arrives: Instant::now() + late,
+        late,
         from: SocketAddr::new(IpAddr::V6(ctx.shared.gid.0.into()), 0),
         qpn,
         qp_type,
@@ -571,14 +621,25 @@ impl crate::Connecting<Soft> for SoftConnecting {
         let attempt = &self.attempt;
         let (addr, attr) = (self.addr, self.attr);
         let mut g = attempt.answer.wait_until(until, |s| !matches!(s, Answer::Waiting));
+        if let Answer::Accepted { at, .. } = *g {
+            drop(g);
+            if !arrived_by(at, until) {
+                if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                    // (dropping `self` abandons the attempt)
+                    return Err(Error::CmTimeout { op: "rdma_connect", addr });
+                }
+                return Ok(crate::Progress::Pending(self));
+            }
+            g = lock(&attempt.answer.value);
+        }
         match std::mem::take(&mut *g) {
-            Answer::Accepted { qpn, private_data, link } => {
+            Answer::Accepted { qpn, private_data, link, .. } => {
                 if let Err(e) = bring_up(qp, &attr, qpn) {
                     *g = Answer::Abandoned;
                     attempt.answer.notify();
                     return Err(e);
                 }
-                *g = Answer::Ready;
+                *g = Answer::Ready { at: Instant::now() + super::faults::cm_again(attempt.late) };
                 attempt.answer.notify();
                 Ok(crate::Progress::Ready(SoftConnection::new(link, 0, private_data, &qp.shared)))
             }
@@ -632,7 +693,7 @@ impl SoftConnection {
         if let Some(plan) = link.plan {
             qp.set_faults(Some(plan));
         }
-        link.sides[side].update(|q| q.push_back(CmEvent::Established));
+        link.sides[side].update(|q| q.push_back((CmEvent::Established, Instant::now())));
         SoftConnection {
             link,
             side,
@@ -653,9 +714,14 @@ impl crate::Connection for SoftConnection {
     }
 
     fn poll_event(&mut self, timeout: Duration) -> Result<Option<CmEvent>> {
-        let mut q =
-            self.link.sides[self.side].wait_until(Instant::now() + timeout, |q| !q.is_empty());
-        Ok(q.pop_front())
+        let until = Instant::now().checked_add(timeout).unwrap_or_else(far_future);
+        let q = self.link.sides[self.side].wait_until(until, |q| !q.is_empty());
+        let Some(&(_, at)) = q.front() else { return Ok(None) };
+        drop(q);
+        if !arrived_by(at, until) {
+            return Ok(None);
+        }
+        Ok(lock(&self.link.sides[self.side].value).pop_front().map(|(e, _)| e))
     }
 
     fn disconnect(&mut self) -> Result<()> {
@@ -673,10 +739,12 @@ impl crate::Connection for SoftConnection {
                 continue;
             }
             let n = self.link.cm_events.fetch_add(1, Ordering::Relaxed);
-            if far && self.link.plan.is_some_and(|p| p.loses_cm_event(n)) {
+            let plan = self.link.cm_plan.filter(|_| far);
+            if plan.is_some_and(|p| p.loses_cm_event(n)) {
                 continue;
             }
-            side.update(|q| q.push_back(CmEvent::Disconnected));
+            let at = Instant::now() + plan.map_or(Duration::ZERO, |p| p.cm_late());
+            side.update(|q| q.push_back((CmEvent::Disconnected, at)));
         }
         Ok(())
     }

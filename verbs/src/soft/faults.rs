@@ -55,6 +55,10 @@ pub struct FaultPlan {
     /// peer's disconnect) is lost, `0.0..=1.0`: that end hears nothing and finds out as a NIC
     /// would let it (its next request, or a keepalive probe, is not answered).
     pub cm_drop: f64,
+    /// Microseconds every connection-manager message takes to reach the other side (at most
+    /// [`MAX_DELAY_US`]): a connection request, its accept, the connector's confirmation and
+    /// a disconnect reach the far end that much later (a reject does not wait).
+    pub cm_delay_us: u32,
 }
 
 /// The longest `delay_us` a plan may give (10 s).
@@ -62,8 +66,8 @@ pub const MAX_DELAY_US: u32 = 10_000_000;
 
 impl FaultPlan {
     /// A plan from its text: `key=value` pairs separated by commas, keys `seed`, `drop`,
-    /// `dup`, `reorder`, `delay_us` and `rnr` (as in `seed=7,drop=0.01,reorder=0.1,delay_us=50`);
-    /// anything else is refused with why.
+    /// `dup`, `reorder`, `delay_us`, `rnr`, `cm_drop` and `cm_delay_us` (as in
+    /// `seed=7,drop=0.01,reorder=0.1,delay_us=50`); anything else is refused with why.
     pub fn parse(text: &str) -> Result<FaultPlan> {
         let bad = |why: String| Error::BadFaultPlan { text: text.to_owned(), why };
         let mut plan = FaultPlan::default();
@@ -84,14 +88,19 @@ impl FaultPlan {
                 }
                 "drop" => plan.drop = p()?,
                 "dup" => plan.dup = p()?,
-                "delay_us" => {
-                    plan.delay_us = match value.parse::<u32>() {
+                "delay_us" | "cm_delay_us" => {
+                    let us = match value.parse::<u32>() {
                         Ok(us) if us <= MAX_DELAY_US => us,
                         _ => {
                             return Err(bad(format!(
-                                "delay_us = `{value}`: microseconds, 0 to {MAX_DELAY_US}"
+                                "{key} = `{value}`: microseconds, 0 to {MAX_DELAY_US}"
                             )))
                         }
+                    };
+                    if key == "delay_us" {
+                        plan.delay_us = us;
+                    } else {
+                        plan.cm_delay_us = us;
                     }
                 }
                 "reorder" => plan.reorder = p()?,
@@ -99,7 +108,8 @@ impl FaultPlan {
                 "cm_drop" => plan.cm_drop = p()?,
                 _ => {
                     return Err(bad(format!(
-                        "unknown key `{key}` (seed, drop, dup, reorder, delay_us, rnr, cm_drop)"
+                        "unknown key `{key}` (seed, drop, dup, reorder, delay_us, rnr, cm_drop, \
+                         cm_delay_us)"
                     )))
                 }
             }
@@ -115,6 +125,15 @@ impl FaultPlan {
             || self.delay_us > 0
             || self.rnr > 0.0
             || self.cm_drop > 0.0
+            || self.cm_delay_us > 0
+    }
+
+    /// How late a connection-manager message arrives (counted when it is).
+    pub(crate) fn cm_late(&self) -> std::time::Duration {
+        if self.cm_delay_us > 0 {
+            CM_DELAYED.fetch_add(1, Ordering::Relaxed);
+        }
+        std::time::Duration::from_micros(u64::from(self.cm_delay_us))
     }
 
     /// Whether the `n`-th connection-manager event of a connection is lost (counted).
@@ -169,6 +188,25 @@ pub(crate) fn at(listener: SocketAddr) -> Option<FaultPlan> {
     at.iter().find(|(a, _)| *a == listener).map(|(_, p)| *p).filter(FaultPlan::active)
 }
 
+/// The plan for the connection-manager messages of connections to the listener at
+/// `listener`: its own ([`plan_at`]), else the whole program's ([`ENV`]).
+pub(crate) fn for_cm(listener: SocketAddr) -> Option<FaultPlan> {
+    at(listener).or_else(|| global().ok().flatten().filter(FaultPlan::active))
+}
+
+/// `late` for one more connection-manager message (counted when it is late).
+pub(crate) fn cm_again(late: std::time::Duration) -> std::time::Duration {
+    if !late.is_zero() {
+        CM_DELAYED.fetch_add(1, Ordering::Relaxed);
+    }
+    late
+}
+
+/// How late a connection-manager message to or from the listener at `listener` arrives.
+pub(crate) fn cm_late(listener: SocketAddr) -> std::time::Duration {
+    for_cm(listener).map_or(std::time::Duration::ZERO, |p| p.cm_late())
+}
+
 /// Totals over the process: packets dropped, RC messages sent again, duplicates thrown away
 /// (RC, UC) or delivered twice (UD).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -191,6 +229,8 @@ pub struct FaultCounts {
     pub rnr_naks: u64,
     /// Connection-manager events lost (`cm_drop`).
     pub cm_events_lost: u64,
+    /// Connection-manager messages held for a plan's `cm_delay_us`.
+    pub cm_events_delayed: u64,
 }
 
 static DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -202,6 +242,7 @@ static DELAYED: AtomicU64 = AtomicU64::new(0);
 static REORDERED: AtomicU64 = AtomicU64::new(0);
 static RNR_NAKS: AtomicU64 = AtomicU64::new(0);
 static CM_LOST: AtomicU64 = AtomicU64::new(0);
+static CM_DELAYED: AtomicU64 = AtomicU64::new(0);
 
 /// The process's totals so far.
 pub fn counts() -> FaultCounts {
@@ -216,6 +257,7 @@ pub fn counts() -> FaultCounts {
         reordered: l(&REORDERED),
         rnr_naks: l(&RNR_NAKS),
         cm_events_lost: l(&CM_LOST),
+        cm_events_delayed: l(&CM_DELAYED),
     }
 }
 

@@ -629,3 +629,46 @@ fn send_with_invalidate_of_a_bad_key() {
     let wc = poll_one(&a.cq);
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::LocQpOpErr));
 }
+
+/// A plan's `cm_delay_us` makes every connection-manager message that crosses late: the
+/// request, the accept, the connector's confirmation and a disconnect each reach the far end
+/// no sooner than the delay after they were sent (lower bounds only: a delay cannot be beaten).
+#[test]
+fn cm_messages_arrive_late_under_a_plan() {
+    use std::time::{Duration, Instant};
+    let late = Duration::from_millis(30);
+    let server_ctx = Soft::open(DEVICE_NAME).unwrap();
+    let addr: std::net::SocketAddr = "10.9.9.31:4791".parse().unwrap();
+    let plan = faults::FaultPlan { cm_delay_us: 30_000, ..Default::default() };
+    faults::plan_at(addr, plan);
+    let before = faults::counts().cm_events_delayed;
+    let mut listener = server_ctx.listen(addr).unwrap();
+    let t = std::thread::spawn(move || {
+        let mut c = side(Soft::open(DEVICE_NAME).unwrap(), QpType::Rc);
+        let ctx = c._ctx.clone();
+        let start = Instant::now();
+        let mut conn = ctx
+            .connect(addr, &mut c.qp, &QpAttr::default(), b"hi", Duration::from_secs(5))
+            .unwrap();
+        let connected = start.elapsed();
+        assert_eq!(conn.poll_event(Duration::ZERO).unwrap(), Some(CmEvent::Established));
+        let asked = Instant::now();
+        let ev = conn.poll_event(Duration::from_secs(5)).unwrap();
+        (connected, ev, asked)
+    });
+    let start = Instant::now();
+    let req = listener.get_request(Duration::from_secs(5)).unwrap().unwrap();
+    let mut s = side(server_ctx, QpType::Rc);
+    let accepted = Instant::now();
+    let mut conn = req.accept(&mut s.qp, &QpAttr::default(), b"welcome").unwrap();
+    assert!(start.elapsed() >= late, "the request came early");
+    assert!(accepted.elapsed() >= late, "the confirmation came early");
+    let sent = Instant::now();
+    conn.disconnect().unwrap();
+    let (connected, ev, _) = t.join().unwrap();
+    assert_eq!(ev, Some(CmEvent::Disconnected));
+    assert!(sent.elapsed() >= late, "the disconnect came early");
+    assert!(connected >= 2 * late, "request and accept, each late: {connected:?}");
+    assert!(faults::counts().cm_events_delayed >= before + 4);
+    faults::clear_at(addr);
+}
