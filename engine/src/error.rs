@@ -224,6 +224,9 @@ pub enum EngineError {
         #[source]
         source: Box<EngineError>,
     },
+    /// A connect with a reconnect policy already uses this token ([`crate::Cx::connect_with`]).
+    #[error("a connect with a reconnect policy already uses token {0}")]
+    TokenInUse(u64),
     /// The peer refused the connection and said why (its engine's reason).
     #[error("rejected by the peer: {0}")]
     PeerRefused(String),

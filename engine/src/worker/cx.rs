@@ -56,6 +56,8 @@ pub struct Cx<P: Provider> {
     /// A lane is low on posted receives: this iteration's go back before its flush.
     pub(crate) repost_first: bool,
     pub(crate) timers: Timers,
+    /// Connects with a reconnect policy ([`Cx::connect_with`]).
+    pub(crate) redials: super::redial::Redials,
     pub(crate) metrics: Metrics,
     pub(crate) stopping: bool,
     pub(crate) shutdown_deadline: Option<Instant>,
@@ -632,6 +634,38 @@ impl<P: Provider> Cx<P> {
         let origin = Origin::Handler;
         self.tell_control(ToControl::Connect { addr, private_data: pd, token, origin });
         Ok(())
+    }
+
+    /// [`Cx::connect`] with a reconnect policy: when the connection closes for any reason but
+    /// this side's own [`Cx::close`], or when a try fails, the worker connects again after
+    /// `policy`'s backoff, until its tries are spent; the handler hears of every step
+    /// ([`crate::Handler::on_redial`]), each new connection as `on_connected` with `token`, and
+    /// the end of the tries as `on_connect_failed`. Tokens of connects under a policy are
+    /// unique among them ([`EngineError::TokenInUse`]). A policy ends at a local close, at
+    /// [`Cx::stop_reconnecting`] and at shutdown (a try then waiting fails with
+    /// `ShuttingDown`).
+    pub fn connect_with(
+        &mut self,
+        addr: SocketAddr,
+        private_data: &[u8],
+        token: u64,
+        policy: super::redial::Reconnect,
+    ) -> Result<()> {
+        if self.redials.has(token) {
+            return Err(EngineError::TokenInUse(token));
+        }
+        self.connect(addr, private_data, token)?;
+        let mut pd = ArrayVec::new();
+        pd.extend(private_data.iter().copied());
+        self.redials.add(token, addr, pd, policy);
+        Ok(())
+    }
+
+    /// Ends the reconnect policy of connect `token` (its connection, if up, stays open and is
+    /// not made again; a try waiting is dropped, and nothing more is told of it). Whether it
+    /// had one.
+    pub fn stop_reconnecting(&mut self, token: u64) -> bool {
+        self.redials.stop(token)
     }
 
     /// Posts again the receives whose messages this iteration handled.

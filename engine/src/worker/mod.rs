@@ -16,6 +16,7 @@ mod keepalive;
 mod notice;
 mod outbox;
 mod primes;
+mod redial;
 mod requests;
 mod retire;
 mod sched;
@@ -29,6 +30,7 @@ pub(crate) use cfg::WorkerCfg;
 pub use cx::Cx;
 pub(crate) use ids::{RecvId, WrId};
 pub(crate) use notice::Notice;
+pub use redial::{Reconnect, Redial};
 
 use arrayvec::ArrayVec;
 
@@ -59,6 +61,11 @@ pub trait Handler<P: Provider>: 'static {
     fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {}
     /// A `Cx::connect` failed (print `error` with [`corelink_verbs::chain`] for its causes).
     fn on_connect_failed(&mut self, cx: &mut Cx<P>, token: u64, error: &EngineError) {}
+    /// A connect made with a reconnect policy ([`Cx::connect_with`]) is about to be tried
+    /// again: after its connection closed (which `on_closed` said just before), or after a
+    /// try failed (`step.failed`). Once the policy's tries are spent, `on_connect_failed`
+    /// tells the last try's error; a new connection comes as `on_connected` with the token.
+    fn on_redial(&mut self, cx: &mut Cx<P>, step: &Redial<'_>) {}
     /// A send arrived, or a write-with-immediate's notice.
     fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {}
     /// One of this handler's requests completed (or failed, or flushed).
@@ -148,6 +155,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             reposts: ArrayVec::new(),
             repost_first: false,
             timers: Timers::new(MAX_TIMERS),
+            redials: redial::Redials::default(),
             pd,
             metrics: Metrics { worker: index, pinned, own_context: own, ..Metrics::default() },
             stopping: false,
@@ -260,6 +268,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
         if !self.cx.timers.is_empty() {
             self.fire_timers();
+        }
+        if self.cx.redials.any_waiting() {
+            self.redial_due();
         }
         if self.cx.outbox.control_waiting() {
             self.cx.outbox.flush_control();
@@ -494,10 +505,13 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             match n {
                 Notice::Done(d) => self.handler.on_completion(&mut self.cx, d),
                 Notice::Client(c, e) => self.clients.tell(c, e),
-                Notice::ConnectFailed(token, e) => {
-                    self.handler.on_connect_failed(&mut self.cx, token, &e)
+                Notice::ConnectFailed(token, e) => self.connect_failure(token, e),
+                Notice::Closed(id, reason) => {
+                    self.handler.on_closed(&mut self.cx, id, &reason);
+                    if self.cx.redials.has_any() {
+                        self.redial_closed(id, reason);
+                    }
                 }
-                Notice::Closed(id, reason) => self.handler.on_closed(&mut self.cx, id, &reason),
             }
         }
     }
@@ -625,6 +639,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         match origin {
             // (a probe connects nothing)
             Origin::Handler | Origin::Keepalive => {
+                if info.initiated && self.cx.redials.has(info.token) {
+                    self.cx.redials.connected(info.token, id);
+                }
                 self.handler.on_connected(&mut self.cx, id, &info)
             }
             Origin::Client(n) => self.clients.tell(n, Event::Connected { conn: id, info }),
@@ -654,6 +671,59 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             }
             outbox.notify(Notice::closed(c.owner, c.id, reason));
         });
+    }
+
+    /// A connect failed: tried again under its policy, or told.
+    fn connect_failure(&mut self, token: u64, e: EngineError) {
+        if self.cx.redials.has(token) {
+            let after = if self.cx.stopping {
+                self.cx.redials.stop(token);
+                redial::AfterFailure::GiveUp
+            } else {
+                let now = self.cx.now();
+                self.cx.redials.failed(token, now)
+            };
+            if let redial::AfterFailure::Again { attempt, after } = after {
+                let step = Redial { token, attempt, after, failed: Some(&e) };
+                return self.handler.on_redial(&mut self.cx, &step);
+            }
+        }
+        self.handler.on_connect_failed(&mut self.cx, token, &e)
+    }
+
+    /// Connection `id` closed (and the handler was told): made again if its connect had a
+    /// policy and this side did not close it.
+    #[cold]
+    fn redial_closed(&mut self, id: ConnId, reason: CloseReason) {
+        let local = reason == CloseReason::Local || self.cx.stopping;
+        let now = self.cx.now();
+        if let Some((token, redial::AfterFailure::Again { attempt, after })) =
+            self.cx.redials.closed(id, local, now)
+        {
+            let step = Redial { token, attempt, after, failed: None };
+            self.handler.on_redial(&mut self.cx, &step);
+        }
+    }
+
+    /// Sends the tries that are due (at a stop, ends the waiting ones: their connects fail
+    /// with `ShuttingDown`).
+    #[cold]
+    fn redial_due(&mut self) {
+        if self.cx.stopping {
+            for token in self.cx.redials.drain_waiting() {
+                let e = EngineError::ShuttingDown;
+                self.handler.on_connect_failed(&mut self.cx, token, &e);
+            }
+            return;
+        }
+        let now = self.cx.now();
+        while let Some((token, d)) = self.cx.redials.next_due(now) {
+            let addr = d.addr;
+            let mut private_data = ArrayVec::new();
+            private_data.extend(d.private_data.iter().copied());
+            let origin = Origin::Handler;
+            self.cx.tell_control(ToControl::Connect { addr, private_data, token, origin });
+        }
     }
 
     fn fire_timers(&mut self) {

@@ -1,0 +1,280 @@
+//! Reconnect policies: connects a handler made with [`crate::Cx::connect_with`], kept by
+//! their token so that the connection is made again when it closes (for any reason but this
+//! side's own close) or when a try fails, after a backoff that doubles from try to try, until
+//! the policy's tries are spent. The worker tells the handler of every step
+//! ([`crate::Handler::on_redial`]).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use arrayvec::ArrayVec;
+
+use crate::control::MAX_APP_PRIVATE_DATA;
+use crate::request::ConnId;
+
+/// How a connection this side makes is made again ([`crate::Cx::connect_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reconnect {
+    /// Tries after each close (or after a failed first connect) before giving up; 0: none.
+    pub attempts: u32,
+    /// The wait before the first try; each further try waits twice the one before.
+    pub backoff: Duration,
+    /// The longest wait between tries.
+    pub max_backoff: Duration,
+}
+
+impl Default for Reconnect {
+    /// Eight tries, from 10 ms, doubling to at most 1 s (about 2.3 s of tries in all).
+    fn default() -> Self {
+        Reconnect {
+            attempts: 8,
+            backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Reconnect {
+    /// The wait before try `attempt` (from 1).
+    pub(crate) fn wait(&self, attempt: u32) -> Duration {
+        let doubled = self.backoff.saturating_mul(1u32 << (attempt.saturating_sub(1)).min(20));
+        doubled.min(self.max_backoff)
+    }
+}
+
+/// One step of a reconnect policy, as the handler hears it.
+#[derive(Debug)]
+pub struct Redial<'a> {
+    /// The connect's token (the one given to [`crate::Cx::connect_with`]).
+    pub token: u64,
+    /// This try's number, from 1 after each close.
+    pub attempt: u32,
+    /// How long until it goes.
+    pub after: Duration,
+    /// Why it is made: the last try's error (`None`: the connection closed, as
+    /// [`crate::Handler::on_closed`] said just before).
+    pub failed: Option<&'a crate::EngineError>,
+}
+
+/// A connect under a policy.
+#[derive(Debug)]
+pub(crate) struct Dial {
+    pub(crate) addr: SocketAddr,
+    pub(crate) private_data: ArrayVec<u8, MAX_APP_PRIVATE_DATA>,
+    policy: Reconnect,
+    /// Tries made since the last close (0: the first connect, or connected).
+    attempt: u32,
+    /// Its connection, while it is up.
+    conn: Option<ConnId>,
+    /// When its next try goes (`None`: none waits).
+    due: Option<Instant>,
+}
+
+/// What to do after a try failed.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum AfterFailure {
+    /// Try again: try `attempt` after `after`.
+    Again { attempt: u32, after: Duration },
+    /// The policy is spent (or ended): the connect failed for good.
+    GiveUp,
+}
+
+/// The connects under a policy, by token.
+#[derive(Debug, Default)]
+pub(crate) struct Redials {
+    by_token: HashMap<u64, Dial>,
+    /// Dials with a try waiting.
+    waiting: usize,
+}
+
+impl Redials {
+    /// Takes on connect `token` (false: a connect under a policy has that token already).
+    pub(crate) fn add(
+        &mut self,
+        token: u64,
+        addr: SocketAddr,
+        private_data: ArrayVec<u8, MAX_APP_PRIVATE_DATA>,
+        policy: Reconnect,
+    ) -> bool {
+        if self.by_token.contains_key(&token) {
+            return false;
+        }
+        let dial = Dial { addr, private_data, policy, attempt: 0, conn: None, due: None };
+        self.by_token.insert(token, dial);
+        true
+    }
+
+    /// Whether any connect is under a policy.
+    #[inline(always)]
+    pub(crate) fn has_any(&self) -> bool {
+        !self.by_token.is_empty()
+    }
+
+    /// Whether `token` is a connect under a policy.
+    pub(crate) fn has(&self, token: u64) -> bool {
+        self.by_token.contains_key(&token)
+    }
+
+    /// Connect `token` is up as `conn`: its tries start again from 1 at its next close.
+    pub(crate) fn connected(&mut self, token: u64, conn: ConnId) {
+        if let Some(d) = self.by_token.get_mut(&token) {
+            d.conn = Some(conn);
+            d.attempt = 0;
+        }
+    }
+
+    /// A try of `token` failed at `now`: the next one, or the end of the policy (the dial
+    /// forgotten).
+    pub(crate) fn failed(&mut self, token: u64, now: Instant) -> AfterFailure {
+        self.next_try(token, now)
+    }
+
+    /// Connection `conn` closed at `now` (`local`: this side closed it, which ends its
+    /// policy): its dial's token and next try, if it is one.
+    pub(crate) fn closed(
+        &mut self,
+        conn: ConnId,
+        local: bool,
+        now: Instant,
+    ) -> Option<(u64, AfterFailure)> {
+        let token = *self.by_token.iter().find(|(_, d)| d.conn == Some(conn))?.0;
+        if local {
+            self.by_token.remove(&token);
+            return Some((token, AfterFailure::GiveUp));
+        }
+        if let Some(d) = self.by_token.get_mut(&token) {
+            d.conn = None;
+            d.attempt = 0;
+        }
+        Some((token, self.next_try(token, now)))
+    }
+
+    fn next_try(&mut self, token: u64, now: Instant) -> AfterFailure {
+        let Some(d) = self.by_token.get_mut(&token) else { return AfterFailure::GiveUp };
+        if d.attempt >= d.policy.attempts {
+            self.by_token.remove(&token);
+            return AfterFailure::GiveUp;
+        }
+        d.attempt += 1;
+        let after = d.policy.wait(d.attempt);
+        if d.due.replace(now + after).is_none() {
+            self.waiting += 1;
+        }
+        AfterFailure::Again { attempt: d.attempt, after }
+    }
+
+    /// Whether a try waits.
+    #[inline(always)]
+    pub(crate) fn any_waiting(&self) -> bool {
+        self.waiting > 0
+    }
+
+    /// The token of a try due at `now`, taken off the wait (its connect is the caller's to
+    /// send), with where it goes.
+    pub(crate) fn next_due(&mut self, now: Instant) -> Option<(u64, &Dial)> {
+        let token = *self.by_token.iter().find(|(_, d)| d.due.is_some_and(|t| t <= now))?.0;
+        let d = self.by_token.get_mut(&token)?;
+        d.due = None;
+        self.waiting -= 1;
+        Some((token, d))
+    }
+
+    /// Ends the policy of `token` (its connection, if up, stays); whether it had one.
+    pub(crate) fn stop(&mut self, token: u64) -> bool {
+        match self.by_token.remove(&token) {
+            Some(d) => {
+                if d.due.is_some() {
+                    self.waiting -= 1;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Ends every policy whose try waits (the worker is stopping): their tokens.
+    pub(crate) fn drain_waiting(&mut self) -> Vec<u64> {
+        let tokens: Vec<u64> =
+            self.by_token.iter().filter(|(_, d)| d.due.is_some()).map(|(t, _)| *t).collect();
+        for t in &tokens {
+            self.stop(*t);
+        }
+        tokens
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(slot: u16) -> ConnId {
+        ConnId { worker: 0, slot, generation: 1 }
+    }
+
+    fn policy(attempts: u32) -> Reconnect {
+        Reconnect {
+            attempts,
+            backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(35),
+        }
+    }
+
+    #[test]
+    fn waits_double_up_to_the_most() {
+        let p = policy(5);
+        let ms: Vec<u128> = (1..=4).map(|a| p.wait(a).as_millis()).collect();
+        assert_eq!(ms, [10, 20, 35, 35]);
+        assert_eq!(Reconnect::default().wait(40), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_close_starts_the_tries_and_a_connection_resets_them() {
+        let t0 = Instant::now();
+        let mut r = Redials::default();
+        let addr = "10.0.0.1:1".parse().unwrap();
+        assert!(r.add(7, addr, ArrayVec::new(), policy(2)));
+        assert!(!r.add(7, addr, ArrayVec::new(), policy(2)), "a token in use");
+        r.connected(7, conn(3));
+        let after = r.closed(conn(3), false, t0);
+        let ten = Duration::from_millis(10);
+        assert_eq!(after, Some((7, AfterFailure::Again { attempt: 1, after: ten })));
+        assert!(r.any_waiting());
+        assert!(r.next_due(t0).is_none(), "not yet");
+        assert_eq!(r.next_due(t0 + ten).map(|(t, d)| (t, d.addr)), Some((7, addr)));
+        assert!(!r.any_waiting());
+        let twenty = Duration::from_millis(20);
+        assert_eq!(r.failed(7, t0), AfterFailure::Again { attempt: 2, after: twenty });
+        r.next_due(t0 + twenty).unwrap();
+        assert_eq!(r.failed(7, t0), AfterFailure::GiveUp, "two tries, spent");
+        assert!(!r.has(7));
+        // Connected again, the count starts over.
+        r.add(8, addr, ArrayVec::new(), policy(2));
+        r.connected(8, conn(4));
+        let a = r.closed(conn(4), false, t0).unwrap().1;
+        assert_eq!(a, AfterFailure::Again { attempt: 1, after: ten });
+        r.next_due(t0 + ten).unwrap();
+        r.connected(8, conn(5));
+        let a = r.closed(conn(5), false, t0).unwrap().1;
+        assert_eq!(a, AfterFailure::Again { attempt: 1, after: ten });
+    }
+
+    #[test]
+    fn a_local_close_or_a_stop_ends_the_policy() {
+        let t0 = Instant::now();
+        let mut r = Redials::default();
+        let addr = "10.0.0.1:1".parse().unwrap();
+        r.add(1, addr, ArrayVec::new(), policy(3));
+        r.connected(1, conn(1));
+        assert_eq!(r.closed(conn(1), true, t0), Some((1, AfterFailure::GiveUp)));
+        assert!(!r.has(1));
+        assert_eq!(r.closed(conn(9), false, t0), None, "not a dial's");
+        r.add(2, addr, ArrayVec::new(), policy(3));
+        assert!(matches!(r.failed(2, t0), AfterFailure::Again { attempt: 1, .. }));
+        assert!(r.stop(2) && !r.any_waiting() && !r.stop(2));
+        r.add(3, addr, ArrayVec::new(), policy(3));
+        r.failed(3, t0);
+        assert_eq!(r.drain_waiting(), vec![3]);
+        assert!(!r.any_waiting() && !r.has(3));
+    }
+}
