@@ -48,10 +48,13 @@ else
   echo "== fuzz: skipped, cargo-fuzz not installed (scripts/install-deps.sh installs it)"
 fi
 
-echo "== the RPC examples on soft, one process each"
+echo "== the RPC examples on soft, one process each (rpc_faults under a fault plan)"
 for example in kv_store sequencer file_read; do
   cargo run -q -p corelink-apps --example "$example"
 done
+# Each call ends once and none runs twice, under a fault plan on the whole program.
+CORELINK_SOFT_FAULTS=seed=3,drop=0.05,dup=0.05,reorder=0.1,delay_us=100 \
+  cargo run -q -p corelink-apps --example rpc_faults -- --count 300 --window 4
 
 if [ -n "${CORELINK_IBV_DEVICE:-}" ]; then
   # A host with a real RDMA device (or rxe loaded): the same batch, without the guest.

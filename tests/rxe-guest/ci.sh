@@ -19,8 +19,11 @@
 # 11. on the runner's second wire (--wire: rxea <-> rxeb over a veth pair, netem on both ends),
 #    RC completes every iteration at 1 % loss and, at 100 % loss from mid-run, the client fails
 #    (not hangs) naming IBV_WC_RETRY_EXC_ERR, and on an idle connection both sides see 100 %
-#    loss through the keepalive (wire-check.sh, about 20 s). Skipped, and said so,
-#    without --wire (a host's own device has no wire to spoil).
+#    loss through the keepalive (wire-check.sh, about 20 s); and the RPC layer's accounting
+#    (rpc_faults as two processes: every call ends once, within its deadline, none runs twice)
+#    under netem loss, delay, duplication and reordering and kill -9 of either side
+#    (rpc-wire.sh, about a minute). Skipped, and said so, without --wire (a host's own device
+#    has no wire to spoil).
 # Everything must have been built on the host first (cargo runs --offline here).
 set -u
 # On ibverbs every engine connection holds a file descriptor (its rdma_cm event channel): the
@@ -68,6 +71,7 @@ bash "$here/foreign-peer.sh" || failed+=(foreign-peer)
 step "RC on a second wire under loss (wire-check.sh)"
 if [ "${CORELINK_WIRE:-0}" = 1 ]; then
   bash "$here/wire-check.sh" || failed+=(wire)
+  bash "$here/rpc-wire.sh" || failed+=(rpc-wire)
 else
   echo "skipped: no second wire (tests/rxe-guest/run --wire)"; skipped=1
 fi
