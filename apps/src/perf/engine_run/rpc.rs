@@ -32,6 +32,12 @@ use crate::perf::phase;
 pub const ECHO: ReqType = ReqType(1);
 /// `rpc_bw`'s type: the response is empty.
 pub const SINK: ReqType = ReqType(2);
+/// A client's first call on each session, untimed: how many sessions its run opens (`-T`, a
+/// little-endian `u16`), so that a server process knows how many to wait for.
+pub const HELLO: ReqType = ReqType(3);
+
+/// Sessions the clients of this (server) process said their runs open (1 until one says).
+static SESSIONS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(1);
 
 /// A deadline no call of a healthy run reaches.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -54,7 +60,14 @@ pub(super) fn handler<P: Provider>(
         .expect("the endpoint's settings were checked before the engine started");
     let registered = ep
         .register(ECHO, |req, resp| resp.write(req.data).map_err(|_| Reject(1)))
-        .and_then(|()| ep.register(SINK, |_, _| Ok(())));
+        .and_then(|()| ep.register(SINK, |_, _| Ok(())))
+        .and_then(|()| {
+            ep.register(HELLO, |req, _| {
+                let n: [u8; 2] = req.data.try_into().map_err(|_| Reject(1))?;
+                SESSIONS.store(u16::from_le_bytes(n).max(1), std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            })
+        });
     if let Err(e) = registered {
         shared.tell(Event::ClientDone(Err(format!("registering the RPC types: {e}"))));
     }
@@ -359,8 +372,24 @@ impl<P: Provider> Service<P> for Bench {
         let mine = STATE.with(|s| s.borrow().as_ref().and_then(|st| st.session) == Some(session));
         match (event, mine) {
             (SessionEvent::Connected, true) => {
-                let n = STATE.with(|s| s.borrow_mut().as_mut().map_or(0, State::start_size));
-                act(rpc, Next::Call(n));
+                // The hello first (untimed; it may allocate), then the size's calls.
+                let sessions = STATE.with(|s| s.borrow().as_ref().map_or(1, |st| st.opts.workers));
+                let hello = (sessions.min(usize::from(u16::MAX)) as u16).to_le_bytes();
+                let made = rpc.call(session, HELLO, &hello, CALL_TIMEOUT, |rpc, r| {
+                    let next = STATE.with(|s| match (s.borrow_mut().as_mut(), r) {
+                        (Some(st), Ok(_)) => Next::Call(st.start_size()),
+                        (Some(st), Err(e)) => st.fail(format!("the hello call: {e}")),
+                        (None, _) => Next::Nothing,
+                    });
+                    act(rpc, next);
+                });
+                if let Err(e) = made {
+                    let next = STATE.with(|s| match s.borrow_mut().as_mut() {
+                        Some(st) => st.fail(format!("the hello call: {e}")),
+                        None => Next::Nothing,
+                    });
+                    act(rpc, next);
+                }
             }
             (SessionEvent::Closed, true) => {
                 let again = STATE.with(|s| match s.borrow_mut().as_mut() {
@@ -388,8 +417,12 @@ impl<P: Provider> Service<P> for Bench {
                 });
                 self.shared.tell(Event::ClientDone(r));
             }
-            // A server's session: its client's run is over when it closes.
-            (SessionEvent::Closed, false) => self.shared.tell(Event::ServerDone(Ok(1))),
+            // A server's session: its client's run is over when it closes (a server process
+            // waits for as many as its clients' hellos said their runs open).
+            (SessionEvent::Closed, false) => {
+                let n = SESSIONS.load(std::sync::atomic::Ordering::Relaxed);
+                self.shared.tell(Event::ServerDone(Ok(n)))
+            }
             _ => {}
         }
     }
