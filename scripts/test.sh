@@ -89,6 +89,6 @@ target/debug/corelink-conformance --provider soft --json > target/fidelity/soft.
 echo "== Soft-RoCE guest: boot and run the batch"
 start=$(date +%s)
 rc=0
-tests/rxe-guest/run --wire --timeout 1200 -- bash tests/rxe-guest/ci.sh target/fidelity/soft.jsonl || rc=$?
+tests/rxe-guest/run --wire --timeout 1800 -- bash tests/rxe-guest/ci.sh target/fidelity/soft.jsonl || rc=$?
 echo "== Soft-RoCE guest: $(( $(date +%s) - start )) s, exit $rc"
 exit $rc
