@@ -267,7 +267,9 @@ pub fn a_hundred_sessions_on_one_server<P: Provider>(site: &Site) {
                     let session = rpc.connect(at).unwrap();
                     for c in 0..3u64 {
                         let tag = s * 3 + c;
-                        call(rpc, session, ECHO, &tag.to_le_bytes(), tag, &tx);
+                        // (a call waits for its session: its deadline outlasts the connect's)
+                        let within = MANY_WAIT;
+                        call_within(rpc, session, ECHO, &tag.to_le_bytes(), tag, &tx, within);
                     }
                 }
             }
@@ -391,6 +393,10 @@ pub const MANY_SESSIONS: &str = "max_conns = 1024\nrecvs_per_conn = 8\nrecv_size
 /// The thousand connects start at once and queue behind each other on both control cores:
 /// in the emulated Soft-RoCE guest the last of them came after more than the default 10 s.
 pub const MANY_TOP: &str = "connect_timeout_ms = 120000";
+/// How long a call of those sessions may wait (for its session, then its answer): past the
+/// connect timeout. (In a slower guest the thousand connects took over a minute: calls with
+/// the tests' usual 60 s deadline, made as their sessions were asked for, timed out.)
+pub const MANY_WAIT: Duration = Duration::from_secs(150);
 
 /// `sessions` sessions (at most 1,000) from one engine's worker (listening on `client`) to
 /// another's (the server, on `server`), opened together, three calls on each, every one
@@ -419,13 +425,17 @@ pub fn many_sessions_on_one_server<P: Provider>(server: &Site, client: &Site, se
                     let session = rpc.connect(at).unwrap();
                     for c in 0..3u64 {
                         let tag = s * 3 + c;
-                        call(rpc, session, ECHO, &tag.to_le_bytes(), tag, &tx);
+                        // (a call waits for its session: its deadline outlasts the connect's)
+                        let within = MANY_WAIT;
+                        call_within(rpc, session, ECHO, &tag.to_le_bytes(), tag, &tx, within);
                     }
                 }
             }
         }
     });
-    let mut got = take(&rx, 3 * sessions as usize);
+    let mut got: Vec<Outcome> = (0..3 * sessions)
+        .map(|i| rx.recv_timeout(MANY_WAIT).unwrap_or_else(|e| panic!("outcome {i}: {e}")))
+        .collect();
     got.sort_by_key(|(tag, _)| *tag);
     for (i, (tag, r)) in got.into_iter().enumerate() {
         assert_eq!(tag, i as u64);
