@@ -22,7 +22,7 @@
 #    loss through the keepalive (wire-check.sh, about 20 s); and the RPC layer's accounting
 #    (rpc_faults as two processes: every call ends once, within its deadline, none runs twice)
 #    under netem loss, delay, duplication and reordering and kill -9 of either side
-#    (rpc-wire.sh, about a minute). Skipped, and said so, without --wire (a host's own device
+#    (rpc-wire.sh, about 2.5 minutes). Skipped, and said so, without --wire (a host's own device
 #    has no wire to spoil).
 # Everything must have been built on the host first (cargo runs --offline here).
 set -u
