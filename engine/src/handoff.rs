@@ -81,6 +81,9 @@ pub(crate) enum ToWorker<P: Provider> {
     Shutdown,
 }
 
+/// A connect's private data, as a worker hands it to the control core.
+pub(crate) type ConnectData = ArrayVec<u8, MAX_PRIVATE_DATA>;
+
 /// Worker → control core.
 pub(crate) enum ToControl<P: Provider> {
     /// The answer to a `Prime`: the QPs back, with their receives posted for connection
@@ -89,12 +92,7 @@ pub(crate) enum ToControl<P: Provider> {
     /// QPs of a connection that never came up, flushed: back to the pool.
     Return { qps: Qps<P> },
     /// Connect to `addr` on behalf of this worker.
-    Connect {
-        addr: SocketAddr,
-        private_data: ArrayVec<u8, MAX_PRIVATE_DATA>,
-        token: u64,
-        origin: Origin,
-    },
+    Connect { addr: SocketAddr, private_data: ConnectData, token: u64, origin: Origin },
     /// Disconnect the lane with this key (the worker is closing its connection).
     Disconnect { cm_key: u64 },
     /// The worker is done with the lane: drop its connection-manager state; reset the QP for

@@ -5,45 +5,23 @@
 //! exchange fails with a timeout, told to whoever asked, instead of hanging.
 
 use std::net::SocketAddr;
-use std::sync::mpsc;
 use std::time::Duration;
 
-use corelink_config::{parse, MachineTopology};
-use corelink_engine::verbs::soft::{faults, Soft};
+use corelink_engine::verbs::soft::faults;
 use corelink_engine::*;
 
 const HANG: Duration = Duration::from_secs(30);
 
-/// Tells the test of its connections (`None`) and their closes.
-struct Server(mpsc::Sender<Option<CloseReason>>);
-
-impl Handler<Soft> for Server {
-    fn on_connected(&mut self, _cx: &mut Cx<Soft>, _conn: ConnId, _info: &ConnInfo) {
-        let _ = self.0.send(None);
-    }
-
-    fn on_closed(&mut self, _cx: &mut Cx<Soft>, _conn: ConnId, reason: &CloseReason) {
-        let _ = self.0.send(Some(*reason));
-    }
-}
-
-fn engine(listen: &str, top: &str) -> (Engine<Soft>, mpsc::Receiver<Option<CloseReason>>) {
-    let text = format!(
-        "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{listen}\"\n{top}\n\
-         [worker]\nidle_after_us = 1000"
-    );
-    let v = parse(&text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
-    let (tx, rx) = mpsc::channel();
-    (Engine::<Soft>::start(&v, Placement::RoundRobin, move |_| Server(tx.clone())).unwrap(), rx)
-}
+#[path = "common/told.rs"]
+mod told;
 
 #[test]
 fn late_connection_manager_messages_slow_connects_and_closes_and_lose_nothing() {
     let addr: SocketAddr = "10.86.0.1:7000".parse().unwrap();
     faults::plan_at(addr, faults::FaultPlan { cm_delay_us: 30_000, ..Default::default() });
     let before = faults::counts().cm_events_delayed;
-    let (server, closes) = engine("10.86.0.1:7000", "");
-    let (mut client_engine, _) = engine("10.86.0.2:7000", "");
+    let (server, closes) = told::engine("10.86.0.1:7000", "", "");
+    let (mut client_engine, _) = told::engine("10.86.0.2:7000", "", "");
     let mut client = client_engine.client(0).unwrap();
     client.connect(addr, b"", 1).unwrap();
     let conn = match client.wait(HANG) {
@@ -63,7 +41,7 @@ fn late_connection_manager_messages_slow_connects_and_closes_and_lose_nothing() 
     assert!(faults::counts().cm_events_delayed >= before + 4, "request, accept, ready, close");
 
     // 10 ms for an exchange that takes at least 60: the connect times out, and says so.
-    let (mut hasty_engine, _) = engine("10.86.0.3:7000", "connect_timeout_ms = 10");
+    let (mut hasty_engine, _) = told::engine("10.86.0.3:7000", "connect_timeout_ms = 10", "");
     let mut hasty = hasty_engine.client(0).unwrap();
     hasty.connect(addr, b"", 2).unwrap();
     match hasty.wait(HANG) {

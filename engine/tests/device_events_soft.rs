@@ -5,43 +5,16 @@
 //! its devices' events: nothing counted or said them.
 
 use std::net::SocketAddr;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use corelink_config::{parse, MachineTopology};
 use corelink_engine::verbs::soft::{faults, Soft};
 use corelink_engine::verbs::{AsyncEventKind, WcStatus};
 use corelink_engine::*;
 
 const HANG: Duration = Duration::from_secs(30);
 
-/// Tells the test of its connections (`None`) and closes.
-struct Server(mpsc::Sender<Option<CloseReason>>);
-
-impl Handler<Soft> for Server {
-    fn on_connected(&mut self, _cx: &mut Cx<Soft>, _conn: ConnId, _info: &ConnInfo) {
-        let _ = self.0.send(None);
-    }
-
-    fn on_closed(&mut self, _cx: &mut Cx<Soft>, _conn: ConnId, reason: &CloseReason) {
-        let _ = self.0.send(Some(*reason));
-    }
-}
-
-fn engine(listen: &str) -> (Engine<Soft>, mpsc::Receiver<Option<CloseReason>>) {
-    engine_with(listen, "")
-}
-
-/// [`engine`] with more `[worker]` lines.
-fn engine_with(listen: &str, worker: &str) -> (Engine<Soft>, mpsc::Receiver<Option<CloseReason>>) {
-    let text = format!(
-        "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{listen}\"\n\
-         [worker]\nidle_after_us = 1000\n{worker}"
-    );
-    let v = parse(&text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
-    let (tx, rx) = mpsc::channel();
-    (Engine::<Soft>::start(&v, Placement::RoundRobin, move |_| Server(tx.clone())).unwrap(), rx)
-}
+#[path = "common/told.rs"]
+mod told;
 
 /// The sum of `f` over `engine`'s workers' metrics once it is at least `n`.
 fn metric_at_least(engine: &Engine<Soft>, f: impl Fn(&Metrics) -> u64, n: u64) -> u64 {
@@ -59,8 +32,8 @@ fn metric_at_least(engine: &Engine<Soft>, f: impl Fn(&Metrics) -> u64, n: u64) -
 #[test]
 fn a_fatal_qp_error_closes_its_connection_and_is_counted_on_both_sides() {
     let addr: SocketAddr = "10.85.0.1:7000".parse().unwrap();
-    let (server, closes) = engine("10.85.0.1:7000");
-    let (mut client_engine, _) = engine("10.85.0.2:7000");
+    let (server, closes) = told::engine("10.85.0.1:7000", "", "");
+    let (mut client_engine, _) = told::engine("10.85.0.2:7000", "", "");
     let mut client = client_engine.client(0).unwrap();
     client.connect(addr, b"", 1).unwrap();
     let conn = match client.wait(HANG) {
@@ -103,7 +76,7 @@ fn a_fatal_qp_error_closes_its_connection_and_is_counted_on_both_sides() {
 fn the_control_core_reads_its_own_contexts_events() {
     use corelink_engine::verbs::AsyncElement;
     let addr: SocketAddr = "10.85.0.3:7000".parse().unwrap();
-    let (server, closes) = engine("10.85.0.3:7000");
+    let (server, closes) = told::engine("10.85.0.3:7000", "", "");
     assert!(faults::raise_at(addr, AsyncEventKind::PortErr, AsyncElement::Port(1)));
     let deadline = Instant::now() + HANG;
     while server.control_metrics().async_events < 1 {
@@ -111,7 +84,7 @@ fn the_control_core_reads_its_own_contexts_events() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(server.metrics().iter().map(|m| m.async_events).sum::<u64>(), 0, "no worker's");
-    let (mut client_engine, _) = engine("10.85.0.4:7000");
+    let (mut client_engine, _) = told::engine("10.85.0.4:7000", "", "");
     let mut client = client_engine.client(0).unwrap();
     client.connect(addr, b"", 1).unwrap();
     assert!(matches!(client.wait(HANG), Some(Event::Connected { .. })), "a connection after it");
@@ -126,9 +99,9 @@ fn the_control_core_reads_its_own_contexts_events() {
 #[test]
 fn a_worker_sharing_the_control_cores_context_is_handed_its_events() {
     let addr: SocketAddr = "10.85.0.5:7000".parse().unwrap();
-    let (server, closes) = engine_with("10.85.0.5:7000", "own_context = false");
+    let (server, closes) = told::engine("10.85.0.5:7000", "", "own_context = false");
     assert!(server.metrics().iter().all(|m| !m.own_context), "the worker shares the context");
-    let (mut client_engine, _) = engine("10.85.0.6:7000");
+    let (mut client_engine, _) = told::engine("10.85.0.6:7000", "", "");
     let mut client = client_engine.client(0).unwrap();
     client.connect(addr, b"", 1).unwrap();
     assert!(matches!(client.wait(HANG), Some(Event::Connected { .. })));

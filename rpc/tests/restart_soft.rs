@@ -16,7 +16,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{outcomes, Outcome, Site, HANG, LONG};
+use common::{outcomes, take, Outcome, Site, LONG};
 use corelink_engine::verbs::soft::faults;
 use corelink_engine::verbs::soft::Soft;
 use corelink_engine::{Engine, Placement};
@@ -90,11 +90,6 @@ impl Service<Soft> for Client {
     }
 }
 
-/// The next `n` outcomes.
-fn next(rx: &std::sync::mpsc::Receiver<Outcome>, n: u64) -> Vec<Outcome> {
-    (0..n).map(|i| rx.recv_timeout(HANG).unwrap_or_else(|e| panic!("outcome {i}: {e}"))).collect()
-}
-
 #[test]
 fn across_a_server_restart_every_call_ends_once_and_none_runs_twice() {
     let at = Site::soft("10.98.32.1");
@@ -116,7 +111,7 @@ fn across_a_server_restart_every_call_ends_once_and_none_runs_twice() {
 
     // Round 1: the server's host dies with calls in flight and waiting behind the credits.
     round.store(1, Ordering::Release);
-    let mut got = next(&rx, N);
+    let mut got = take(&rx, N as usize);
     first.shutdown().unwrap();
     let closed = got.iter().filter(|(_, r)| matches!(r, Err(RpcError::SessionClosed))).count();
     let answered = got.iter().filter(|(id, r)| r.as_deref().ok() == Some(&id.to_le_bytes()[..]));
@@ -127,7 +122,7 @@ fn across_a_server_restart_every_call_ends_once_and_none_runs_twice() {
     // Round 2: a new server on the same address; the client connects again.
     let second = server(&at, &runs);
     round.store(2, Ordering::Release);
-    got.extend(next(&rx, N));
+    got.extend(take(&rx, N as usize));
     let tail = &got[N as usize..];
     assert!(
         tail.iter().all(|(id, r)| r.as_deref().ok() == Some(&id.to_le_bytes()[..])),

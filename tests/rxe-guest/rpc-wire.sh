@@ -22,19 +22,10 @@ bin=${RPC_FAULTS:-${CARGO_TARGET_DIR:-target}/debug/examples/rpc_faults}
 [ -x "$bin" ] || { echo "rpc-wire: no $bin (cargo build -p corelink-apps --examples)"; exit 1; }
 A_IP=$CORELINK_WIRE_A_IP
 work=$(mktemp -d) port=19080 passed=0 failed=0
-core_map() {   # FILE DEVICE GID CONTROL_CORE WORKER_CORE
-  printf 'provider = "ibverbs"\ndevice = "%s"\ngid_index = %s\ncontrol_core = %s\nworkers = [%s]\n[worker]\nidle_after_us = 100\nyield_after_empty_polls = 64\n' \
-    "$2" "$3" "$4" "$5" > "$1"
-}
+# shellcheck source=tests/rxe-guest/wire-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/wire-lib.sh"
 core_map "$work/a.toml" "$CORELINK_WIRE_A_DEVICE" "$CORELINK_WIRE_A_GID_INDEX" 0 1
 core_map "$work/b.toml" "$CORELINK_WIRE_B_DEVICE" "$CORELINK_WIRE_B_GID_INDEX" 1 0
-wire() {
-  local d
-  for d in "$CORELINK_WIRE_B_NETDEV" "$CORELINK_WIRE_A_NETDEV"; do
-    if [ "$1" = clear ]; then tc qdisc del dev "$d" root 2> /dev/null || true
-    else tc qdisc replace dev "$d" root netem "$@" || echo "rpc-wire: tc netem $* on $d failed"; fi
-  done
-}
 server() {   # LOG: an rpc_faults server on A at $port, in the background (its pid in $srv)
   timeout -k 5 120 taskset -c 1 "$bin" server "$A_IP:$port" --config "$work/a.toml" --timeout 110 > "$work/$1" 2>&1 & srv=$!
   for _ in $(seq 200); do grep -q listening "$work/$1" && return; sleep 0.1; done

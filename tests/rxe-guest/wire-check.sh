@@ -23,22 +23,10 @@ bin=${CORELINK_PERF:-${CARGO_TARGET_DIR:-target}/debug/corelink-perf}
 echo_bin=${ENGINE_EXAMPLES:-${CARGO_TARGET_DIR:-target}/debug/examples}/echo
 A_IP=$CORELINK_WIRE_A_IP B_DEV=$CORELINK_WIRE_B_DEVICE
 work=$(mktemp -d) port=18980 passed=0 failed=0
-core_map() {   # FILE DEVICE GID CONTROL_CORE WORKER_CORE
-  printf 'provider = "ibverbs"\ndevice = "%s"\ngid_index = %s\ncontrol_core = %s\nworkers = [%s]\n[worker]\nidle_after_us = 100\nyield_after_empty_polls = 64\n' \
-    "$2" "$3" "$4" "$5" > "$1"
-}
+# shellcheck source=tests/rxe-guest/wire-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/wire-lib.sh"
 core_map "$work/a.toml" "$CORELINK_WIRE_A_DEVICE" "$CORELINK_WIRE_A_GID_INDEX" 0 1
 core_map "$work/b.toml" "$B_DEV" "$CORELINK_WIRE_B_GID_INDEX" 1 0
-wire() {
-  local d
-  # B (the clients' side) first: a client that gives up on a dead wire disconnects, and its
-  # disconnect must not slip out through B's netdev while A's is already spoilt (a busy guest
-  # takes a while per tc call; the server then heard of it and never needed its keepalive).
-  for d in "$CORELINK_WIRE_B_NETDEV" "$CORELINK_WIRE_A_NETDEV"; do
-    if [ "$1" = clear ]; then tc qdisc del dev "$d" root 2> /dev/null || true
-    else tc qdisc replace dev "$d" root netem "$@" || echo "wire-check: tc netem $* on $d failed"; fi
-  done
-}
 server() {   # ARGS...: a write_bw server on A, in the background (its pid in $srv)
   port=$((port + 1))
   timeout -k 5 60 taskset -c 1 "$bin" write_bw -s 4096 "$@" --config "$work/a.toml" --bind "$A_IP" -p $port > "$work/s.log" 2>&1 & srv=$!

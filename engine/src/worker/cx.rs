@@ -622,6 +622,15 @@ impl<P: Provider> Cx<P> {
     /// [`crate::MAX_APP_PRIVATE_DATA`] bytes (the rest of rdma_cm's 56 carries the engine's
     /// header, see [`crate::HEADER`]). An example is at [`Cx::send`].
     pub fn connect(&mut self, addr: SocketAddr, private_data: &[u8], token: u64) -> Result<()> {
+        let private_data = self.connect_data(private_data)?;
+        let origin = Origin::Handler;
+        self.tell_control(ToControl::Connect { addr, private_data, token, origin });
+        Ok(())
+    }
+
+    /// A connect's private data as the control core takes it (refused while stopping, or
+    /// beyond [`crate::MAX_APP_PRIVATE_DATA`]).
+    fn connect_data(&self, private_data: &[u8]) -> Result<crate::handoff::ConnectData> {
         if self.stopping {
             return Err(EngineError::ShuttingDown);
         }
@@ -631,9 +640,7 @@ impl<P: Provider> Cx<P> {
         }
         let mut pd = ArrayVec::new();
         pd.extend(private_data.iter().copied());
-        let origin = Origin::Handler;
-        self.tell_control(ToControl::Connect { addr, private_data: pd, token, origin });
-        Ok(())
+        Ok(pd)
     }
 
     /// [`Cx::connect`] with a reconnect policy: when the connection closes for any reason but
@@ -654,10 +661,14 @@ impl<P: Provider> Cx<P> {
         if self.redials.has(token) {
             return Err(EngineError::TokenInUse(token));
         }
-        self.connect(addr, private_data, token)?;
-        let mut pd = ArrayVec::new();
-        pd.extend(private_data.iter().copied());
-        self.redials.add(token, addr, pd, policy);
+        let pd = self.connect_data(private_data)?;
+        self.redials.add(token, addr, pd.clone(), policy);
+        self.tell_control(ToControl::Connect {
+            addr,
+            private_data: pd,
+            token,
+            origin: Origin::Handler,
+        });
         Ok(())
     }
 
@@ -704,8 +715,14 @@ impl<P: Provider> Cx<P> {
 
     /// Calls the handler's `on_timer(token)` once `after` has passed.
     pub fn set_timer(&mut self, after: Duration, token: u64) -> Result<()> {
+        self.set_due(after, super::timers::Due::Handler(token))
+    }
+
+    /// A timer for `what` once `after` has passed (refused with the limit when the table is
+    /// full).
+    pub(crate) fn set_due(&mut self, after: Duration, what: super::timers::Due) -> Result<()> {
         let due = self.now() + after;
-        self.timers.set(due, token).map_err(|in_use| EngineError::Limit {
+        self.timers.set(due, what).map_err(|in_use| EngineError::Limit {
             worker: self.index,
             limit: crate::error::Limit::Timers,
             max: crate::tunables::MAX_TIMERS as u64,

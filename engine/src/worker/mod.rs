@@ -50,6 +50,7 @@ pub(crate) use conns::Conns;
 pub(crate) use outbox::Outbox;
 use primes::{Early, Primes};
 pub(crate) use requests::{ReqId, Requests};
+use timers::Due;
 pub(crate) use timers::Timers;
 
 /// What an application runs on each worker (thread-per-core): told of connections, messages,
@@ -269,9 +270,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if !self.cx.timers.is_empty() {
             self.fire_timers();
         }
-        if self.cx.redials.any_waiting() {
-            self.redial_due();
-        }
         if self.cx.outbox.control_waiting() {
             self.cx.outbox.flush_control();
         }
@@ -317,6 +315,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             if self.from_control.is_abandoned() {
                 // The engine is gone without a shutdown (it failed to start): stop too.
                 self.cx.begin_shutdown();
+                self.end_redials();
             }
         }
     }
@@ -550,7 +549,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                     }
                 }
                 ToWorker::DeviceEvent(ev) => self.device_event(ev),
-                ToWorker::Shutdown => self.cx.begin_shutdown(),
+                ToWorker::Shutdown => {
+                    self.cx.begin_shutdown();
+                    self.end_redials();
+                }
             }
         }
         any
@@ -680,12 +682,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 self.cx.redials.stop(token);
                 redial::AfterFailure::GiveUp
             } else {
-                let now = self.cx.now();
-                self.cx.redials.failed(token, now)
+                self.cx.redials.failed(token)
             };
             if let redial::AfterFailure::Again { attempt, after } = after {
-                let step = Redial { token, attempt, after, failed: Some(&e) };
-                return self.handler.on_redial(&mut self.cx, &step);
+                return self.redial(token, attempt, after, Some(e));
             }
         }
         self.handler.on_connect_failed(&mut self.cx, token, &e)
@@ -696,39 +696,52 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     #[cold]
     fn redial_closed(&mut self, id: ConnId, reason: CloseReason) {
         let local = reason == CloseReason::Local || self.cx.stopping;
-        let now = self.cx.now();
         if let Some((token, redial::AfterFailure::Again { attempt, after })) =
-            self.cx.redials.closed(id, local, now)
+            self.cx.redials.closed(id, local)
         {
-            let step = Redial { token, attempt, after, failed: None };
-            self.handler.on_redial(&mut self.cx, &step);
+            self.redial(token, attempt, after, None);
         }
     }
 
-    /// Sends the tries that are due (at a stop, ends the waiting ones: their connects fail
-    /// with `ShuttingDown`).
-    #[cold]
-    fn redial_due(&mut self) {
-        if self.cx.stopping {
-            for token in self.cx.redials.drain_waiting() {
-                let e = EngineError::ShuttingDown;
-                self.handler.on_connect_failed(&mut self.cx, token, &e);
-            }
-            return;
+    /// Waits out try `attempt` of connect `token` on a timer, telling the handler (a full
+    /// timer table ends the policy: the connect fails with that limit).
+    fn redial(
+        &mut self,
+        token: u64,
+        attempt: u32,
+        after: std::time::Duration,
+        failed: Option<EngineError>,
+    ) {
+        if let Err(e) = self.cx.set_due(after, Due::Redial(token)) {
+            self.cx.redials.stop(token);
+            return self.handler.on_connect_failed(&mut self.cx, token, &e);
         }
-        let now = self.cx.now();
-        while let Some((token, d)) = self.cx.redials.next_due(now) {
-            let addr = d.addr;
-            let mut private_data = ArrayVec::new();
-            private_data.extend(d.private_data.iter().copied());
-            let origin = Origin::Handler;
-            self.cx.tell_control(ToControl::Connect { addr, private_data, token, origin });
+        let step = Redial { token, attempt, after, failed: failed.as_ref() };
+        self.handler.on_redial(&mut self.cx, &step);
+    }
+
+    /// Ends the reconnect policies whose tries wait (the worker is stopping): their connects
+    /// fail with `ShuttingDown`.
+    fn end_redials(&mut self) {
+        for token in self.cx.redials.drain_waiting() {
+            let e = EngineError::ShuttingDown;
+            self.handler.on_connect_failed(&mut self.cx, token, &e);
         }
     }
 
     fn fire_timers(&mut self) {
-        while let Some(token) = self.cx.timers.next_due(self.cx.now()) {
-            self.handler.on_timer(&mut self.cx, token);
+        while let Some(due) = self.cx.timers.next_due(self.cx.now()) {
+            match due {
+                Due::Handler(token) => self.handler.on_timer(&mut self.cx, token),
+                Due::Redial(token) => {
+                    // (nothing if its policy ended meanwhile)
+                    if let Some((addr, private_data)) = self.cx.redials.due(token) {
+                        let origin = Origin::Handler;
+                        let m = ToControl::Connect { addr, private_data, token, origin };
+                        self.cx.tell_control(m);
+                    }
+                }
+            }
         }
     }
 }

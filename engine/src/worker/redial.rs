@@ -1,16 +1,14 @@
 //! Reconnect policies: connects a handler made with [`crate::Cx::connect_with`], kept by
 //! their token so that the connection is made again when it closes (for any reason but this
 //! side's own close) or when a try fails, after a backoff that doubles from try to try, until
-//! the policy's tries are spent. The worker tells the handler of every step
-//! ([`crate::Handler::on_redial`]).
+//! the policy's tries are spent. The worker waits out each backoff on its timers
+//! (`Due::Redial`) and tells the handler of every step ([`crate::Handler::on_redial`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use arrayvec::ArrayVec;
-
-use crate::control::MAX_APP_PRIVATE_DATA;
+use crate::handoff::ConnectData;
 use crate::request::ConnId;
 
 /// How a connection this side makes is made again ([`crate::Cx::connect_with`]).
@@ -60,21 +58,21 @@ pub struct Redial<'a> {
 /// A connect under a policy.
 #[derive(Debug)]
 pub(crate) struct Dial {
-    pub(crate) addr: SocketAddr,
-    pub(crate) private_data: ArrayVec<u8, MAX_APP_PRIVATE_DATA>,
+    addr: SocketAddr,
+    private_data: ConnectData,
     policy: Reconnect,
     /// Tries made since the last close (0: the first connect, or connected).
     attempt: u32,
     /// Its connection, while it is up.
     conn: Option<ConnId>,
-    /// When its next try goes (`None`: none waits).
-    due: Option<Instant>,
+    /// Its next try waits on a timer.
+    waiting: bool,
 }
 
 /// What to do after a try failed.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum AfterFailure {
-    /// Try again: try `attempt` after `after`.
+    /// Try again: try `attempt` after `after` (the caller sets the timer).
     Again { attempt: u32, after: Duration },
     /// The policy is spent (or ended): the connect failed for good.
     GiveUp,
@@ -84,8 +82,6 @@ pub(crate) enum AfterFailure {
 #[derive(Debug, Default)]
 pub(crate) struct Redials {
     by_token: HashMap<u64, Dial>,
-    /// Dials with a try waiting.
-    waiting: usize,
 }
 
 impl Redials {
@@ -94,13 +90,13 @@ impl Redials {
         &mut self,
         token: u64,
         addr: SocketAddr,
-        private_data: ArrayVec<u8, MAX_APP_PRIVATE_DATA>,
+        private_data: ConnectData,
         policy: Reconnect,
     ) -> bool {
         if self.by_token.contains_key(&token) {
             return false;
         }
-        let dial = Dial { addr, private_data, policy, attempt: 0, conn: None, due: None };
+        let dial = Dial { addr, private_data, policy, attempt: 0, conn: None, waiting: false };
         self.by_token.insert(token, dial);
         true
     }
@@ -124,20 +120,14 @@ impl Redials {
         }
     }
 
-    /// A try of `token` failed at `now`: the next one, or the end of the policy (the dial
-    /// forgotten).
-    pub(crate) fn failed(&mut self, token: u64, now: Instant) -> AfterFailure {
-        self.next_try(token, now)
+    /// A try of `token` failed: the next one, or the end of the policy (the dial forgotten).
+    pub(crate) fn failed(&mut self, token: u64) -> AfterFailure {
+        self.next_try(token)
     }
 
-    /// Connection `conn` closed at `now` (`local`: this side closed it, which ends its
-    /// policy): its dial's token and next try, if it is one.
-    pub(crate) fn closed(
-        &mut self,
-        conn: ConnId,
-        local: bool,
-        now: Instant,
-    ) -> Option<(u64, AfterFailure)> {
+    /// Connection `conn` closed (`local`: this side closed it, which ends its policy): its
+    /// dial's token and next try, if it is one.
+    pub(crate) fn closed(&mut self, conn: ConnId, local: bool) -> Option<(u64, AfterFailure)> {
         let token = *self.by_token.iter().find(|(_, d)| d.conn == Some(conn))?.0;
         if local {
             self.by_token.remove(&token);
@@ -147,56 +137,37 @@ impl Redials {
             d.conn = None;
             d.attempt = 0;
         }
-        Some((token, self.next_try(token, now)))
+        Some((token, self.next_try(token)))
     }
 
-    fn next_try(&mut self, token: u64, now: Instant) -> AfterFailure {
+    fn next_try(&mut self, token: u64) -> AfterFailure {
         let Some(d) = self.by_token.get_mut(&token) else { return AfterFailure::GiveUp };
         if d.attempt >= d.policy.attempts {
             self.by_token.remove(&token);
             return AfterFailure::GiveUp;
         }
         d.attempt += 1;
-        let after = d.policy.wait(d.attempt);
-        if d.due.replace(now + after).is_none() {
-            self.waiting += 1;
-        }
-        AfterFailure::Again { attempt: d.attempt, after }
+        d.waiting = true;
+        AfterFailure::Again { attempt: d.attempt, after: d.policy.wait(d.attempt) }
     }
 
-    /// Whether a try waits.
-    #[inline(always)]
-    pub(crate) fn any_waiting(&self) -> bool {
-        self.waiting > 0
+    /// The timer of `token`'s try went off: where to connect, unless its policy ended since.
+    pub(crate) fn due(&mut self, token: u64) -> Option<(SocketAddr, ConnectData)> {
+        let d = self.by_token.get_mut(&token).filter(|d| d.waiting)?;
+        d.waiting = false;
+        Some((d.addr, d.private_data.clone()))
     }
 
-    /// The token of a try due at `now`, taken off the wait (its connect is the caller's to
-    /// send), with where it goes.
-    pub(crate) fn next_due(&mut self, now: Instant) -> Option<(u64, &Dial)> {
-        let token = *self.by_token.iter().find(|(_, d)| d.due.is_some_and(|t| t <= now))?.0;
-        let d = self.by_token.get_mut(&token)?;
-        d.due = None;
-        self.waiting -= 1;
-        Some((token, d))
-    }
-
-    /// Ends the policy of `token` (its connection, if up, stays); whether it had one.
+    /// Ends the policy of `token` (its connection, if up, stays; its timer, if set, finds
+    /// nothing when it goes off); whether it had one.
     pub(crate) fn stop(&mut self, token: u64) -> bool {
-        match self.by_token.remove(&token) {
-            Some(d) => {
-                if d.due.is_some() {
-                    self.waiting -= 1;
-                }
-                true
-            }
-            None => false,
-        }
+        self.by_token.remove(&token).is_some()
     }
 
     /// Ends every policy whose try waits (the worker is stopping): their tokens.
     pub(crate) fn drain_waiting(&mut self) -> Vec<u64> {
         let tokens: Vec<u64> =
-            self.by_token.iter().filter(|(_, d)| d.due.is_some()).map(|(t, _)| *t).collect();
+            self.by_token.iter().filter(|(_, d)| d.waiting).map(|(t, _)| *t).collect();
         for t in &tokens {
             self.stop(*t);
         }
@@ -230,51 +201,48 @@ mod tests {
 
     #[test]
     fn a_close_starts_the_tries_and_a_connection_resets_them() {
-        let t0 = Instant::now();
         let mut r = Redials::default();
         let addr = "10.0.0.1:1".parse().unwrap();
-        assert!(r.add(7, addr, ArrayVec::new(), policy(2)));
-        assert!(!r.add(7, addr, ArrayVec::new(), policy(2)), "a token in use");
+        assert!(r.add(7, addr, ConnectData::new(), policy(2)));
+        assert!(!r.add(7, addr, ConnectData::new(), policy(2)), "a token in use");
         r.connected(7, conn(3));
-        let after = r.closed(conn(3), false, t0);
+        let after = r.closed(conn(3), false);
         let ten = Duration::from_millis(10);
         assert_eq!(after, Some((7, AfterFailure::Again { attempt: 1, after: ten })));
-        assert!(r.any_waiting());
-        assert!(r.next_due(t0).is_none(), "not yet");
-        assert_eq!(r.next_due(t0 + ten).map(|(t, d)| (t, d.addr)), Some((7, addr)));
-        assert!(!r.any_waiting());
+        assert_eq!(r.due(7).map(|(a, _)| a), Some(addr));
+        assert!(r.due(7).is_none(), "one try per timer");
         let twenty = Duration::from_millis(20);
-        assert_eq!(r.failed(7, t0), AfterFailure::Again { attempt: 2, after: twenty });
-        r.next_due(t0 + twenty).unwrap();
-        assert_eq!(r.failed(7, t0), AfterFailure::GiveUp, "two tries, spent");
+        assert_eq!(r.failed(7), AfterFailure::Again { attempt: 2, after: twenty });
+        r.due(7).unwrap();
+        assert_eq!(r.failed(7), AfterFailure::GiveUp, "two tries, spent");
         assert!(!r.has(7));
         // Connected again, the count starts over.
-        r.add(8, addr, ArrayVec::new(), policy(2));
+        r.add(8, addr, ConnectData::new(), policy(2));
         r.connected(8, conn(4));
-        let a = r.closed(conn(4), false, t0).unwrap().1;
+        let a = r.closed(conn(4), false).unwrap().1;
         assert_eq!(a, AfterFailure::Again { attempt: 1, after: ten });
-        r.next_due(t0 + ten).unwrap();
+        r.due(8).unwrap();
         r.connected(8, conn(5));
-        let a = r.closed(conn(5), false, t0).unwrap().1;
+        let a = r.closed(conn(5), false).unwrap().1;
         assert_eq!(a, AfterFailure::Again { attempt: 1, after: ten });
     }
 
     #[test]
     fn a_local_close_or_a_stop_ends_the_policy() {
-        let t0 = Instant::now();
         let mut r = Redials::default();
         let addr = "10.0.0.1:1".parse().unwrap();
-        r.add(1, addr, ArrayVec::new(), policy(3));
+        r.add(1, addr, ConnectData::new(), policy(3));
         r.connected(1, conn(1));
-        assert_eq!(r.closed(conn(1), true, t0), Some((1, AfterFailure::GiveUp)));
+        assert_eq!(r.closed(conn(1), true), Some((1, AfterFailure::GiveUp)));
         assert!(!r.has(1));
-        assert_eq!(r.closed(conn(9), false, t0), None, "not a dial's");
-        r.add(2, addr, ArrayVec::new(), policy(3));
-        assert!(matches!(r.failed(2, t0), AfterFailure::Again { attempt: 1, .. }));
-        assert!(r.stop(2) && !r.any_waiting() && !r.stop(2));
-        r.add(3, addr, ArrayVec::new(), policy(3));
-        r.failed(3, t0);
+        assert_eq!(r.closed(conn(9), false), None, "not a dial's");
+        r.add(2, addr, ConnectData::new(), policy(3));
+        assert!(matches!(r.failed(2), AfterFailure::Again { attempt: 1, .. }));
+        assert!(r.stop(2) && !r.stop(2));
+        assert!(r.due(2).is_none(), "its timer finds nothing");
+        r.add(3, addr, ConnectData::new(), policy(3));
+        r.failed(3);
         assert_eq!(r.drain_waiting(), vec![3]);
-        assert!(!r.any_waiting() && !r.has(3));
+        assert!(!r.has(3));
     }
 }

@@ -1,14 +1,24 @@
-//! A worker's timers: `(due, token)` in a heap sized at start; at most
-//! [`MAX_TIMERS`](crate::tunables::MAX_TIMERS), beyond which setting one is refused.
+//! A worker's timers: `(due, what)` in a heap sized at start; at most
+//! [`MAX_TIMERS`](crate::tunables::MAX_TIMERS), beyond which setting one is refused. A timer
+//! is the handler's (`Cx::set_timer`) or the next try of a reconnect policy.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Instant;
 
-/// Due times and their tokens, soonest first.
+/// What a timer is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Due {
+    /// The handler's `on_timer(token)`.
+    Handler(u64),
+    /// The next try of the connect with this token under a reconnect policy.
+    Redial(u64),
+}
+
+/// Due times and what is due then, soonest first.
 #[derive(Debug)]
 pub(crate) struct Timers {
-    heap: BinaryHeap<Reverse<(Instant, u64)>>,
+    heap: BinaryHeap<Reverse<(Instant, Due)>>,
     max: usize,
 }
 
@@ -18,23 +28,23 @@ impl Timers {
         Timers { heap: BinaryHeap::with_capacity(max), max }
     }
 
-    /// Sets a timer for `token` at `due`; refused (with the count held) when `max` are set.
-    pub(crate) fn set(&mut self, due: Instant, token: u64) -> Result<(), usize> {
+    /// Sets a timer for `what` at `due`; refused (with the count held) when `max` are set.
+    pub(crate) fn set(&mut self, due: Instant, what: Due) -> Result<(), usize> {
         if self.heap.len() >= self.max {
             return Err(self.heap.len());
         }
-        self.heap.push(Reverse((due, token)));
+        self.heap.push(Reverse((due, what)));
         Ok(())
     }
 
-    /// The token of the soonest timer due at `now`, taken out.
-    pub(crate) fn next_due(&mut self, now: Instant) -> Option<u64> {
-        let Reverse((due, token)) = *self.heap.peek()?;
+    /// The soonest timer due at `now`, taken out.
+    pub(crate) fn next_due(&mut self, now: Instant) -> Option<Due> {
+        let Reverse((due, what)) = *self.heap.peek()?;
         if due > now {
             return None;
         }
         self.heap.pop();
-        Some(token)
+        Some(what)
     }
 
     /// Whether no timer is set.
@@ -54,15 +64,15 @@ mod tests {
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
         let mut t = Timers::new(3);
-        t.set(ms(30), 3).unwrap();
-        t.set(ms(10), 1).unwrap();
-        t.set(ms(20), 2).unwrap();
-        assert_eq!(t.set(ms(5), 4), Err(3));
+        t.set(ms(30), Due::Handler(3)).unwrap();
+        t.set(ms(10), Due::Handler(1)).unwrap();
+        t.set(ms(20), Due::Redial(2)).unwrap();
+        assert_eq!(t.set(ms(5), Due::Handler(4)), Err(3));
         assert_eq!(t.next_due(ms(0)), None);
-        assert_eq!(t.next_due(ms(25)), Some(1));
-        assert_eq!(t.next_due(ms(25)), Some(2));
+        assert_eq!(t.next_due(ms(25)), Some(Due::Handler(1)));
+        assert_eq!(t.next_due(ms(25)), Some(Due::Redial(2)));
         assert_eq!(t.next_due(ms(25)), None);
-        assert_eq!(t.next_due(ms(30)), Some(3));
+        assert_eq!(t.next_due(ms(30)), Some(Due::Handler(3)));
         assert!(t.is_empty());
     }
 }

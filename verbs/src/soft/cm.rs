@@ -504,7 +504,7 @@ impl crate::ConnRequest<Soft> for SoftConnRequest {
             qpn: qp.qp_num(),
             private_data: private_data.to_vec(),
             link: link.clone(),
-            at: Instant::now() + super::faults::cm_again(a.late),
+            at: Instant::now() + super::faults::counted_late(a.late),
         };
         a.answer.update(|s| *s = answer);
         Ok(SoftAccepting { attempt: a.clone(), link })
@@ -639,7 +639,9 @@ impl crate::Connecting<Soft> for SoftConnecting {
                     attempt.answer.notify();
                     return Err(e);
                 }
-                *g = Answer::Ready { at: Instant::now() + super::faults::cm_again(attempt.late) };
+                *g = Answer::Ready {
+                    at: Instant::now() + super::faults::counted_late(attempt.late),
+                };
                 attempt.answer.notify();
                 Ok(crate::Progress::Ready(SoftConnection::new(link, 0, private_data, &qp.shared)))
             }
@@ -743,7 +745,8 @@ impl crate::Connection for SoftConnection {
             if plan.is_some_and(|p| p.loses_cm_event(n)) {
                 continue;
             }
-            let at = Instant::now() + plan.map_or(Duration::ZERO, |p| p.cm_late());
+            let late = plan.map_or(Duration::ZERO, |p| p.cm_delay());
+            let at = Instant::now() + super::faults::counted_late(late);
             side.update(|q| q.push_back((CmEvent::Disconnected, at)));
         }
         Ok(())

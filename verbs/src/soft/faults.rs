@@ -128,11 +128,8 @@ impl FaultPlan {
             || self.cm_delay_us > 0
     }
 
-    /// How late a connection-manager message arrives (counted when it is).
-    pub(crate) fn cm_late(&self) -> std::time::Duration {
-        if self.cm_delay_us > 0 {
-            CM_DELAYED.fetch_add(1, Ordering::Relaxed);
-        }
+    /// How late a connection-manager message arrives.
+    pub(crate) fn cm_delay(&self) -> std::time::Duration {
         std::time::Duration::from_micros(u64::from(self.cm_delay_us))
     }
 
@@ -194,8 +191,8 @@ pub(crate) fn for_cm(listener: SocketAddr) -> Option<FaultPlan> {
     at(listener).or_else(|| global().ok().flatten().filter(FaultPlan::active))
 }
 
-/// `late` for one more connection-manager message (counted when it is late).
-pub(crate) fn cm_again(late: std::time::Duration) -> std::time::Duration {
+/// `late`, for one connection-manager message (counted when it is late).
+pub(crate) fn counted_late(late: std::time::Duration) -> std::time::Duration {
     if !late.is_zero() {
         CM_DELAYED.fetch_add(1, Ordering::Relaxed);
     }
@@ -204,7 +201,7 @@ pub(crate) fn cm_again(late: std::time::Duration) -> std::time::Duration {
 
 /// How late a connection-manager message to or from the listener at `listener` arrives.
 pub(crate) fn cm_late(listener: SocketAddr) -> std::time::Duration {
-    for_cm(listener).map_or(std::time::Duration::ZERO, |p| p.cm_late())
+    counted_late(for_cm(listener).map_or(std::time::Duration::ZERO, |p| p.cm_delay()))
 }
 
 /// Totals over the process: packets dropped, RC messages sent again, duplicates thrown away
