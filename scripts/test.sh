@@ -27,7 +27,7 @@ RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR=target/doc-codes cargo test -q -p corelink-en
 echo "== loom: the SPSC rings"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -q -p corelink-engine --release --lib ring::loom_tests
 
-echo "== fuzz: decode 15 s, core_map 15 s, header 10 s, verbs_seq 20 s (fuzz/)"
+echo "== fuzz: decode 15 s, core_map 15 s, header 10 s, verbs_seq 20 s, soft_wire 10 s (fuzz/)"
 # cargo-fuzz needs nightly features: RUSTC_BOOTSTRAP=1 lets the stable toolchain build it. The
 # fuzz crate is outside the workspace (its own target directory, fuzz/target); one build serves
 # every target. libFuzzer writes new inputs into the first corpus directory it is given: a
@@ -35,7 +35,7 @@ echo "== fuzz: decode 15 s, core_map 15 s, header 10 s, verbs_seq 20 s (fuzz/)"
 if cargo fuzz --help >/dev/null 2>&1; then
   fuzz_tmp=$(mktemp -d)
   trap 'rm -rf "$fuzz_tmp"' EXIT
-  for run in decode:15 core_map:15 header:10 verbs_seq:20; do
+  for run in decode:15 core_map:15 header:10 verbs_seq:20 soft_wire:10; do
     target=${run%:*}
     dict=()
     if [ "$target" = decode ]; then dict=(-dict=fuzz/decode.dict); fi

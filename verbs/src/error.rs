@@ -181,6 +181,15 @@ pub enum Error {
         /// What is wrong with it.
         why: String,
     },
+    /// `soft` could not join the fabric `CORELINK_SOFT_FABRIC` names (its port's socket).
+    #[error("cannot join the soft fabric {name:?} (CORELINK_SOFT_FABRIC)")]
+    SoftFabric {
+        /// The fabric's name.
+        name: String,
+        /// What failed.
+        #[source]
+        source: io::Error,
+    },
     /// A connection-manager call failed.
     #[error("connection manager: {op} failed for {addr}")]
     Cm {

@@ -10,8 +10,9 @@
 //!
 //! Without SERVER_ADDR on `ibverbs` it is the server (it serves one client, until that client
 //! disconnects); with it, the client, which runs the test and prints perftest's table (or, with
-//! `--json`, one JSON object per size). On `soft` (in-process) server and client run in one
-//! process on one engine connected to itself (`--loopback`, the default there). See
+//! `--json`, one JSON object per size). On `soft` server and client run in one process on one
+//! engine connected to itself (`--loopback`, the default there), or as two processes
+//! (`--server`, and a client given SERVER_ADDR) on one host. See
 //! `corelink_apps::perf::engine_run` for how each test is measured.
 //!
 //! Exit status: 0 on success, 1 on a failure at run time, 2 on bad usage, on a combination
@@ -45,6 +46,8 @@ Examples:
   corelink-perf send_lat -a --json --plot send_lat.svg
   corelink-perf read_bw --provider ibverbs                    # server
   corelink-perf read_bw --provider ibverbs 10.0.0.1           # client
+  corelink-perf send_lat --provider soft --server             # soft, two processes: server
+  corelink-perf send_lat --provider soft 127.0.0.1            # and client
   corelink-perf baseline memcpy -a
   corelink-perf baseline raw_write -l 16 -Q 64                # write_bw 8 B, a verbs loop
   corelink-perf rpc_lat -s 8 --with-send --rounds 5 --json    # send_lat, rpc_lat, 5 times
@@ -157,6 +160,10 @@ struct Cli {
     /// server and client in this process, on one engine connected to itself (default on soft)
     #[arg(long)]
     loopback: bool,
+    /// serve one client (the default on ibverbs without SERVER_ADDR); on soft, server and
+    /// client meet on the fabric CORELINK_SOFT_FABRIC names (default: corelink-perf)
+    #[arg(long, conflicts_with = "loopback")]
+    server: bool,
     /// one JSON object per size on stdout, nothing else there
     #[arg(long)]
     json: bool,
@@ -274,8 +281,12 @@ fn perf_opts(
         (Some(_), true) => {
             return Err(PerfError::Usage("--loopback runs both ends: no SERVER_ADDR".into()))
         }
+        (Some(_), _) if cli.server => {
+            return Err(PerfError::Usage("--server serves: no SERVER_ADDR".into()))
+        }
         (Some(a), false) => Role::Client(server_addr(a, cli.port)?),
         (None, true) => Role::Loopback,
+        (None, false) if cli.server => Role::Server,
         (None, false) if prov == Prov::Soft => Role::Loopback,
         (None, false) => Role::Server,
     };

@@ -144,6 +144,16 @@ impl Report {
     }
 }
 
+/// A server or client on `soft` meets its peer process on a named fabric
+/// (`CORELINK_SOFT_FABRIC`; `corelink-perf` when it is unset, so that the two commands need no
+/// set-up). Called before anything opens `soft`.
+pub(crate) fn join_soft_fabric() {
+    use corelink_engine::verbs::soft::FABRIC_ENV;
+    if std::env::var_os(FABRIC_ENV).is_none() {
+        std::env::set_var(FABRIC_ENV, "corelink-perf");
+    }
+}
+
 /// The sizes of `-a`: powers of two from 2 bytes to 8 MiB.
 pub fn all_sizes() -> Vec<usize> {
     (1..=23).map(|i| 1usize << i).collect()

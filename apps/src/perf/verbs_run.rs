@@ -188,11 +188,7 @@ pub fn run(
     let notes = check(o)?;
     let (prov, cfg) = device(o)?;
     if prov == Prov::Soft && matches!(o.role, Role::Client(_) | Role::Server) {
-        return Err(PerfError::Usage(
-            "soft is an in-process provider: its server and client run in one process \
-             (--loopback, the default for soft); use --provider ibverbs for two processes"
-                .into(),
-        ));
+        super::join_soft_fabric();
     }
     match prov {
         Prov::Soft => run_on::<corelink_verbs::soft::Soft>(o, &cfg, notes, on_start, on_report),

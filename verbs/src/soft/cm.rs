@@ -13,11 +13,13 @@ use std::time::{Duration, Instant};
 
 use super::context::{CtxShared, SoftContext};
 use super::fabric::Fabric;
+use super::port::PeerLink;
 use super::qp::{QpShared, SoftQp};
+use super::wire::Msg;
 use super::Soft;
 use crate::error::{Error, Result};
 use crate::provider::{CmEvent, Qp};
-use crate::types::{AsyncElement, AsyncEventKind, Endpoint, QpAttr, QpState, QpType};
+use crate::types::{AsyncElement, AsyncEventKind, Endpoint, Gid, QpAttr, QpState, QpType};
 
 /// Private data rdma_cm carries in a connect request, an accept and a reject (RDMA_PS_TCP).
 pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
@@ -138,6 +140,8 @@ enum Answer {
     /// Accepted; the connector hears it at `at` (a plan's `cm_delay_us`).
     Accepted {
         qpn: u32,
+        /// The accepting QP's port.
+        gid: Gid,
         private_data: Vec<u8>,
         link: Arc<Link>,
         at: Instant,
@@ -171,10 +175,49 @@ struct Attempt {
     /// How late each of its connection-manager messages is.
     late: Duration,
     from: SocketAddr,
+    /// The connector's port.
+    gid: Gid,
     qpn: u32,
     qp_type: QpType,
     private_data: Vec<u8>,
     answer: Signal<Answer>,
+    /// Set when the other end is in another process (`soft::port`).
+    remote: Option<RemoteEnd>,
+}
+
+/// The other process of an attempt across processes: the link to it, the connector's number
+/// for the attempt, and which end this process is.
+#[derive(Debug)]
+struct RemoteEnd {
+    link: Arc<PeerLink>,
+    id: u64,
+    /// This process made the connect.
+    connector: bool,
+    /// The listener it was made to.
+    listener: SocketAddr,
+}
+
+impl Attempt {
+    /// Tells the other process of a remote attempt what this end did (`make` builds the
+    /// message from the attempt's number).
+    fn tell(&self, make: impl FnOnce(u64) -> Msg) {
+        if let Some(r) = &self.remote {
+            r.link.send(&make(r.id));
+        }
+    }
+
+    /// Rejects the attempt, and tells a remote connector. (Each end changes its own answer
+    /// before it tells the other, whose reply may come at once.)
+    fn reject(&self, private_data: Vec<u8>) {
+        self.answer.update(|s| *s = Answer::Rejected(private_data.clone()));
+        self.tell(|attempt| Msg::Rejected { attempt, private_data });
+    }
+
+    /// Gives the attempt up and tells the other process; `connector`: this end connects.
+    fn abandon(&self, connector: bool) {
+        self.answer.update(|s| *s = Answer::Abandoned);
+        self.tell(|attempt| Msg::Abandoned { attempt, to_connector: !connector });
+    }
 }
 
 /// Both ends' event queues, the address of the listener that accepted the connection, and
@@ -194,12 +237,16 @@ struct Link {
     cm_events: AtomicU64,
     /// The plan its connection-manager messages meet (the listener's, else the program's).
     cm_plan: Option<super::faults::FaultPlan>,
+    /// Set when the other end is in another process: the link to it and the attempt's number
+    /// (this process holds one side's queue; the other side's events go over the link).
+    remote: Option<(Arc<PeerLink>, u64)>,
 }
 
 impl Link {
     /// A new link for a connection accepted at `listener`, recorded for [`cut`].
-    fn new(listener: SocketAddr) -> Arc<Link> {
+    fn new(listener: SocketAddr, remote: Option<(Arc<PeerLink>, u64)>) -> Arc<Link> {
         let link = Arc::new(Link {
+            remote,
             sides: Default::default(),
             listener,
             qps: Mutex::new([Weak::new(), Weak::new()]),
@@ -287,33 +334,47 @@ pub struct SoftListener {
     shared: Arc<ListenerShared>,
     /// The context it listens on: its requests are accepted with QPs of its device.
     ctx: Arc<CtxShared>,
+    /// Its address held on the whole fabric, when this process is on a named one.
+    name: Option<super::port::ListenerName>,
 }
 
 impl SoftListener {
     pub(crate) fn bind(ctx: &SoftContext, mut addr: SocketAddr) -> Result<Self> {
         let mut table = lock(&Fabric::get().listeners);
+        let port = super::port::get();
+        // On a named fabric an address is one process's: held by a name the others see.
+        let claim = |a: SocketAddr| port.map(|p| p.claim(a)).transpose();
+        let mut name = None;
         if addr.port() == 0 {
             // Port 0 picks a free port, as binding a socket does (from the ephemeral range).
-            let free = (EPHEMERAL_PORTS.0..=EPHEMERAL_PORTS.1)
-                .find(|p| !table.contains_key(&SocketAddr::new(addr.ip(), *p)))
-                .ok_or_else(|| Error::Cm {
-                    op: "rdma_bind_addr",
-                    addr,
-                    source: std::io::Error::from_raw_os_error(libc::EADDRNOTAVAIL),
-                })?;
+            let free = (EPHEMERAL_PORTS.0..=EPHEMERAL_PORTS.1).find(|p| {
+                let a = SocketAddr::new(addr.ip(), *p);
+                !table.contains_key(&a) && claim(a).map(|n| name = n).is_ok()
+            });
+            let free = free.ok_or_else(|| Error::Cm {
+                op: "rdma_bind_addr",
+                addr,
+                source: std::io::Error::from_raw_os_error(libc::EADDRNOTAVAIL),
+            })?;
             addr.set_port(free);
-        }
-        if table.contains_key(&addr) {
-            return Err(Error::Cm {
+        } else {
+            let in_use = || Error::Cm {
                 op: "rdma_bind_addr",
                 addr,
                 source: std::io::Error::from_raw_os_error(libc::EADDRINUSE),
-            });
+            };
+            if table.contains_key(&addr) {
+                return Err(in_use());
+            }
+            name = claim(addr).map_err(|e| match e.kind() {
+                std::io::ErrorKind::AddrInUse => in_use(),
+                _ => Error::Cm { op: "rdma_bind_addr", addr, source: e },
+            })?;
         }
         let shared = Arc::new(ListenerShared::default());
         let _ = shared.ctx.set(Arc::downgrade(&ctx.shared));
         table.insert(addr, shared.clone());
-        Ok(SoftListener { addr, shared, ctx: ctx.shared.clone() })
+        Ok(SoftListener { addr, shared, ctx: ctx.shared.clone(), name })
     }
 }
 
@@ -322,7 +383,7 @@ impl Drop for SoftListener {
         lock(&Fabric::get().listeners).remove(&self.addr);
         let waiting: Vec<_> = lock(&self.shared.requests.value).drain(..).collect();
         for a in waiting {
-            a.answer.update(|s| *s = Answer::Rejected(Vec::new()));
+            a.reject(Vec::new());
         }
     }
 }
@@ -347,6 +408,9 @@ impl crate::Listener<Soft> for SoftListener {
     fn get_request(&mut self, timeout: Duration) -> Result<Option<SoftConnRequest>> {
         use std::sync::atomic::Ordering;
         let deadline = Instant::now() + timeout;
+        if let Some(name) = &self.name {
+            name.drain();
+        }
         let woken = &self.shared.woken;
         // (the wake is taken as it ends the wait: one that comes later ends the next one)
         let mut q = self
@@ -388,10 +452,9 @@ pub struct SoftConnRequest {
 impl Drop for SoftConnRequest {
     /// A request dropped unanswered is rejected, so that the connector does not wait in vain.
     fn drop(&mut self) {
-        let mut answer = lock(&self.attempt.answer.value);
-        if matches!(*answer, Answer::Waiting) {
-            *answer = Answer::Rejected(Vec::new());
-            self.attempt.answer.notify();
+        let waiting = matches!(*lock(&self.attempt.answer.value), Answer::Waiting);
+        if waiting {
+            self.attempt.reject(Vec::new());
         }
     }
 }
@@ -436,7 +499,7 @@ impl crate::Accepting<Soft> for SoftAccepting {
     }
 
     fn abandon(self, qp: &mut SoftQp) -> Error {
-        self.attempt.answer.update(|s| *s = Answer::Abandoned);
+        self.attempt.abandon(false);
         let _ = qp.modify(&QpAttr { state: QpState::Err, ..QpAttr::default() });
         Error::CmTimeout { op: "rdma_accept", addr: self.attempt.from }
     }
@@ -491,28 +554,41 @@ impl crate::ConnRequest<Soft> for SoftConnRequest {
         check_device(&self.ctx, qp, "rdma_accept")?;
         let a = &self.attempt;
         if qp.qp_type() != a.qp_type {
-            self.attempt.answer.update(|s| *s = Answer::Rejected(Vec::new()));
+            self.attempt.reject(Vec::new());
             return Err(Error::InvalidArgument(format!(
                 "the connector's QP is {}, the accepting QP {}",
                 a.qp_type,
                 qp.qp_type()
             )));
         }
-        bring_up(qp, attr, a.qpn)?;
-        let link = Link::new(self.listener);
+        bring_up(qp, attr, a.qpn, a.gid)?;
+        let remote = a.remote.as_ref().map(|r| (r.link.clone(), r.id));
+        let link = Link::new(self.listener, remote);
+        if let Some(r) = &a.remote {
+            remember(r, a, Some(&link));
+        }
+        let gid = qp.shared.ctx.gid;
         let answer = Answer::Accepted {
             qpn: qp.qp_num(),
+            gid,
             private_data: private_data.to_vec(),
             link: link.clone(),
             at: Instant::now() + super::faults::counted_late(a.late),
         };
+        // (first here: the connector's "ready" may come back before `tell` returns)
         a.answer.update(|s| *s = answer);
+        a.tell(|attempt| Msg::Accepted {
+            attempt,
+            qpn: qp.qp_num(),
+            gid,
+            private_data: private_data.to_vec(),
+        });
         Ok(SoftAccepting { attempt: a.clone(), link })
     }
 
     fn reject(self, private_data: &[u8]) -> Result<()> {
         too_long("reject", private_data.len(), MAX_REJECT_PRIVATE_DATA)?;
-        self.attempt.answer.update(|s| *s = Answer::Rejected(private_data.to_vec()));
+        self.attempt.reject(private_data.to_vec());
         Ok(())
     }
 }
@@ -530,12 +606,12 @@ fn check_device(ctx: &CtxShared, qp: &SoftQp, op: &'static str) -> Result<()> {
     })
 }
 
-/// RESET/INIT → INIT → RTR → RTS towards QP `dest_qpn`.
-fn bring_up(qp: &mut SoftQp, attr: &QpAttr, dest_qpn: u32) -> Result<()> {
+/// RESET/INIT → INIT → RTR → RTS towards QP `dest_qpn` on the port with `gid`.
+fn bring_up(qp: &mut SoftQp, attr: &QpAttr, dest_qpn: u32, gid: Gid) -> Result<()> {
     if qp.state() == QpState::Reset {
         qp.modify(&QpAttr { state: QpState::Init, ..*attr })?;
     }
-    let dest = Endpoint { qpn: dest_qpn, ..attr.dest };
+    let dest = Endpoint { qpn: dest_qpn, gid, ..attr.dest };
     qp.modify(&QpAttr { state: QpState::Rtr, dest, ..*attr })?;
     qp.modify(&QpAttr { state: QpState::Rts, dest, ..*attr })
 }
@@ -560,22 +636,40 @@ pub(crate) fn connect_start(
             qp.state()
         )));
     }
-    let listener = listener_at(addr)?;
+    // Not in this process: a listener of another process of the fabric, if one has it.
+    let target = match listener_at(addr) {
+        Ok(l) => Err(l),
+        Err(e) => Ok(super::port::get().and_then(|p| p.listener_owner(addr)).ok_or(e)?),
+    };
     if qp.state() == QpState::Reset {
         qp.modify(&QpAttr { state: QpState::Init, ..*attr })?;
     }
     let late = super::faults::cm_late(addr);
-    let attempt = request(&listener, ctx, qp.qp_num(), qp.qp_type(), private_data, late);
+    let attempt = match target {
+        Err(listener) => request(&listener, ctx, qp.qp_num(), qp.qp_type(), private_data, late),
+        Ok(link) => request_far(link, addr, ctx, qp.qp_num(), qp.qp_type(), private_data)?,
+    };
     let deadline = Instant::now().checked_add(timeout);
     Ok(SoftConnecting { attempt, addr, attr: *attr, deadline })
 }
 
 /// The listener at `addr`; none is what rdma_cm reports as a reject without private data.
 fn listener_at(addr: SocketAddr) -> Result<Arc<ListenerShared>> {
-    lock(&Fabric::get().listeners)
-        .get(&addr)
-        .cloned()
+    let table = lock(&Fabric::get().listeners);
+    bound_to(addr)
+        .find_map(|a| table.get(&a).cloned())
         .ok_or(Error::Rejected { addr, private_data: Vec::new() })
+}
+
+/// The addresses a listener that takes connects to `addr` may be bound to: `addr` itself,
+/// then the wildcard address of its family and port (as rdma_cm's bind does).
+pub(crate) fn bound_to(addr: SocketAddr) -> impl Iterator<Item = SocketAddr> {
+    let any: IpAddr = match addr.ip() {
+        IpAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let wild = SocketAddr::new(any, addr.port());
+    std::iter::once(addr).chain((wild != addr).then_some(wild))
 }
 
 /// Queues a connection request from `ctx`'s QP `qpn` at `listener`.
@@ -591,13 +685,55 @@ fn request(
         arrives: Instant::now() + late,
         late,
         from: SocketAddr::new(IpAddr::V6(ctx.shared.gid.0.into()), 0),
+        gid: ctx.shared.gid,
         qpn,
         qp_type,
         private_data: private_data.to_vec(),
         answer: Signal::default(),
+        remote: None,
     });
     listener.requests.update(|q| q.push_back(attempt.clone()));
     attempt
+}
+
+/// Sends a connection request from `ctx`'s QP `qpn` to the listener at `addr` of the process
+/// at the other end of `link`.
+fn request_far(
+    link: Arc<PeerLink>,
+    addr: SocketAddr,
+    ctx: &SoftContext,
+    qpn: u32,
+    qp_type: QpType,
+    private_data: &[u8],
+) -> Result<Arc<Attempt>> {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    let gid = ctx.shared.gid;
+    let remote = RemoteEnd { link: link.clone(), id, connector: true, listener: addr };
+    let attempt = Arc::new(Attempt {
+        arrives: Instant::now(),
+        late: Duration::ZERO,
+        from: SocketAddr::new(IpAddr::V6(gid.0.into()), 0),
+        gid,
+        qpn,
+        qp_type,
+        private_data: private_data.to_vec(),
+        answer: Signal::default(),
+        remote: Some(remote),
+    });
+    remember(attempt.remote.as_ref().expect("remote"), &attempt, None);
+    let req = Msg::ConnReq {
+        attempt: id,
+        listener: addr,
+        gid,
+        qpn,
+        qp_type,
+        private_data: private_data.to_vec(),
+    };
+    if !link.send(&req) {
+        return Err(Error::Unreachable { addr, reason: "its process is gone".into() });
+    }
+    Ok(attempt)
 }
 
 /// A `soft` connect waiting for the listener's answer.
@@ -633,16 +769,18 @@ impl crate::Connecting<Soft> for SoftConnecting {
             g = lock(&attempt.answer.value);
         }
         match std::mem::take(&mut *g) {
-            Answer::Accepted { qpn, private_data, link, .. } => {
-                if let Err(e) = bring_up(qp, &attr, qpn) {
+            Answer::Accepted { qpn, gid, private_data, link, .. } => {
+                if let Err(e) = bring_up(qp, &attr, qpn, gid) {
                     *g = Answer::Abandoned;
                     attempt.answer.notify();
+                    attempt.tell(|attempt| Msg::Abandoned { attempt, to_connector: false });
                     return Err(e);
                 }
                 *g = Answer::Ready {
                     at: Instant::now() + super::faults::counted_late(attempt.late),
                 };
                 attempt.answer.notify();
+                attempt.tell(|attempt| Msg::Ready { attempt });
                 Ok(crate::Progress::Ready(SoftConnection::new(link, 0, private_data, &qp.shared)))
             }
             Answer::Rejected(private_data) => Err(Error::Rejected { addr, private_data }),
@@ -650,8 +788,10 @@ impl crate::Connecting<Soft> for SoftConnecting {
                 drop(g);
                 Ok(crate::Progress::Pending(self))
             }
+            Answer::Abandoned => Err(Error::CmTimeout { op: "rdma_connect", addr }),
             _ => {
                 *g = Answer::Abandoned;
+                attempt.tell(|attempt| Msg::Abandoned { attempt, to_connector: false });
                 Err(Error::CmTimeout { op: "rdma_connect", addr })
             }
         }
@@ -667,6 +807,8 @@ impl Drop for SoftConnecting {
         if matches!(*answer, Answer::Waiting | Answer::Accepted { .. }) {
             *answer = Answer::Abandoned;
             self.attempt.answer.notify();
+            drop(answer);
+            self.attempt.tell(|attempt| Msg::Abandoned { attempt, to_connector: false });
         }
     }
 }
@@ -745,6 +887,12 @@ impl crate::Connection for SoftConnection {
             if plan.is_some_and(|p| p.loses_cm_event(n)) {
                 continue;
             }
+            if let (true, Some((link, attempt))) = (far, &self.link.remote) {
+                // (the other end's queue is in its process)
+                let to_connector = self.side == 1;
+                link.send(&Msg::Disconnect { attempt: *attempt, to_connector });
+                continue;
+            }
             let late = plan.map_or(Duration::ZERO, |p| p.cm_delay());
             let at = Instant::now() + super::faults::counted_late(late);
             side.update(|q| q.push_back((CmEvent::Disconnected, at)));
@@ -756,5 +904,138 @@ impl crate::Connection for SoftConnection {
 impl Drop for SoftConnection {
     fn drop(&mut self) {
         let _ = crate::Connection::disconnect(self);
+    }
+}
+
+/// The attempts and connections of this process whose other end is in another process, by
+/// (link, attempt number, whether this process is the connector): what that process's
+/// messages about them name.
+type FarKey = (u64, u64, bool);
+
+/// A remote attempt and, once it is up, its connection's link.
+#[derive(Debug, Clone)]
+struct FarEntry {
+    attempt: Weak<Attempt>,
+    conn: Weak<Link>,
+}
+
+impl FarEntry {
+    fn attempt(self) -> Option<Arc<Attempt>> {
+        self.attempt.upgrade()
+    }
+}
+
+static FAR: Mutex<Option<std::collections::HashMap<FarKey, FarEntry>>> = Mutex::new(None);
+
+/// Records remote attempt `a` (and its connection's link, once there is one).
+fn remember(r: &RemoteEnd, a: &Arc<Attempt>, conn: Option<&Arc<Link>>) {
+    let mut far = lock(&FAR);
+    let map = far.get_or_insert_with(Default::default);
+    if map.len() >= 64 && map.len().is_power_of_two() {
+        map.retain(|_, e| e.attempt.strong_count() > 0 || e.conn.strong_count() > 0);
+    }
+    let conn = conn.map_or_else(Weak::new, Arc::downgrade);
+    map.insert((r.link.id, r.id, r.connector), FarEntry { attempt: Arc::downgrade(a), conn });
+}
+
+fn find(link: &PeerLink, attempt: u64, connector: bool) -> Option<FarEntry> {
+    lock(&FAR).as_ref()?.get(&(link.id, attempt, connector)).cloned()
+}
+
+/// A connection-manager message from the process at the other end of `link`.
+pub(crate) fn remote_message(link: &Arc<PeerLink>, msg: Msg) {
+    match msg {
+        Msg::ConnReq { attempt, listener, gid, qpn, qp_type, private_data } => {
+            let shared = listener_at(listener).ok();
+            let Some(l) = shared else {
+                // (the listener is gone: what rdma_cm reports as a reject without data)
+                link.send(&Msg::Rejected { attempt, private_data: Vec::new() });
+                return;
+            };
+            let remote = RemoteEnd { link: link.clone(), id: attempt, connector: false, listener };
+            let a = Arc::new(Attempt {
+                arrives: Instant::now(),
+                late: Duration::ZERO,
+                from: SocketAddr::new(IpAddr::V6(gid.0.into()), 0),
+                gid,
+                qpn,
+                qp_type,
+                private_data,
+                answer: Signal::default(),
+                remote: Some(remote),
+            });
+            remember(a.remote.as_ref().expect("remote"), &a, None);
+            l.requests.update(|q| q.push_back(a));
+        }
+        Msg::Accepted { attempt, qpn, gid, private_data } => {
+            let Some(a) = find(link, attempt, true).and_then(FarEntry::attempt) else { return };
+            let Some(r) = &a.remote else { return };
+            let conn = Link::new(r.listener, Some((link.clone(), attempt)));
+            remember(r, &a, Some(&conn));
+            a.answer.update(|s| {
+                if matches!(s, Answer::Waiting) {
+                    let at = Instant::now();
+                    *s = Answer::Accepted { qpn, gid, private_data, link: conn, at };
+                }
+            });
+        }
+        Msg::Rejected { attempt, private_data } => {
+            if let Some(a) = find(link, attempt, true).and_then(FarEntry::attempt) {
+                a.answer.update(|s| {
+                    if matches!(s, Answer::Waiting) {
+                        *s = Answer::Rejected(private_data);
+                    }
+                });
+            }
+        }
+        Msg::Ready { attempt } => {
+            if let Some(a) = find(link, attempt, false).and_then(FarEntry::attempt) {
+                a.answer.update(|s| {
+                    if matches!(s, Answer::Accepted { .. }) {
+                        *s = Answer::Ready { at: Instant::now() };
+                    }
+                });
+            }
+        }
+        Msg::Abandoned { attempt, to_connector } => {
+            if let Some(a) = find(link, attempt, to_connector).and_then(FarEntry::attempt) {
+                a.answer.update(|s| {
+                    if !matches!(s, Answer::Rejected(_)) {
+                        *s = Answer::Abandoned;
+                    }
+                });
+            }
+        }
+        Msg::Disconnect { attempt, to_connector } => {
+            if let Some(conn) = find(link, attempt, to_connector).and_then(|e| e.conn.upgrade()) {
+                let side = if to_connector { 0 } else { 1 };
+                conn.sides[side].update(|q| q.push_back((CmEvent::Disconnected, Instant::now())));
+            }
+        }
+        Msg::Req { .. } | Msg::Resp { .. } => {}
+    }
+}
+
+/// The process at the other end of `link` is gone: its attempts are abandoned, and each
+/// connection made with it hears `Disconnected` (as after rdma_cm's timeout).
+pub(crate) fn link_died(link: &PeerLink) {
+    let gone: Vec<(FarKey, FarEntry)> = {
+        let mut far = lock(&FAR);
+        let Some(map) = far.as_mut() else { return };
+        let keys: Vec<FarKey> = map.keys().filter(|k| k.0 == link.id).copied().collect();
+        keys.into_iter().filter_map(|k| map.remove(&k).map(|v| (k, v))).collect()
+    };
+    for ((_, _, connector), e) in gone {
+        if let Some(a) = e.attempt.upgrade() {
+            a.answer.update(|s| {
+                if matches!(s, Answer::Waiting | Answer::Accepted { .. }) {
+                    *s = Answer::Abandoned;
+                }
+            });
+        }
+        if let Some(conn) = e.conn.upgrade() {
+            let side = if connector { 0 } else { 1 };
+            conn.sides[side].update(|q| q.push_back((CmEvent::Disconnected, Instant::now())));
+        }
     }
 }

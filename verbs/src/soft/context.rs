@@ -61,6 +61,12 @@ pub struct SoftContext {
 impl SoftContext {
     pub(crate) fn new(name: &str) -> Self {
         let id = super::fabric::Fabric::get().next_id();
+        // On a named fabric the GID carries the process id (bytes 8..12), so that a peer
+        // knows which process a QP of that port lives in (`soft::port`).
+        let id = match super::port::get() {
+            Some(port) => u64::from(port.pid) << 32 | (id & 0xffff_ffff),
+            None => id,
+        };
         let mut gid = [0u8; 16];
         gid[0] = 0xfe;
         gid[1] = 0x80;

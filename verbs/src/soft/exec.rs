@@ -12,6 +12,7 @@ use arrayvec::ArrayVec;
 use super::fabric::{Fabric, KeyEntry, KeyTable, Keys};
 use super::faults::{Drawn, Fate};
 use super::limits::MAX_SGE;
+use super::port::PeerLink;
 use super::qp::{QpShared, RecvEntry, SendQueue};
 use super::req::{admit, Head, Op};
 use super::Soft;
@@ -258,6 +259,11 @@ pub(crate) unsafe fn execute(
     let len32 = len.min(u64::from(u32::MAX)) as u32;
     let reliable = qp.qp_type == QpType::Rc;
     let sent = Step::Done(WcStatus::Success, len32);
+    // A target in another process (`soft::port`): the request crosses the link.
+    if let Some(far) = far_target(qp, sq, d) {
+        // SAFETY: forwarded from this function's contract.
+        return unsafe { remote(qp, d, sges, keys, far, sent) };
+    }
     let keys = keys.get();
     // The gather list of sends and writes is read before anything goes on the wire.
     let mut src = Segs::new();
@@ -296,10 +302,11 @@ pub(crate) unsafe fn execute(
             _ => return sent,
         },
     };
-    let r = Responder { qp, target, keys, reliable, len, sent };
+    let r =
+        Responder { from_qpn: qp.qpn, from_type: qp.qp_type, target, keys, reliable, len, sent };
     // An injected fault (`soft::faults`: a cut wire, a plan; one branch while there is none).
     if qp.anomalous() {
-        if let Some(step) = r.faulted(&d.op, &src, replaying) {
+        if let Some(step) = r.faulted(qp, &d.op, &src, replaying) {
             return step;
         }
     }
@@ -361,6 +368,220 @@ pub(crate) unsafe fn execute(
     }
 }
 
+/// Where a request to another process goes.
+pub(crate) struct Far {
+    /// The link to the target's process (`None`: it cannot be reached).
+    link: Option<std::sync::Arc<PeerLink>>,
+    qpn: u32,
+    /// A UD send's destination GID and qkey.
+    ud: Option<(Gid, u32)>,
+}
+
+/// The target of `d` when it is in another process of the fabric (`None`: in this one).
+#[inline]
+fn far_target(qp: &QpShared, sq: &mut SendQueue, d: &Head) -> Option<Far> {
+    match (qp.qp_type, d.ud) {
+        (QpType::Ud, Some((dgid, qpn, qkey))) => {
+            let port = super::port::get()?;
+            let pid = super::port::pid_of(&dgid);
+            if pid == 0 || pid == port.pid {
+                return None;
+            }
+            Some(Far { link: port.link_to(pid).ok(), qpn, ud: Some((dgid, qkey)) })
+        }
+        (QpType::Ud, None) => None,
+        _ => sq.far().map(|link| Far { link, qpn: sq.peer_qpn, ud: None }),
+    }
+}
+
+/// Runs `d` against a QP of another process: its request goes over the link and, on RC, the
+/// responder's answer comes back (the target's process executes it with [`serve`]).
+///
+/// # Safety
+/// As [`execute`].
+#[cold]
+unsafe fn remote(
+    qp: &QpShared,
+    d: &Head,
+    sges: &[Sge],
+    keys: &mut Keys<'_>,
+    far: Far,
+    sent: Step,
+) -> Step {
+    use super::wire::{Msg, Outcome, WireOp};
+    let reliable = qp.qp_type == QpType::Rc;
+    let lost = || if reliable { Step::Done(WcStatus::RetryExcErr, 0) } else { sent.clone() };
+    let Some(link) = far.link else { return lost() };
+    if qp.is_cut() {
+        return lost();
+    }
+    let len = d.len;
+    if far.ud.is_some() && len > u64::from(qp.mtu.load(Ordering::Relaxed)) {
+        return sent; // longer than the MTU: nothing is sent (IB C10-93.1.1)
+    }
+    let len32 = len.min(u64::from(u32::MAX)) as u32;
+    let op = match (&d.op, far.ud) {
+        (&Op::Send(imm), Some((gid, qkey))) => WireOp::UdSend { gid, qkey, imm },
+        (&Op::Send(imm), None) => WireOp::Send(imm),
+        (&Op::SendInv(rkey), _) => WireOp::SendInv(rkey),
+        (&Op::Write(r, imm), _) => WireOp::Write(r, imm),
+        (&Op::Read(r), _) => WireOp::Read(r, len32),
+        (&Op::CompSwap(r, cmp, swap), _) => WireOp::CompSwap(r, cmp, swap),
+        (&Op::FetchAdd(r, add), _) => WireOp::FetchAdd(r, add),
+        (Op::BindMw { .. } | Op::LocalInv(_), _) => return Step::Done(WcStatus::LocQpOpErr, 0),
+    };
+    let mut payload = Vec::new();
+    if let WireOp::Send(_) | WireOp::UdSend { .. } | WireOp::SendInv(_) | WireOp::Write(..) = op {
+        let mut src = Segs::new();
+        let resolved = if d.inline {
+            inline_segs(sges, &mut src)
+        } else {
+            resolve_local(keys.get(), sges, false, qp.pd, &mut src)
+        };
+        if let Err(st) = resolved {
+            return Step::Done(st, 0);
+        }
+        payload = vec![0u8; len as usize];
+        // SAFETY: `src` are live local buffers (or the request's inline payload, readable by
+        // this function's contract) of `len` bytes in all; `payload` is fresh.
+        unsafe { copy_segs(&src, &[(payload.as_mut_ptr(), payload.len())], 0, payload.len()) };
+    }
+    // (no lock of this process's key table is held across the round trip)
+    keys.release();
+    let (dst_qpn, src_qpn, src_type) = (far.qpn, qp.qpn, qp.qp_type);
+    let req = |seq| Msg::Req { seq, dst_qpn, src_qpn, src_type, op, payload };
+    if !reliable {
+        link.send(&req(0));
+        return sent;
+    }
+    // Nobody answers (the process died or hangs): as a reliable transport that gives up.
+    let Some((outcome, data)) = link.call(req) else { return lost() };
+    match outcome {
+        Outcome::Rnr(us) => Step::Rnr(Duration::from_micros(us)),
+        Outcome::Done(WcStatus::Success, n) => {
+            if let WireOp::Read(..) | WireOp::CompSwap(..) | WireOp::FetchAdd(..) = op {
+                // The response's data lands in the local scatter list, checked only now.
+                let mut dst = Segs::new();
+                if resolve_local(keys.get(), sges, true, qp.pd, &mut dst).is_err() {
+                    return Step::Done(WcStatus::LocProtErr, 0);
+                }
+                let m = data.len().min(len as usize);
+                // SAFETY: `dst` are live local buffers with LOCAL_WRITE holding `len` bytes
+                // (checked at post); `data` holds `m`.
+                unsafe { copy_segs(&[(data.as_ptr().cast_mut(), m)], &dst, 0, m) };
+            }
+            Step::Done(WcStatus::Success, n)
+        }
+        Outcome::Done(st, n) => Step::Done(st, n),
+    }
+}
+
+/// The responder side of a request from QP `src_qpn` (of type `src_type`) in another process
+/// to this process's QP `dst_qpn`, with the same checks and effects as in one process: its
+/// outcome and a read's or atomic's data.
+pub(crate) fn serve(
+    src_qpn: u32,
+    src_type: QpType,
+    dst_qpn: u32,
+    op: super::wire::WireOp,
+    payload: &mut [u8],
+) -> (super::wire::Outcome, Vec<u8>) {
+    use super::wire::{Outcome, WireOp};
+    let reliable = src_type == QpType::Rc;
+    let len = match op {
+        WireOp::Read(_, n) => u64::from(n),
+        WireOp::CompSwap(..) | WireOp::FetchAdd(..) => 8,
+        _ => payload.len() as u64,
+    };
+    let len32 = len.min(u64::from(u32::MAX)) as u32;
+    let sent = Step::Done(WcStatus::Success, len32);
+    let told = |step: Step| match step {
+        Step::Done(st, n) => Outcome::Done(st, n),
+        Step::Rnr(wait) => Outcome::Rnr(wait.as_micros() as u64),
+        Step::Later(_) => Outcome::Done(WcStatus::Success, len32), // (never: no plan here)
+    };
+    let fabric = Fabric::get();
+    let target = match (op, fabric.qp(dst_qpn)) {
+        (WireOp::UdSend { gid, qkey, .. }, Some(t))
+            if t.qp_type == QpType::Ud && t.ctx.gid == gid && t.receiving() =>
+        {
+            if t.qkey() != qkey {
+                t.dropped.fetch_add(1, Ordering::Relaxed);
+                return (told(sent), Vec::new());
+            }
+            t
+        }
+        (WireOp::UdSend { .. }, _) => return (told(sent), Vec::new()),
+        (_, Some(t)) if t.receiving() && t.qp_type == src_type && src_type != QpType::Ud => t,
+        // Nobody answers: a reliable transport retries until it gives up.
+        _ if reliable => return (Outcome::Done(WcStatus::RetryExcErr, 0), Vec::new()),
+        _ => return (told(sent), Vec::new()),
+    };
+    let keys = fabric.keys();
+    let r = Responder {
+        from_qpn: src_qpn,
+        from_type: src_type,
+        target: &target,
+        keys: &keys,
+        reliable,
+        len,
+        sent,
+    };
+    let need = match op {
+        WireOp::Write(..) => AccessFlags::REMOTE_WRITE,
+        WireOp::Read(..) => AccessFlags::REMOTE_READ,
+        WireOp::CompSwap(..) | WireOp::FetchAdd(..) => AccessFlags::REMOTE_ATOMIC,
+        _ => AccessFlags::empty(),
+    };
+    if !target.access().contains(need) {
+        return (told(r.class_c(WcStatus::RemInvReqErr)), Vec::new());
+    }
+    let src = [(payload.as_mut_ptr(), payload.len())];
+    let mut data = Vec::new();
+    let step = match op {
+        WireOp::Send(imm) | WireOp::UdSend { imm, .. } => r.send(&src, imm),
+        WireOp::SendInv(rkey) => r.send_as(&src, None, Some(rkey)),
+        WireOp::Write(remote, imm) => r.write(&src, remote, imm),
+        WireOp::Read(remote, _) => match r.rkey(remote, len, need) {
+            Ok(p) => {
+                data = vec![0u8; len as usize];
+                // SAFETY: `p` covers `len` bytes of a live region (resolved under the key
+                // table's read lock, held here); `data` is fresh.
+                unsafe {
+                    copy_segs(&[(p, data.len())], &[(data.as_mut_ptr(), data.len())], 0, data.len())
+                };
+                r.sent.clone()
+            }
+            Err(st) => r.class_c(st),
+        },
+        WireOp::CompSwap(remote, ..) | WireOp::FetchAdd(remote, _) => {
+            // (a peer's requester checks alignment at post; this one does not trust it to)
+            if remote.addr % 8 != 0 {
+                return (told(r.class_c(WcStatus::RemInvReqErr)), Vec::new());
+            }
+            match r.rkey(remote, 8, need) {
+                Ok(p) => {
+                    // SAFETY: `p` covers 8 bytes of a live region at an 8-byte aligned
+                    // address (regions are mapped at their own addresses); the device
+                    // accesses the word only atomically.
+                    let word = unsafe { AtomicU64::from_ptr(p.cast()) };
+                    let old = match op {
+                        WireOp::CompSwap(_, cmp, swap) => word
+                            .compare_exchange(cmp, swap, Ordering::AcqRel, Ordering::Acquire)
+                            .unwrap_or_else(|v| v),
+                        WireOp::FetchAdd(_, add) => word.fetch_add(add, Ordering::AcqRel),
+                        _ => 0,
+                    };
+                    data = old.to_ne_bytes().to_vec();
+                    r.sent.clone()
+                }
+                Err(st) => r.class_c(st),
+            }
+        }
+    };
+    (told(step), data)
+}
+
 /// A UC or UD message held back to be overtaken (`soft::faults`' `reorder`): a copy of its
 /// payload, its target and what it does there.
 #[derive(Debug)]
@@ -407,7 +628,8 @@ impl Held {
         let len = self.payload.len() as u64;
         let sent = Step::Done(WcStatus::Success, len.min(u64::from(u32::MAX)) as u32);
         let target = &*self.target;
-        let r = Responder { qp, target, keys, reliable: false, len, sent };
+        let (from_qpn, from_type) = (qp.qpn, qp.qp_type);
+        let r = Responder { from_qpn, from_type, target, keys, reliable: false, len, sent };
         let src = [(self.payload.as_mut_ptr(), self.payload.len())];
         let _ = match self.op {
             HeldOp::Send(imm) => r.send(&src, imm),
@@ -421,7 +643,9 @@ impl Held {
 
 /// What the responder side of one message needs.
 struct Responder<'a> {
-    qp: &'a QpShared,
+    /// The requester's QP number and type.
+    from_qpn: u32,
+    from_type: QpType,
     target: &'a QpShared,
     keys: &'a KeyTable,
     reliable: bool,
@@ -436,8 +660,14 @@ impl Responder<'_> {
     /// message without one) or its delay (held, then run again with `replaying`: its other
     /// fates are drawn then), `None` when it goes on as usual.
     #[cold]
-    fn faulted(&self, op: &Op, src: &[(*mut u8, usize)], replaying: bool) -> Option<Step> {
-        if self.qp.is_cut() {
+    fn faulted(
+        &self,
+        qp: &QpShared,
+        op: &Op,
+        src: &[(*mut u8, usize)],
+        replaying: bool,
+    ) -> Option<Step> {
+        if qp.is_cut() {
             // Nobody answers: a reliable transport retries until it gives up.
             return Some(if self.reliable {
                 Step::Done(WcStatus::RetryExcErr, 0)
@@ -446,7 +676,7 @@ impl Responder<'_> {
             });
         }
         let needs_recv = matches!(op, Op::Send(_) | Op::SendInv(_) | Op::Write(_, Some(_)));
-        let fate = match self.qp.draw_for(self.len, !replaying, needs_recv) {
+        let fate = match qp.draw_for(self.len, !replaying, needs_recv) {
             Drawn::Later(wait) => return Some(Step::Later(wait)),
             // No receive this time: what the transport does without one.
             Drawn::Withheld if self.reliable => return Some(Step::Rnr(self.target.rnr_wait())),
@@ -482,16 +712,16 @@ impl Responder<'_> {
                 // Held back, a copy of it (the sender's buffer is its own again at the
                 // completion); one held before goes now, ahead of it.
                 let held = Held::copy(self.target, op, src, self.len);
-                if let Some(earlier) = held.and_then(|h| self.qp.hold(h)) {
-                    earlier.deliver(self.qp, self.keys);
+                if let Some(earlier) = held.and_then(|h| qp.hold(h)) {
+                    earlier.deliver(qp, self.keys);
                 }
-                self.qp.send_cq.note_work();
+                qp.send_cq.note_work();
                 return Some(self.sent.clone());
             }
         };
         // A message this one overtook arrives after it.
-        if let Some(h) = self.qp.take_held() {
-            h.deliver(self.qp, self.keys);
+        if let Some(h) = qp.take_held() {
+            h.deliver(qp, self.keys);
         }
         Some(step)
     }
@@ -530,7 +760,7 @@ impl Responder<'_> {
     }
 
     fn recv_wc(&self, recv: &RecvEntry, opcode: WcOpcode, byte_len: u64, imm: Option<u32>) -> Wc {
-        let ud = self.qp.qp_type == QpType::Ud;
+        let ud = self.from_type == QpType::Ud;
         Wc {
             wr_id: recv.wr_id,
             status: WcStatus::Success,
@@ -538,7 +768,7 @@ impl Responder<'_> {
             byte_len: byte_len.min(u64::from(u32::MAX)) as u32,
             imm,
             qp_num: self.target.qpn,
-            src_qp: if ud { self.qp.qpn } else { 0 },
+            src_qp: if ud { self.from_qpn } else { 0 },
             // rxe flags every successful receive so (N5 in docs/rxe-semantics.md).
             grh: true,
             ..Wc::default()
@@ -555,7 +785,7 @@ impl Responder<'_> {
             Ok(r) => r,
             Err(step) => return step,
         };
-        let grh = if self.qp.qp_type == QpType::Ud { u64::from(GRH_BYTES) } else { 0 };
+        let grh = if self.from_type == QpType::Ud { u64::from(GRH_BYTES) } else { 0 };
         let mut dst = Segs::new();
         match resolve_local(self.keys, recv.sges(), true, self.target.recv_pd(), &mut dst) {
             Ok(()) if self.len + grh <= recv.capacity() => {}

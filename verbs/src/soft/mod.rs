@@ -18,14 +18,19 @@ mod exec;
 mod fabric;
 pub mod faults;
 mod mem;
+mod port;
 mod qp;
 mod req;
+mod wire;
 
 pub use cm::{
     HalfOpen, SoftAccepting, SoftCmWaiter, SoftConnRequest, SoftConnecting, SoftConnection,
     SoftListener, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
 pub use context::SoftContext;
+pub use port::{ACK_TIMEOUT, FABRIC_ENV};
+#[doc(hidden)]
+pub use wire::decode_frames;
 
 pub use cq::SoftCq;
 pub use mem::{SoftAh, SoftMr, SoftMw, SoftPd};
@@ -105,6 +110,7 @@ impl Provider for Soft {
             });
         }
         faults::global()?; // (a bad CORELINK_SOFT_FAULTS is the open's error)
+        port::check()?; // (and a fabric that CORELINK_SOFT_FABRIC names but cannot be joined)
         Ok(SoftContext::new(name))
     }
 }

@@ -149,6 +149,9 @@ pub(crate) struct SendQueue {
     /// peer destroyed meanwhile is in RESET, so that it receives nothing, as if gone.
     peer: Option<Arc<QpShared>>,
     pub(crate) peer_qpn: u32,
+    /// Set when the peer is a QP of another process of the fabric (`soft::port`), with the
+    /// link to that process (`None` inside: it could not be reached).
+    far: Option<Option<Arc<super::port::PeerLink>>>,
     rnr_retry: u8,
     pub(crate) pending: VecDeque<Pending>,
 }
@@ -166,9 +169,27 @@ impl std::fmt::Debug for SendQueue {
 }
 
 impl SendQueue {
+    /// The link to the peer's process when the peer is in another process.
+    #[inline]
+    pub(crate) fn far(&self) -> Option<Option<Arc<super::port::PeerLink>>> {
+        self.far.clone()
+    }
+
+    /// Connects to QP `qpn` of the port with `gid`: in this process, or in another one of
+    /// the fabric.
+    fn connect_to(&mut self, qpn: u32, gid: &Gid) {
+        self.peer_qpn = qpn;
+        self.peer = None;
+        self.far = super::port::get().and_then(|port| {
+            let pid = super::port::pid_of(gid);
+            (pid != 0 && pid != port.pid).then(|| port.link_to(pid).ok())
+        });
+        let _ = self.peer();
+    }
+
     /// The connected peer (RC/UC), looked up by number if it was not there at RTR.
     pub(crate) fn peer(&mut self) -> Option<&QpShared> {
-        if self.peer.is_none() {
+        if self.peer.is_none() && self.far.is_none() {
             self.peer = Fabric::get().qp(self.peer_qpn);
         }
         self.peer.as_deref()
@@ -639,6 +660,7 @@ impl Drop for SoftQp {
         // so that a destroyed QP its peer still holds does nothing more on the CQ.
         let mut sq = self.shared.sq();
         sq.peer = None;
+        sq.far = None;
         sq.pending.clear();
     }
 }
@@ -694,10 +716,7 @@ impl crate::Qp<Soft> for SoftQp {
                 qp.min_rnr_timer.store(attr.min_rnr_timer, Ordering::Relaxed);
                 if qp.qp_type != QpType::Ud {
                     qp.mtu.store(attr.path_mtu.bytes().min(limits::MTU.bytes()), Ordering::Relaxed);
-                    let mut sq = qp.sq();
-                    sq.peer_qpn = attr.dest.qpn;
-                    sq.peer = None;
-                    let _ = sq.peer();
+                    qp.sq().connect_to(attr.dest.qpn, &attr.dest.gid);
                 }
             }
             QpState::Rts => {

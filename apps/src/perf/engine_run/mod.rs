@@ -214,11 +214,7 @@ pub fn run(
         (Some(_), None) => core_map(o, None)?.0.map.provider,
     };
     if provider == ProviderKind::Soft && matches!(o.role, Role::Client(_) | Role::Server) {
-        return Err(PerfError::Usage(
-            "soft is an in-process provider: its server and client run in one process \
-             (--loopback, the default for soft); use --provider ibverbs for two processes"
-                .into(),
-        ));
+        crate::perf::join_soft_fabric();
     }
     let (cfg, changes) = core_map(o, listen_addr(o, provider)?)?;
     for c in &changes {

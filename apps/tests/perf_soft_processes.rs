@@ -1,0 +1,68 @@
+//! `corelink-perf` on `soft` as two processes (`--server`, and a client given the server's
+//! address), meeting on a fabric of their own (`CORELINK_SOFT_FABRIC`): every engine test and a
+//! verbs one (`-c UC`) run, the client reports with the test's JSON keys, both exit 0. A few
+//! hundred iterations each; nothing is timed.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn perf(fabric: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_corelink-perf"));
+    c.args(args).env("CORELINK_SOFT_FABRIC", fabric);
+    c
+}
+
+/// Runs `test` (with `extra` options) as a server and a client on port `port`.
+fn pair(test: &str, port: u16, extra: &[&str]) -> serde_json::Value {
+    let fabric = format!("perf-test-{}-{port}", std::process::id());
+    let p = port.to_string();
+    let mut common = vec![test, "--provider", "soft", "-p", &p, "-n", "200"];
+    common.extend_from_slice(extra);
+    let mut server = perf(&fabric, &[&common[..], &["--server"]].concat())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the server starts");
+    // The client tries again while the server is not listening yet.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let out = loop {
+        let out = perf(&fabric, &[&common[..], &["--json", "127.0.0.1"]].concat())
+            .output()
+            .expect("the client runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !stderr.contains("rejected") || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{test} client: {stderr}");
+    let st = server.wait().expect("the server exits");
+    assert!(st.success(), "{test} server: {st}");
+    let line = String::from_utf8(out.stdout).expect("utf-8");
+    let j: serde_json::Value =
+        serde_json::from_str(line.lines().last().expect("a line")).expect("JSON");
+    assert_eq!(j["test"], test, "{j}");
+    assert_eq!(j["provider"], "soft", "{j}");
+    j
+}
+
+#[test]
+fn every_engine_test_runs_as_two_processes() {
+    let base = 21000 + (std::process::id() % 1000) as u16 * 16;
+    for (i, test) in
+        ["send_lat", "write_lat", "read_lat", "atomic_lat", "send_bw", "write_bw", "read_bw"]
+            .into_iter()
+            .enumerate()
+    {
+        let j = pair(test, base + i as u16, &[]);
+        assert!(j["iterations"].as_u64().is_some_and(|n| n >= 200), "{j}");
+    }
+}
+
+#[test]
+fn rpc_and_verbs_tests_run_as_two_processes() {
+    let base = 21000 + (std::process::id() % 1000) as u16 * 16 + 8;
+    pair("rpc_lat", base, &[]);
+    pair("send_bw", base + 1, &["-c", "UC"]);
+}

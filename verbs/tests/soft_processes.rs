@@ -1,0 +1,335 @@
+//! `soft` across processes (`CORELINK_SOFT_FABRIC`): each test runs its peer as a second
+//! process (this test binary again, running `peer` with the scenario in its environment),
+//! connected by `soft`'s connection manager, and checks what both ends see.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use corelink_verbs::soft::Soft;
+use corelink_verbs::{
+    AccessFlags, CmEvent, ConnRequest, Connection, Context, Cq, Error, Listener, Mr, Pd, Provider,
+    Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RecvWr, RemoteRegion, SendOp, SendWr, Wc,
+    WcOpcode, WcStatus,
+};
+
+const SCENARIO: &str = "CORELINK_TEST_PEER";
+const ADDR: &str = "CORELINK_TEST_ADDR";
+/// A guard against hangs only (nothing is timed): what a step may wait at most.
+const WAIT: Duration = Duration::from_secs(20);
+const REGION: usize = 64 * 1024;
+/// The `wr_id` of every send request (receives are numbered from 0).
+const SENT: u64 = 1000;
+
+/// Puts this process on the fabric of this test run (its peers inherit the name).
+fn on_fabric() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os(corelink_verbs::soft::FABRIC_ENV).is_none() {
+            let name = format!("test-{}", std::process::id());
+            std::env::set_var(corelink_verbs::soft::FABRIC_ENV, name);
+        }
+    });
+}
+
+fn fabric() -> String {
+    std::env::var(corelink_verbs::soft::FABRIC_ENV).expect("on a fabric")
+}
+
+/// An address no other test of this run uses.
+fn addr(n: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 20000 + (std::process::id() % 20000) as u16 + n))
+}
+
+/// Starts this binary again as the peer running `scenario` at `addr`.
+fn spawn_peer(scenario: &str, addr: SocketAddr) -> Child {
+    on_fabric();
+    Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "peer", "--nocapture", "--test-threads=1"])
+        .env(SCENARIO, scenario)
+        .env(ADDR, addr.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn the peer")
+}
+
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            return st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the peer did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+struct End {
+    ctx: <Soft as Provider>::Context,
+    mr: <Soft as Provider>::Mr,
+    cq: <Soft as Provider>::Cq,
+    qp: <Soft as Provider>::Qp,
+    _pd: <Soft as Provider>::Pd,
+    /// Completions polled while waiting for another (a peer's answer may come before the
+    /// acknowledgement of what it answers, as on a NIC).
+    early: std::collections::VecDeque<Wc>,
+}
+
+impl End {
+    fn new(access: AccessFlags) -> End {
+        on_fabric();
+        let ctx = Soft::open("soft0").expect("open");
+        let pd = ctx.alloc_pd().expect("pd");
+        let cq = ctx.create_cq(256).expect("cq");
+        let mr = pd.register(REGION, access).expect("register");
+        let attr = QpInitAttr::<Soft> {
+            qp_type: QpType::Rc,
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: true,
+        };
+        let qp = pd.create_qp(&attr).expect("qp");
+        End { ctx, mr, cq, qp, _pd: pd, early: Default::default() }
+    }
+
+    /// The next completion.
+    fn next(&mut self) -> Wc {
+        if let Some(wc) = self.early.pop_front() {
+            return wc;
+        }
+        self.poll_one()
+    }
+
+    fn poll_one(&self) -> Wc {
+        let deadline = Instant::now() + WAIT;
+        let mut wc = [Wc::default()];
+        loop {
+            if self.cq.poll(&mut wc).expect("poll") == 1 {
+                return wc[0];
+            }
+            assert!(Instant::now() < deadline, "no completion");
+            std::thread::yield_now();
+        }
+    }
+
+    fn post_recv(&mut self, i: u64) {
+        let sge = self.mr.sge(32 * 1024 + i as usize * 1024, 1024).expect("sge");
+        // SAFETY: the region outlives the QP's receives.
+        unsafe { self.qp.post_recv(&[RecvWr { wr_id: i, sgl: &[sge] }]) }.expect("post_recv");
+    }
+
+    /// Posts one request and returns its completion.
+    fn run(&mut self, op: SendOp<'_, Soft>, off: usize, len: u32) -> Wc {
+        let sge = self.mr.sge(off, len).expect("sge");
+        // SAFETY: the region outlives the request, whose completion is polled at once.
+        unsafe { self.qp.post_send(&[SendWr::new(SENT, op, &[sge])]) }.expect("post_send");
+        loop {
+            let wc = self.poll_one();
+            if wc.wr_id == SENT {
+                return wc;
+            }
+            self.early.push_back(wc);
+        }
+    }
+
+    /// Connects to `addr`, trying again while nobody listens there yet (the peer starting).
+    fn connect(&mut self, addr: SocketAddr) -> <Soft as Provider>::Connection {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match self.ctx.connect(addr, &mut self.qp, &QpAttr::default(), b"hi", WAIT) {
+                Ok(c) => return c,
+                Err(Error::Rejected { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => panic!("connect: {}", corelink_verbs::chain(&e)),
+            }
+        }
+    }
+}
+
+/// The peer's side: what `CORELINK_TEST_PEER` names (nothing when it is unset: then this is
+/// an ordinary run of the test binary).
+#[test]
+fn peer() {
+    let Ok(scenario) = std::env::var(SCENARIO) else { return };
+    let addr: SocketAddr = std::env::var(ADDR).expect("address").parse().expect("address");
+    match scenario.as_str() {
+        "echo" => echo_server(addr),
+        "bind" => {
+            let ctx = Soft::open("soft0").expect("open");
+            match ctx.listen(addr) {
+                Err(Error::Cm { source, .. })
+                    if source.raw_os_error() == Some(libc::EADDRINUSE) =>
+                {
+                    std::process::exit(3)
+                }
+                other => panic!("listen at an address of another process: {other:?}"),
+            }
+        }
+        s => panic!("unknown scenario {s}"),
+    }
+}
+
+/// Accepts one connection and exposes its region (in the accept's private data); echoes each
+/// message; after a write with an immediate, sends the 8 bytes written; ends at the disconnect.
+fn echo_server(addr: SocketAddr) {
+    let mut e = End::new(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ALL);
+    let mut listener = e.ctx.listen(addr).expect("listen");
+    let req = listener.get_request(WAIT).expect("get_request").expect("a request");
+    assert_eq!(req.private_data(), b"hi");
+    e.qp.modify(&QpAttr { state: QpState::Init, ..QpAttr::default() }).expect("init");
+    for i in 0..16 {
+        e.post_recv(i);
+    }
+    let mut conn =
+        req.accept(&mut e.qp, &QpAttr::default(), &e.mr.region().to_bytes()).expect("accept");
+    loop {
+        let mut wc = [Wc::default()];
+        let got = match e.early.pop_front() {
+            Some(w) => Some(w),
+            None => (e.cq.poll(&mut wc).expect("poll") == 1).then_some(wc[0]),
+        };
+        if let Some(wc) = got {
+            match (wc.status, wc.opcode) {
+                (WcStatus::Success, WcOpcode::Recv) => {
+                    let off = 32 * 1024 + wc.wr_id as usize * 1024;
+                    let len = wc.byte_len;
+                    e.mr.write_at(48 * 1024, &e.mr.read_vec(off, len as usize)).expect("copy");
+                    let _ = e.run(SendOp::Send, 48 * 1024, len);
+                    e.post_recv(wc.wr_id);
+                }
+                (WcStatus::Success, WcOpcode::RecvRdmaWithImm) => {
+                    let at = wc.imm.expect("an immediate") as usize;
+                    e.mr.write_at(48 * 1024, &e.mr.read_vec(at, 8)).expect("copy");
+                    let _ = e.run(SendOp::Send, 48 * 1024, 8);
+                    e.post_recv(wc.wr_id);
+                }
+                _ => {} // (flushes after the client's bad access)
+            }
+        }
+        if let Some(CmEvent::Disconnected) = conn.poll_event(Duration::ZERO).expect("event") {
+            return;
+        }
+    }
+}
+
+trait ReadVec {
+    fn read_vec(&self, off: usize, len: usize) -> Vec<u8>;
+}
+
+impl<M: Mr> ReadVec for M {
+    fn read_vec(&self, off: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        self.read_at(off, &mut v).expect("read");
+        v
+    }
+}
+
+#[test]
+fn every_primitive_between_two_processes() {
+    let at = addr(1);
+    let mut child = spawn_peer("echo", at);
+    let mut e = End::new(AccessFlags::LOCAL_WRITE);
+    let conn = e.connect(at);
+    let peer = RemoteRegion::from_bytes(conn.peer_private_data()).expect("a region");
+    assert_eq!(peer.len as usize, REGION);
+    e.post_recv(0);
+    e.post_recv(1);
+
+    // Send, and its echo.
+    e.mr.write_at(0, b"ping across").unwrap();
+    assert_eq!(e.run(SendOp::Send, 0, 11).status, WcStatus::Success);
+    let wc = e.next();
+    assert_eq!((wc.status, wc.opcode, wc.byte_len), (WcStatus::Success, WcOpcode::Recv, 11));
+    assert_eq!(e.mr.read_vec(32 * 1024, 11), b"ping across");
+
+    // A write of 4 KiB and a read of it back.
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    e.mr.write_at(4096, &data).unwrap();
+    let wc = e.run(SendOp::Write(peer.at(8192)), 4096, 4096);
+    assert_eq!((wc.status, wc.opcode, wc.byte_len), (WcStatus::Success, WcOpcode::RdmaWrite, 4096));
+    let wc = e.run(SendOp::Read(peer.at(8192)), 12288, 4096);
+    assert_eq!((wc.status, wc.opcode, wc.byte_len), (WcStatus::Success, WcOpcode::RdmaRead, 4096));
+    assert_eq!(e.mr.read_vec(12288, 4096), data);
+
+    // Atomics on the peer's word at 0 (zeroed at registration).
+    let faa = SendOp::FetchAdd { remote: peer.at(0), add: 5 };
+    assert_eq!(e.run(faa, 24576, 8).status, WcStatus::Success);
+    assert_eq!(e.mr.read_u64(24576).unwrap(), 0);
+    let cas = SendOp::CompareSwap { remote: peer.at(0), compare: 5, swap: 42 };
+    assert_eq!(e.run(cas, 24576, 8).opcode, WcOpcode::CompSwap);
+    assert_eq!(e.mr.read_u64(24576).unwrap(), 5);
+    let faa = SendOp::FetchAdd { remote: peer.at(0), add: 1 };
+    e.run(faa, 24576, 8);
+    assert_eq!(e.mr.read_u64(24576).unwrap(), 42);
+
+    // A write with an immediate: the peer hears it and sends back what landed.
+    e.mr.write_at(64, &0x1122_3344_5566_7788u64.to_ne_bytes()).unwrap();
+    let wc = e.run(SendOp::WriteWithImm(peer.at(16384), 16384), 64, 8);
+    assert_eq!(wc.status, WcStatus::Success);
+    let wc = e.next();
+    assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 8));
+    assert_eq!(e.mr.read_u64(33 * 1024).unwrap(), 0x1122_3344_5566_7788);
+
+    // Outside the peer's region: a remote access error, and the QP in ERR.
+    let wc = e.run(SendOp::Write(peer.at(REGION as u64)), 0, 8);
+    assert_eq!(wc.status, WcStatus::RemAccessErr);
+    assert_eq!(e.qp.state(), QpState::Err);
+
+    drop(conn); // (disconnects: the peer ends)
+    assert!(wait_exit(&mut child).success(), "the peer failed");
+}
+
+#[test]
+fn a_killed_peer_is_noticed_and_leaves_nothing() {
+    let at = addr(2);
+    let mut child = spawn_peer("echo", at);
+    let mut e = End::new(AccessFlags::LOCAL_WRITE);
+    let mut conn = e.connect(at);
+    e.post_recv(0);
+    e.mr.write_at(0, b"one").unwrap();
+    assert_eq!(e.run(SendOp::Send, 0, 3).status, WcStatus::Success);
+    assert_eq!(e.next().status, WcStatus::Success);
+
+    let pid = child.id();
+    child.kill().expect("kill -9");
+    child.wait().expect("reaped");
+    // The connection hears the disconnect; a send finds nobody to answer it.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match conn.poll_event(Duration::from_millis(50)).expect("event") {
+            Some(CmEvent::Disconnected) => break,
+            _ => assert!(Instant::now() < deadline, "no disconnect after the peer died"),
+        }
+    }
+    assert_eq!(e.run(SendOp::Send, 0, 3).status, WcStatus::RetryExcErr);
+    // Its port and listener names went with it (abstract sockets: nothing on any file system).
+    let names = std::fs::read_to_string("/proc/net/unix").expect("/proc/net/unix");
+    let mine = format!("@corelink-soft/{}/{pid}", fabric());
+    assert!(!names.lines().any(|l| l.ends_with(&mine)), "{mine} is left");
+    let listener = format!("@corelink-soft/{}/listen/{at}", fabric());
+    assert!(!names.lines().any(|l| l.ends_with(&listener)), "{listener} is left");
+}
+
+#[test]
+fn an_address_is_one_process_s_on_the_fabric() {
+    on_fabric();
+    let at = addr(3);
+    let ctx = Soft::open("soft0").expect("open");
+    let _listener = ctx.listen(at).expect("listen");
+    let mut child = spawn_peer("bind", at);
+    assert_eq!(wait_exit(&mut child).code(), Some(3), "the peer could listen at {at} too");
+}
+
+#[test]
+fn a_connect_to_an_address_nobody_holds_is_rejected() {
+    let mut e = End::new(AccessFlags::LOCAL_WRITE);
+    let r = e.ctx.connect(addr(4), &mut e.qp, &QpAttr::default(), b"", WAIT);
+    assert!(matches!(r, Err(Error::Rejected { .. })), "{r:?}");
+}
