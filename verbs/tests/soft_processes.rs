@@ -73,7 +73,7 @@ struct End {
     mr: <Soft as Provider>::Mr,
     cq: <Soft as Provider>::Cq,
     qp: <Soft as Provider>::Qp,
-    _pd: <Soft as Provider>::Pd,
+    pd: <Soft as Provider>::Pd,
     /// Completions polled while waiting for another (a peer's answer may come before the
     /// acknowledgement of what it answers, as on a NIC).
     early: std::collections::VecDeque<Wc>,
@@ -95,7 +95,7 @@ impl End {
             sq_sig_all: true,
         };
         let qp = pd.create_qp(&attr).expect("qp");
-        End { ctx, mr, cq, qp, _pd: pd, early: Default::default() }
+        End { ctx, mr, cq, qp, pd, early: Default::default() }
     }
 
     /// The next completion.
@@ -189,6 +189,9 @@ fn echo_server(addr: SocketAddr) {
     }
     let mut conn =
         req.accept(&mut e.qp, &QpAttr::default(), &e.mr.region().to_bytes()).expect("accept");
+    // A second region, told on request ("region?") and deregistered on request ("drop").
+    let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ALL;
+    let mut second = Some(e.pd.register(4096, rights).expect("a second region"));
     loop {
         let mut wc = [Wc::default()];
         let got = match e.early.pop_front() {
@@ -200,8 +203,19 @@ fn echo_server(addr: SocketAddr) {
                 (WcStatus::Success, WcOpcode::Recv) => {
                     let off = 32 * 1024 + wc.wr_id as usize * 1024;
                     let len = wc.byte_len;
-                    e.mr.write_at(48 * 1024, &e.mr.read_vec(off, len as usize)).expect("copy");
-                    let _ = e.run(SendOp::Send, 48 * 1024, len);
+                    let msg = e.mr.read_vec(off, len as usize);
+                    let answer = match &msg[..] {
+                        b"region?" => {
+                            second.as_ref().expect("the region").region().to_bytes().to_vec()
+                        }
+                        b"drop" => {
+                            second = None;
+                            b"dropped".to_vec()
+                        }
+                        _ => msg,
+                    };
+                    e.mr.write_at(48 * 1024, &answer).expect("copy");
+                    let _ = e.run(SendOp::Send, 48 * 1024, answer.len() as u32);
                     e.post_recv(wc.wr_id);
                 }
                 (WcStatus::Success, WcOpcode::RecvRdmaWithImm) => {
@@ -249,7 +263,9 @@ fn every_primitive_between_two_processes() {
     assert_eq!((wc.status, wc.opcode, wc.byte_len), (WcStatus::Success, WcOpcode::Recv, 11));
     assert_eq!(e.mr.read_vec(32 * 1024, 11), b"ping across");
 
-    // A write of 4 KiB and a read of it back.
+    // A write of 4 KiB and a read of it back, both on the direct path (the peer's region is
+    // in a shared segment: no message, no work in the peer).
+    let direct = corelink_verbs::soft::direct_accesses();
     let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
     e.mr.write_at(4096, &data).unwrap();
     let wc = e.run(SendOp::Write(peer.at(8192)), 4096, 4096);
@@ -257,6 +273,7 @@ fn every_primitive_between_two_processes() {
     let wc = e.run(SendOp::Read(peer.at(8192)), 12288, 4096);
     assert_eq!((wc.status, wc.opcode, wc.byte_len), (WcStatus::Success, WcOpcode::RdmaRead, 4096));
     assert_eq!(e.mr.read_vec(12288, 4096), data);
+    assert!(corelink_verbs::soft::direct_accesses() >= direct + 2, "not on the direct path");
 
     // Atomics on the peer's word at 0 (zeroed at registration).
     let faa = SendOp::FetchAdd { remote: peer.at(0), add: 5 };
@@ -277,13 +294,46 @@ fn every_primitive_between_two_processes() {
     assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 8));
     assert_eq!(e.mr.read_u64(33 * 1024).unwrap(), 0x1122_3344_5566_7788);
 
+    // A second region of the peer: written and read; once the peer deregistered it, an access
+    // fails with a remote access error (the QP goes to ERR).
+    let ask = |e: &mut End, what: &[u8]| -> Vec<u8> {
+        e.mr.write_at(0, what).unwrap();
+        e.post_recv(2);
+        assert_eq!(e.run(SendOp::Send, 0, what.len() as u32).status, WcStatus::Success);
+        let wc = e.next();
+        assert_eq!(wc.status, WcStatus::Success);
+        e.mr.read_vec(34 * 1024, wc.byte_len as usize)
+    };
+    let second = RemoteRegion::from_bytes(&ask(&mut e, b"region?")).expect("a region");
+    e.mr.write_at(4096, b"second region").unwrap();
+    assert_eq!(e.run(SendOp::Write(second.at(100)), 4096, 13).status, WcStatus::Success);
+    assert_eq!(e.run(SendOp::Read(second.at(100)), 12288, 13).status, WcStatus::Success);
+    assert_eq!(e.mr.read_vec(12288, 13), b"second region");
+    assert_eq!(ask(&mut e, b"drop"), b"dropped");
+    let wc = e.run(SendOp::Read(second.at(100)), 12288, 13);
+    assert_eq!(wc.status, WcStatus::RemAccessErr);
+    assert_eq!(e.qp.state(), QpState::Err);
+    return_after_error(conn, &mut child);
+}
+
+/// Drops `conn` (the peer ends at the disconnect) and checks the peer's exit.
+fn return_after_error(conn: <Soft as Provider>::Connection, child: &mut Child) {
+    drop(conn);
+    assert!(wait_exit(child).success(), "the peer failed");
+}
+
+#[test]
+fn an_access_outside_a_region_of_another_process_fails() {
+    let at = addr(5);
+    let mut child = spawn_peer("echo", at);
+    let mut e = End::new(AccessFlags::LOCAL_WRITE);
+    let conn = e.connect(at);
+    let peer = RemoteRegion::from_bytes(conn.peer_private_data()).expect("a region");
     // Outside the peer's region: a remote access error, and the QP in ERR.
     let wc = e.run(SendOp::Write(peer.at(REGION as u64)), 0, 8);
     assert_eq!(wc.status, WcStatus::RemAccessErr);
     assert_eq!(e.qp.state(), QpState::Err);
-
-    drop(conn); // (disconnects: the peer ends)
-    assert!(wait_exit(&mut child).success(), "the peer failed");
+    return_after_error(conn, &mut child);
 }
 
 #[test]

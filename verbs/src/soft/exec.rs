@@ -430,6 +430,12 @@ unsafe fn remote(
         (&Op::FetchAdd(r, add), _) => WireOp::FetchAdd(r, add),
         (Op::BindMw { .. } | Op::LocalInv(_), _) => return Step::Done(WcStatus::LocQpOpErr, 0),
     };
+    if reliable {
+        // SAFETY: forwarded from this function's contract.
+        if let Some(step) = unsafe { direct(qp, d, sges, keys, &link, far.qpn, op, len) } {
+            return step;
+        }
+    }
     let mut payload = Vec::new();
     if let WireOp::Send(_) | WireOp::UdSend { .. } | WireOp::SendInv(_) | WireOp::Write(..) = op {
         let mut src = Segs::new();
@@ -474,6 +480,87 @@ unsafe fn remote(
         }
         Outcome::Done(st, n) => Step::Done(st, n),
     }
+}
+
+/// The direct path of an RC write (without an immediate) or read to QP `dst_qpn` of the
+/// process at the other end of `link`: when that process's published table (`soft::shm`) shows
+/// the QP receiving with the right, and the key a region of its PD covering the range in a
+/// shared segment, the copy runs here, against this process's mapping of the segment, with no
+/// message. `None`: anything else, left to the responder (which checks again and answers
+/// exactly, errors included).
+///
+/// # Safety
+/// As [`execute`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn direct(
+    qp: &QpShared,
+    d: &Head,
+    sges: &[Sge],
+    keys: &mut Keys<'_>,
+    link: &PeerLink,
+    dst_qpn: u32,
+    op: super::wire::WireOp,
+    len: u64,
+) -> Option<Step> {
+    use super::wire::WireOp;
+    let (remote, need) = match op {
+        WireOp::Write(r, None) => (r, AccessFlags::REMOTE_WRITE),
+        WireOp::Read(r, _) => (r, AccessFlags::REMOTE_READ),
+        _ => return None,
+    };
+    let view = link.view()?;
+    let t = view.qp(dst_qpn)?;
+    let receiving = t.state == QpState::Rtr as u8 || t.state == QpState::Rts as u8;
+    if !receiving || t.qp_type != qp.qp_type || !t.access.contains(need) {
+        return None;
+    }
+    let len32 = len.min(u64::from(u32::MAX)) as u32;
+    let mut local = Segs::new();
+    let resolved = match (op, d.inline) {
+        (WireOp::Write(..), true) => inline_segs(sges, &mut local),
+        (WireOp::Write(..), false) => resolve_local(keys.get(), sges, false, qp.pd, &mut local),
+        _ => Ok(()),
+    };
+    if let Err(st) = resolved {
+        return Some(Step::Done(st, 0));
+    }
+    if len == 0 {
+        return Some(Step::Done(WcStatus::Success, 0)); // (zero-length accesses skip the key)
+    }
+    let k = view.key(remote.rkey)?;
+    if k.pd != t.pd || !k.access.contains(need) {
+        return None;
+    }
+    let off = remote.addr.checked_sub(k.addr)?;
+    if off.checked_add(len)? > k.len {
+        return None;
+    }
+    let seg = view.segment(k.seg)?;
+    let p = seg.at(k.seg_off.checked_add(off)?, len)?;
+    if let WireOp::Read(..) = op {
+        // The scatter list is checked when the data comes back, as after a response.
+        if resolve_local(keys.get(), sges, true, qp.pd, &mut local).is_err() {
+            return Some(Step::Done(WcStatus::LocProtErr, 0));
+        }
+        // SAFETY: `p` covers `len` bytes of this process's live mapping of the peer's segment
+        // (`seg` holds it); `local` are live local buffers with LOCAL_WRITE of `len` bytes.
+        unsafe { copy_segs(&[(p, len as usize)], &local, 0, len as usize) };
+    } else {
+        // SAFETY: as above; `local` are live local buffers (or the inline payload, readable by
+        // this function's contract) of `len` bytes.
+        unsafe { copy_segs(&local, &[(p, len as usize)], 0, len as usize) };
+    }
+    DIRECT.fetch_add(1, Ordering::Relaxed);
+    Some(Step::Done(WcStatus::Success, len32))
+}
+
+/// Requests [`direct`] ran.
+static DIRECT: AtomicU64 = AtomicU64::new(0);
+
+/// One-sided requests this process ran against another process's memory on the direct path
+/// (no message; see `soft::shm`), since it started.
+pub fn direct_accesses() -> u64 {
+    DIRECT.load(Ordering::Relaxed)
 }
 
 /// The responder side of a request from QP `src_qpn` (of type `src_type`) in another process

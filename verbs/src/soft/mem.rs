@@ -17,8 +17,22 @@ pub(crate) struct MrShared {
     pub(crate) addr: u64,
     pub(crate) len: u64,
     pub(crate) access: AccessFlags,
-    /// Set when the memory was allocated by the region (and is freed with it).
-    owned: Option<Layout>,
+    /// Where the memory comes from (and whether it is freed with the region).
+    backing: Backing,
+}
+
+/// A region's memory.
+#[derive(Debug)]
+pub(crate) enum Backing {
+    /// The caller's (`register_raw`).
+    Caller,
+    /// Allocated by the region on the heap, with this layout.
+    Heap(Layout),
+    /// Allocated by the region in a shared segment (on a named fabric: `soft::shm`).
+    Shared {
+        /// (held for its unmapping)
+        _segment: super::shm::Segment,
+    },
 }
 
 impl MrShared {
@@ -32,11 +46,12 @@ impl MrShared {
 
 impl Drop for MrShared {
     fn drop(&mut self) {
-        if let Some(layout) = self.owned {
+        if let Backing::Heap(layout) = self.backing {
             // SAFETY: `addr` came from `alloc_zeroed(layout)` in `SoftPd::register` and is
             // freed once, here, when the last holder (region, window, request) lets go.
             unsafe { std::alloc::dealloc(self.addr as *mut u8, layout) };
         }
+        // (a shared segment is unmapped when `backing` drops, after this)
     }
 }
 
@@ -57,10 +72,19 @@ impl SoftPd {
         addr: u64,
         len: usize,
         access: AccessFlags,
-        owned: Option<Layout>,
+        backing: Backing,
     ) -> SoftMr {
-        let shared = Arc::new(MrShared { pd: self.id, addr, len: len as u64, access, owned });
+        let len = len as u64;
+        let shared = Arc::new(MrShared { pd: self.id, addr, len, access, backing });
         let key = Fabric::get().keys_mut(|t| t.insert(KeyEntry::Mr(shared.clone())));
+        // Memory in a shared segment that peers may touch is published for their direct path.
+        if access.intersects(AccessFlags::REMOTE_ALL) {
+            if let Some((seg, seg_off)) = super::shm::segment_of(addr, len) {
+                let pd = self.id;
+                let view = super::shm::KeyView { access, pd, addr, len, seg, seg_off };
+                super::shm::publish_key(key, view);
+            }
+        }
         SoftMr { shared, key, _pd: self.clone() }
     }
 
@@ -86,6 +110,7 @@ pub struct SoftMr {
 
 impl Drop for SoftMr {
     fn drop(&mut self) {
+        super::shm::unpublish_key(self.key);
         Fabric::get().keys_mut(|t| t.remove(self.key));
     }
 }

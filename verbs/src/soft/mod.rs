@@ -21,6 +21,7 @@ mod mem;
 mod port;
 mod qp;
 mod req;
+mod shm;
 mod wire;
 
 pub use cm::{
@@ -28,6 +29,7 @@ pub use cm::{
     SoftListener, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
 pub use context::SoftContext;
+pub use exec::direct_accesses;
 pub use port::{ACK_TIMEOUT, FABRIC_ENV};
 #[doc(hidden)]
 pub use wire::decode_frames;
@@ -118,6 +120,12 @@ impl Provider for Soft {
 impl crate::Pd<Soft> for SoftPd {
     fn register(&self, len: usize, access: AccessFlags) -> Result<SoftMr> {
         SoftPd::check_access(len, access)?;
+        // On a named fabric the memory goes in a shared segment, which peers' one-sided
+        // requests reach directly (`shm`); zeroed as a fresh file is.
+        if let Some(seg) = shm::Segment::new(len) {
+            let addr = seg.ptr() as u64;
+            return Ok(self.make_mr(addr, len, access, mem::Backing::Shared { _segment: seg }));
+        }
         let layout = std::alloc::Layout::from_size_align(len.max(1), 4096).map_err(|e| {
             Error::RegMr { len, access, source: crate::error::invalid(e.to_string()) }
         })?;
@@ -126,7 +134,7 @@ impl crate::Pd<Soft> for SoftPd {
         if p.is_null() {
             return Err(Error::RegMr { len, access, source: crate::error::errno(libc::ENOMEM) });
         }
-        Ok(self.make_mr(p as u64, len, access, Some(layout)))
+        Ok(self.make_mr(p as u64, len, access, mem::Backing::Heap(layout)))
     }
 
     unsafe fn register_raw(
@@ -143,7 +151,7 @@ impl crate::Pd<Soft> for SoftPd {
                 source: crate::error::invalid("null address"),
             });
         }
-        Ok(self.make_mr(addr as u64, len, access, None))
+        Ok(self.make_mr(addr as u64, len, access, mem::Backing::Caller))
     }
 
     fn alloc_mw(&self) -> Result<SoftMw> {

@@ -197,6 +197,7 @@ impl Port {
             answered: Condvar::new(),
             dead: AtomicBool::new(false),
             next_seq: AtomicU64::new(1),
+            view: OnceLock::new(),
         });
         let l = link.clone();
         std::thread::Builder::new()
@@ -268,9 +269,17 @@ pub(crate) struct PeerLink {
     answered: Condvar,
     dead: AtomicBool,
     next_seq: AtomicU64,
+    /// The other process's published table, mapped here (`soft::shm`), once its hello came.
+    view: OnceLock<super::shm::PeerView>,
 }
 
 impl PeerLink {
+    /// The other process's table, if it is mapped.
+    #[inline]
+    pub(crate) fn view(&self) -> Option<&super::shm::PeerView> {
+        self.view.get()
+    }
+
     /// Whether the other process is gone (or the stream broke).
     pub(crate) fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
@@ -355,6 +364,14 @@ fn read_loop(port: &'static Port, link: Arc<PeerLink>, mut stream: UnixStream) {
         }
         match Msg::decode(&body) {
             Ok(Msg::Resp { seq, outcome, data }) => link.answer(seq, (outcome, data)),
+            Ok(Msg::Hello { table_fd }) => {
+                // (without it, or when it cannot be mapped, everything goes to the responder)
+                if table_fd != u32::MAX {
+                    if let Ok(v) = super::shm::PeerView::open(link.pid, table_fd) {
+                        let _ = link.view.set(v);
+                    }
+                }
+            }
             Ok(other) => {
                 eprintln!("corelink soft: process {} answered {other:?}; link closed", link.pid);
                 break;
@@ -378,6 +395,10 @@ fn read_loop(port: &'static Port, link: Arc<PeerLink>, mut stream: UnixStream) {
 /// always takes at once; its acceptor's thread writes only responses.)
 fn serve_loop(port: &'static Port, pid: u32, mut stream: UnixStream) {
     unpin();
+    let table_fd = super::shm::table_fd().unwrap_or(u32::MAX);
+    if stream.write_all(&Msg::Hello { table_fd }.encode()).is_err() {
+        return;
+    }
     let mut len = [0u8; 4];
     loop {
         if stream.read_exact(&mut len).is_err() {

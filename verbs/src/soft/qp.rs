@@ -254,6 +254,14 @@ impl QpShared {
 
     fn set_state(&self, s: QpState) {
         self.state.store(s as u8, Ordering::Release);
+        // On a named fabric, peers' direct path reads the state from the published table.
+        let view = super::shm::QpView {
+            state: super::shm::state_code(s),
+            qp_type: self.qp_type,
+            access: self.access(),
+            pd: self.pd,
+        };
+        super::shm::publish_qp(self.qpn, Some(view));
     }
 
     /// Whether incoming messages are accepted (RTR or RTS).
@@ -656,6 +664,7 @@ impl Drop for SoftQp {
     fn drop(&mut self) {
         Fabric::get().remove_qp(self.shared.qpn);
         self.shared.set_state(QpState::Reset);
+        super::shm::publish_qp(self.shared.qpn, None);
         // Lets the peer go (two connected QPs hold each other), and forgets deferred sends,
         // so that a destroyed QP its peer still holds does nothing more on the CQ.
         let mut sq = self.shared.sq();

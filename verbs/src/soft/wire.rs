@@ -67,6 +67,9 @@ pub(crate) enum Msg {
     Abandoned { attempt: u64, to_connector: bool },
     /// One end of the connection made by `attempt` disconnected.
     Disconnect { attempt: u64, to_connector: bool },
+    /// The first frame on a stream, from its acceptor: the descriptor of its published table
+    /// (`soft::shm`; `u32::MAX`: none).
+    Hello { table_fd: u32 },
 }
 
 /// Why a frame did not decode.
@@ -313,6 +316,10 @@ impl Msg {
                 w.u64(*attempt);
                 w.u8(u8::from(*to_connector));
             }
+            Msg::Hello { table_fd } => {
+                w.u8(9);
+                w.u32(*table_fd);
+            }
         }
         let len = (w.0.len() - 4) as u32;
         w.0[..4].copy_from_slice(&len.to_le_bytes());
@@ -374,6 +381,7 @@ impl Msg {
             6 => Msg::Ready { attempt: r.u64()? },
             7 => Msg::Abandoned { attempt: r.u64()?, to_connector: r.bool()? },
             8 => Msg::Disconnect { attempt: r.u64()?, to_connector: r.bool()? },
+            9 => Msg::Hello { table_fd: r.u32()? },
             t => return Err(WireError::Unknown("message", u64::from(t))),
         };
         match r.0.len() {
@@ -461,6 +469,7 @@ mod tests {
             Msg::Ready { attempt: 4 },
             Msg::Abandoned { attempt: 5, to_connector: true },
             Msg::Disconnect { attempt: 6, to_connector: false },
+            Msg::Hello { table_fd: 7 },
         ]);
         let mut stream = Vec::new();
         for m in &msgs {
@@ -474,7 +483,8 @@ mod tests {
     #[test]
     fn bad_frames_are_errors() {
         assert_eq!(Msg::decode(&[]), Err(WireError::Short));
-        assert_eq!(Msg::decode(&[9]), Err(WireError::Unknown("message", 9)));
+        assert_eq!(Msg::decode(&[9]), Err(WireError::Short));
+        assert_eq!(Msg::decode(&[10]), Err(WireError::Unknown("message", 10)));
         let f = Msg::Ready { attempt: 1 }.encode();
         let mut long = f[4..].to_vec();
         long.push(0);
