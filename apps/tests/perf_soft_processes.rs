@@ -6,6 +6,18 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A server process, killed if the test ends before it exits (it would wait for ever).
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 fn perf(fabric: &str, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_corelink-perf"));
     c.args(args).env("CORELINK_SOFT_FABRIC", fabric);
@@ -18,11 +30,13 @@ fn pair(test: &str, port: u16, extra: &[&str]) -> serde_json::Value {
     let p = port.to_string();
     let mut common = vec![test, "--provider", "soft", "-p", &p, "-n", "200"];
     common.extend_from_slice(extra);
-    let mut server = perf(&fabric, &[&common[..], &["--server"]].concat())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the server starts");
+    let mut server = Server(
+        perf(&fabric, &[&common[..], &["--server"]].concat())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the server starts"),
+    );
     // The client tries again while the server is not listening yet.
     let deadline = Instant::now() + Duration::from_secs(60);
     let out = loop {
@@ -37,7 +51,7 @@ fn pair(test: &str, port: u16, extra: &[&str]) -> serde_json::Value {
     };
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{test} client: {stderr}");
-    let st = server.wait().expect("the server exits");
+    let st = server.0.wait().expect("the server exits");
     assert!(st.success(), "{test} server: {st}");
     let line = String::from_utf8(out.stdout).expect("utf-8");
     let j: serde_json::Value =

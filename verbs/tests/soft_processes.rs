@@ -161,6 +161,7 @@ fn peer() {
     let addr: SocketAddr = std::env::var(ADDR).expect("address").parse().expect("address");
     match scenario.as_str() {
         "echo" => echo_server(addr),
+        "idle" => idle_server(addr),
         "bind" => {
             let ctx = Soft::open("soft0").expect("open");
             match ctx.listen(addr) {
@@ -231,6 +232,38 @@ fn echo_server(addr: SocketAddr) {
             return;
         }
     }
+}
+
+/// Accepts one connection with one receive posted and polls no CQ until the disconnect:
+/// requests reach it only through its port's thread (the mailbox's nudge), not its polls.
+fn idle_server(addr: SocketAddr) {
+    let mut e = End::new(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ALL);
+    let mut listener = e.ctx.listen(addr).expect("listen");
+    let req = listener.get_request(WAIT).expect("get_request").expect("a request");
+    e.qp.modify(&QpAttr { state: QpState::Init, ..QpAttr::default() }).expect("init");
+    e.post_recv(0);
+    let mut conn =
+        req.accept(&mut e.qp, &QpAttr::default(), &e.mr.region().to_bytes()).expect("accept");
+    while conn.poll_event(WAIT).expect("event") != Some(CmEvent::Disconnected) {}
+    let wc = e.next();
+    assert_eq!((wc.status, wc.opcode, wc.byte_len), (WcStatus::Success, WcOpcode::Recv, 5));
+    assert_eq!(e.mr.read_u64(8).unwrap(), 7, "the fetch-and-add landed");
+}
+
+#[test]
+fn a_peer_that_does_not_poll_still_answers() {
+    let at = addr(6);
+    let mut child = spawn_peer("idle", at);
+    let mut e = End::new(AccessFlags::LOCAL_WRITE);
+    let conn = e.connect(at);
+    let peer = RemoteRegion::from_bytes(conn.peer_private_data()).expect("a region");
+    let faa = SendOp::FetchAdd { remote: peer.at(8), add: 7 };
+    assert_eq!(e.run(faa, 0, 8).status, WcStatus::Success);
+    assert_eq!(e.mr.read_u64(0).unwrap(), 0);
+    e.mr.write_at(64, b"quiet").unwrap();
+    assert_eq!(e.run(SendOp::Send, 64, 5).status, WcStatus::Success);
+    drop(conn);
+    assert!(wait_exit(&mut child).success(), "the peer failed");
 }
 
 trait ReadVec {

@@ -1012,7 +1012,11 @@ pub(crate) fn remote_message(link: &Arc<PeerLink>, msg: Msg) {
                 conn.sides[side].update(|q| q.push_back((CmEvent::Disconnected, Instant::now())));
             }
         }
-        Msg::Req { .. } | Msg::Resp { .. } | Msg::Hello { .. } => {}
+        Msg::Req { .. }
+        | Msg::Resp { .. }
+        | Msg::Hello { .. }
+        | Msg::Mailbox { .. }
+        | Msg::Nudge => {}
     }
 }
 

@@ -98,6 +98,8 @@ impl SoftCq {
 
 impl crate::Cq for SoftCq {
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
+        // Requests other processes of the fabric left for this one (`soft::port`).
+        super::port::serve_inboxes();
         self.shared.progress();
         // Pops only what is there: popping an empty queue costs a full fence. (Another
         // consumer may still take some meanwhile: a pop can come back empty.)

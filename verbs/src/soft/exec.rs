@@ -461,7 +461,9 @@ unsafe fn remote(
         return sent;
     }
     // Nobody answers (the process died or hangs): as a reliable transport that gives up.
-    let Some((outcome, data)) = link.call(req) else { return lost() };
+    // (a response is its header and a read's or atomic's data)
+    let reply_max = 64 + if let WireOp::Read(_, n) = op { n as usize } else { 8 };
+    let Some((outcome, data)) = link.call(req, reply_max) else { return lost() };
     match outcome {
         Outcome::Rnr(us) => Step::Rnr(Duration::from_micros(us)),
         Outcome::Done(WcStatus::Success, n) => {

@@ -39,6 +39,10 @@ pub const FABRIC_ENV: &str = "CORELINK_SOFT_FABRIC";
 /// `RetryExcErr` (a peer that died is noticed at once; this bounds one that hangs).
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(4);
 
+/// How long a request left in a peer's mailbox waits for the peer's polls before its port's
+/// thread is asked to serve it (a peer whose threads do not poll a CQ, or are busy).
+const NUDGE_AFTER: Duration = Duration::from_micros(20);
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -189,7 +193,12 @@ impl Port {
             ));
         }
         let reader = stream.try_clone()?;
+        // (without a mailbox, every request goes over the stream)
+        let mailbox = super::shm::Mailbox::new().ok();
+        let fd = mailbox.as_ref().map_or(u32::MAX, |m| m.fd());
+        (&stream).write_all(&Msg::Mailbox { fd }.encode())?;
         let link = Arc::new(PeerLink {
+            mailbox,
             id: self.next_link.fetch_add(1, Ordering::Relaxed),
             pid,
             writer: Mutex::new(stream),
@@ -271,6 +280,8 @@ pub(crate) struct PeerLink {
     next_seq: AtomicU64,
     /// The other process's published table, mapped here (`soft::shm`), once its hello came.
     view: OnceLock<super::shm::PeerView>,
+    /// Where this process leaves its RC requests for the other one.
+    mailbox: Option<super::shm::Mailbox>,
 }
 
 impl PeerLink {
@@ -287,12 +298,15 @@ impl PeerLink {
 
     /// Sends `msg` (nothing when the link is dead; a failed write kills it).
     pub(crate) fn send(&self, msg: &Msg) -> bool {
+        self.send_frame(&msg.encode())
+    }
+
+    fn send_frame(&self, frame: &[u8]) -> bool {
         if self.is_dead() {
             return false;
         }
-        let frame = msg.encode();
         let mut w = lock(&self.writer);
-        if w.write_all(&frame).is_err() {
+        if w.write_all(frame).is_err() {
             drop(w);
             self.kill();
             return false;
@@ -300,12 +314,19 @@ impl PeerLink {
         true
     }
 
-    /// Sends the request `make(seq)` builds and waits for its response: `None` when the link
-    /// died or no response came within [`ACK_TIMEOUT`].
-    pub(crate) fn call(&self, make: impl FnOnce(u64) -> Msg) -> Option<Answer> {
+    /// Sends the request `make(seq)` builds and waits for its response, whose frame is at
+    /// most `reply_max` bytes: through the mailbox when it has room, else over the stream.
+    /// `None` when the link died or no response came within [`ACK_TIMEOUT`].
+    pub(crate) fn call(&self, make: impl FnOnce(u64) -> Msg, reply_max: usize) -> Option<Answer> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let frame = make(seq).encode();
+        if let (Some(mb), true) = (&self.mailbox, reply_max <= super::shm::MAILBOX_FRAME) {
+            if let super::shm::Posted::Waiting(mb, slot) = mb.post(&frame) {
+                return self.await_slot(mb, slot);
+            }
+        }
         lock(&self.calls).insert(seq, None);
-        if !self.send(&make(seq)) {
+        if !self.send_frame(&frame) {
             lock(&self.calls).remove(&seq);
             return None;
         }
@@ -325,6 +346,39 @@ impl PeerLink {
                 .wait_timeout(calls, deadline - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+        }
+    }
+
+    /// Waits for the answer in mailbox slot `slot`: spinning while the peer's polls may take
+    /// it up (a few microseconds), then, after a nudge to the peer's port, yielding.
+    fn await_slot(&self, mb: &super::shm::Mailbox, slot: usize) -> Option<Answer> {
+        let start = Instant::now();
+        let mut nudged = false;
+        let mut n = 0u32;
+        loop {
+            if let Some(frame) = mb.answer(slot) {
+                return match Msg::decode(frame.get(4..)?) {
+                    Ok(Msg::Resp { outcome, data, .. }) => Some((outcome, data)),
+                    _ => None,
+                };
+            }
+            n = n.wrapping_add(1);
+            if n % 64 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let waited = start.elapsed();
+            if self.is_dead() || waited >= ACK_TIMEOUT {
+                mb.abandon(slot);
+                return None;
+            }
+            if waited >= NUDGE_AFTER {
+                if !nudged {
+                    nudged = true;
+                    self.send(&Msg::Nudge);
+                }
+                std::thread::yield_now();
+            }
         }
     }
 
@@ -399,6 +453,7 @@ fn serve_loop(port: &'static Port, pid: u32, mut stream: UnixStream) {
     if stream.write_all(&Msg::Hello { table_fd }.encode()).is_err() {
         return;
     }
+    let mut inbox: Option<Arc<Inbox>> = None;
     let mut len = [0u8; 4];
     loop {
         if stream.read_exact(&mut len).is_err() {
@@ -426,6 +481,23 @@ fn serve_loop(port: &'static Port, pid: u32, mut stream: UnixStream) {
                 eprintln!("corelink soft: process {pid} sent a response unasked; stream closed");
                 break;
             }
+            Ok(Msg::Mailbox { fd }) => {
+                if let (None, Ok(mailbox)) = (&inbox, super::shm::Mailbox::open(pid, fd)) {
+                    let i = Arc::new(Inbox {
+                        mailbox,
+                        seen: AtomicU64::new(0),
+                        busy: AtomicBool::new(false),
+                    });
+                    lock(&INBOXES).push(i.clone());
+                    ANY_INBOX.store(true, Ordering::Release);
+                    inbox = Some(i);
+                }
+            }
+            Ok(Msg::Nudge) => {
+                if let Some(i) = &inbox {
+                    i.drain();
+                }
+            }
             Ok(cm) => match port.link_to(pid) {
                 Ok(link) => super::cm::remote_message(&link, cm),
                 Err(_) => break, // (it is gone)
@@ -438,4 +510,73 @@ fn serve_loop(port: &'static Port, pid: u32, mut stream: UnixStream) {
     }
     // Its end closed: the process died or closed its link. The link this side made to it
     // (if any) sees the end too, and buries what used it.
+    if let Some(i) = inbox {
+        let mut all = lock(&INBOXES);
+        all.retain(|x| !Arc::ptr_eq(x, &i));
+        ANY_INBOX.store(!all.is_empty(), Ordering::Release);
+    }
+}
+
+/// A peer's mailbox, mapped here, served by this process.
+struct Inbox {
+    mailbox: super::shm::Mailbox,
+    /// Posts served (or seen served) so far.
+    seen: AtomicU64,
+    /// Someone serves it now (one at a time).
+    busy: AtomicBool,
+}
+
+impl Inbox {
+    /// Serves what was posted since the last time.
+    fn drain(&self) {
+        let posted = self.mailbox.posted();
+        if posted == self.seen.load(Ordering::Relaxed) {
+            return;
+        }
+        if self.busy.swap(true, Ordering::Acquire) {
+            return;
+        }
+        self.seen.store(posted, Ordering::Relaxed);
+        self.mailbox.serve_all(|frame| {
+            let resp = match frame.get(4..).map(Msg::decode) {
+                Some(Ok(Msg::Req { seq, dst_qpn, src_qpn, src_type, op, mut payload })) => {
+                    let (outcome, data) =
+                        super::exec::serve(src_qpn, src_type, dst_qpn, op, &mut payload);
+                    Msg::Resp { seq, outcome, data }
+                }
+                // (a requester puts only requests there: anything else is refused)
+                _ => Msg::Resp {
+                    seq: 0,
+                    outcome: Outcome::Done(crate::types::WcStatus::RemInvReqErr, 0),
+                    data: Vec::new(),
+                },
+            };
+            resp.encode()
+        });
+        self.busy.store(false, Ordering::Release);
+    }
+}
+
+/// The mailboxes of peers this process serves.
+static INBOXES: Mutex<Vec<Arc<Inbox>>> = Mutex::new(Vec::new());
+/// Whether there are any (one load on every CQ poll).
+static ANY_INBOX: AtomicBool = AtomicBool::new(false);
+
+/// Serves the requests peers left in their mailboxes for this process: run by every CQ poll
+/// here (as a NIC's responder runs beside the host), one load when there is no peer.
+#[inline]
+pub(crate) fn serve_inboxes() {
+    if !ANY_INBOX.load(Ordering::Relaxed) {
+        return;
+    }
+    serve_all_inboxes();
+}
+
+#[cold]
+fn serve_all_inboxes() {
+    // (a poll never waits for another thread's serving)
+    let Ok(all) = INBOXES.try_lock() else { return };
+    for i in all.iter() {
+        i.drain();
+    }
 }

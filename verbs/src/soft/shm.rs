@@ -444,3 +444,167 @@ impl Mapping {
 pub(crate) fn state_code(s: QpState) -> u8 {
     s as u8
 }
+
+/// Requests a mailbox holds at once.
+const SLOTS: usize = 64;
+/// Bytes of one slot: its head and a frame of at most [`MAILBOX_FRAME`] bytes.
+const SLOT_BYTES: usize = 8192;
+/// The largest frame a mailbox slot carries (a request, or its response).
+pub(crate) const MAILBOX_FRAME: usize = SLOT_BYTES - 16;
+
+/// A slot's states: free, being written by the requester, posted, being served, answered.
+const FREE: u32 = 0;
+const CLAIMED: u32 = 1;
+const POSTED: u32 = 2;
+const SERVING: u32 = 3;
+const ANSWERED: u32 = 4;
+
+/// A mailbox's shared layout: how many requests were ever posted, then the slots.
+#[repr(C)]
+struct MailboxHead {
+    posted: AtomicU64,
+    _pad: [u64; 7],
+}
+
+#[repr(C)]
+struct SlotHead {
+    state: AtomicU32,
+    len: AtomicU32,
+    _pad: u64,
+}
+
+/// Where a requester process leaves its RC requests for one peer process, and finds their
+/// responses: shared memory the peer drains when it polls a CQ (or, when it does not soon,
+/// its port's thread on a nudge). A request then costs no system call and no thread wake-up
+/// while the peer polls, as a NIC's doorbell and its completion would.
+#[derive(Debug)]
+pub(crate) struct Mailbox {
+    file: File,
+    map: Mapping,
+}
+
+/// What became of a request left in a mailbox.
+pub(crate) enum Posted<'a> {
+    /// It waits in slot `.1` of the mailbox.
+    Waiting(&'a Mailbox, usize),
+    /// Every slot was taken, or the frame is too long: the request goes another way.
+    NotTaken,
+}
+
+impl Mailbox {
+    const LEN: usize = std::mem::size_of::<MailboxHead>() + SLOTS * SLOT_BYTES;
+
+    /// A new mailbox, in a memfd.
+    pub(crate) fn new() -> std::io::Result<Mailbox> {
+        let file = memfd("corelink-soft-mailbox", Self::LEN)?;
+        let map = Mapping::new(&file, Self::LEN)?;
+        Ok(Mailbox { file, map })
+    }
+
+    /// The requester's mailbox, mapped in the peer (process `pid`, its descriptor `fd`).
+    pub(crate) fn open(pid: u32, fd: u32) -> std::io::Result<Mailbox> {
+        let file = open_peer_fd(pid, fd)?;
+        if file.metadata()?.len() < Self::LEN as u64 {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "a short mailbox"));
+        }
+        let map = Mapping::new(&file, Self::LEN)?;
+        Ok(Mailbox { file, map })
+    }
+
+    /// Its descriptor in this process.
+    pub(crate) fn fd(&self) -> u32 {
+        self.file.as_raw_fd() as u32
+    }
+
+    fn head(&self) -> &MailboxHead {
+        // SAFETY: the mapping starts with a `MailboxHead` (atomics; zero is valid).
+        unsafe { &*(self.map.ptr as *const MailboxHead) }
+    }
+
+    /// Slot `i`'s head and frame bytes.
+    fn slot(&self, i: usize) -> (&SlotHead, *mut u8) {
+        let off = std::mem::size_of::<MailboxHead>() + i * SLOT_BYTES;
+        // SAFETY: `i < SLOTS`, so the slot lies within the mapping; it starts with a
+        // `SlotHead` (atomics; zero is valid) followed by its frame bytes.
+        unsafe {
+            let p = self.map.ptr.add(off);
+            (&*(p as *const SlotHead), p.add(std::mem::size_of::<SlotHead>()))
+        }
+    }
+
+    /// Leaves `frame` in a free slot.
+    pub(crate) fn post(&self, frame: &[u8]) -> Posted<'_> {
+        if frame.len() > MAILBOX_FRAME {
+            return Posted::NotTaken;
+        }
+        for i in 0..SLOTS {
+            let (h, data) = self.slot(i);
+            if h.state.load(Ordering::Relaxed) == FREE
+                && h.state
+                    .compare_exchange(FREE, CLAIMED, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                // SAFETY: the slot is this thread's (claimed) and holds MAILBOX_FRAME bytes.
+                unsafe { std::ptr::copy_nonoverlapping(frame.as_ptr(), data, frame.len()) };
+                h.len.store(frame.len() as u32, Ordering::Relaxed);
+                h.state.store(POSTED, Ordering::Release);
+                self.head().posted.fetch_add(1, Ordering::Release);
+                return Posted::Waiting(self, i);
+            }
+        }
+        Posted::NotTaken
+    }
+
+    /// The answer in slot `i`, if it came (the slot is free again then).
+    pub(crate) fn answer(&self, i: usize) -> Option<Vec<u8>> {
+        let (h, data) = self.slot(i);
+        if h.state.load(Ordering::Acquire) != ANSWERED {
+            return None;
+        }
+        let n = (h.len.load(Ordering::Relaxed) as usize).min(MAILBOX_FRAME);
+        // SAFETY: the responder wrote `n` bytes before it marked the slot answered (release,
+        // acquired above); the slot stays this thread's until it is freed below.
+        let frame = unsafe { std::slice::from_raw_parts(data, n) }.to_vec();
+        h.state.store(FREE, Ordering::Release);
+        Some(frame)
+    }
+
+    /// Gives up on slot `i` (its peer is gone or hangs): freed if it was not taken up; else
+    /// it stays taken (a hung peer's slot is lost, not reused under it).
+    pub(crate) fn abandon(&self, i: usize) {
+        let (h, _) = self.slot(i);
+        let _ = h.state.compare_exchange(POSTED, FREE, Ordering::AcqRel, Ordering::Relaxed);
+        let _ = h.state.compare_exchange(ANSWERED, FREE, Ordering::AcqRel, Ordering::Relaxed);
+    }
+
+    /// How many requests were ever posted (what a drain compares with what it has seen).
+    pub(crate) fn posted(&self) -> u64 {
+        self.head().posted.load(Ordering::Acquire)
+    }
+
+    /// Serves every posted request with `serve` (the request's frame body in, the response's
+    /// whole frame out).
+    pub(crate) fn serve_all(&self, mut serve: impl FnMut(&[u8]) -> Vec<u8>) {
+        for i in 0..SLOTS {
+            let (h, data) = self.slot(i);
+            // (a load first: a slot not posted is not written, so its line stays shared)
+            if h.state.load(Ordering::Relaxed) != POSTED
+                || h.state
+                    .compare_exchange(POSTED, SERVING, Ordering::Acquire, Ordering::Relaxed)
+                    .is_err()
+            {
+                continue;
+            }
+            let n = (h.len.load(Ordering::Relaxed) as usize).min(MAILBOX_FRAME);
+            // SAFETY: the requester wrote `n` bytes before it posted (release, acquired by the
+            // exchange); the slot is this thread's while SERVING.
+            let req = unsafe { std::slice::from_raw_parts(data, n) }.to_vec();
+            let mut resp = serve(&req);
+            resp.truncate(MAILBOX_FRAME); // (the requester sized the request to fit)
+                                          // SAFETY: as above; `resp` fits the slot.
+            unsafe { std::ptr::copy_nonoverlapping(resp.as_ptr(), data, resp.len()) };
+            h.len.store(resp.len() as u32, Ordering::Relaxed);
+            h.state.store(ANSWERED, Ordering::Release);
+        }
+    }
+}

@@ -70,6 +70,12 @@ pub(crate) enum Msg {
     /// The first frame on a stream, from its acceptor: the descriptor of its published table
     /// (`soft::shm`; `u32::MAX`: none).
     Hello { table_fd: u32 },
+    /// The first frame on a stream, from its connector: the descriptor of its mailbox for
+    /// this peer (`soft::shm::Mailbox`; `u32::MAX`: none).
+    Mailbox { fd: u32 },
+    /// The connector left a request in its mailbox and the peer did not take it up soon:
+    /// serve the mailbox now.
+    Nudge,
 }
 
 /// Why a frame did not decode.
@@ -320,6 +326,11 @@ impl Msg {
                 w.u8(9);
                 w.u32(*table_fd);
             }
+            Msg::Mailbox { fd } => {
+                w.u8(10);
+                w.u32(*fd);
+            }
+            Msg::Nudge => w.u8(11),
         }
         let len = (w.0.len() - 4) as u32;
         w.0[..4].copy_from_slice(&len.to_le_bytes());
@@ -382,6 +393,8 @@ impl Msg {
             7 => Msg::Abandoned { attempt: r.u64()?, to_connector: r.bool()? },
             8 => Msg::Disconnect { attempt: r.u64()?, to_connector: r.bool()? },
             9 => Msg::Hello { table_fd: r.u32()? },
+            10 => Msg::Mailbox { fd: r.u32()? },
+            11 => Msg::Nudge,
             t => return Err(WireError::Unknown("message", u64::from(t))),
         };
         match r.0.len() {
@@ -470,6 +483,8 @@ mod tests {
             Msg::Abandoned { attempt: 5, to_connector: true },
             Msg::Disconnect { attempt: 6, to_connector: false },
             Msg::Hello { table_fd: 7 },
+            Msg::Mailbox { fd: 8 },
+            Msg::Nudge,
         ]);
         let mut stream = Vec::new();
         for m in &msgs {
@@ -484,7 +499,7 @@ mod tests {
     fn bad_frames_are_errors() {
         assert_eq!(Msg::decode(&[]), Err(WireError::Short));
         assert_eq!(Msg::decode(&[9]), Err(WireError::Short));
-        assert_eq!(Msg::decode(&[10]), Err(WireError::Unknown("message", 10)));
+        assert_eq!(Msg::decode(&[12]), Err(WireError::Unknown("message", 12)));
         let f = Msg::Ready { attempt: 1 }.encode();
         let mut long = f[4..].to_vec();
         long.push(0);
