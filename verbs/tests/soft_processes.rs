@@ -162,6 +162,23 @@ fn peer() {
     match scenario.as_str() {
         "echo" => echo_server(addr),
         "idle" => idle_server(addr),
+        "ud" => ud_receiver(),
+        "sender" => {
+            // Connects and sends until it is killed.
+            let mut e = End::new(AccessFlags::LOCAL_WRITE);
+            let _conn = e.connect(addr);
+            loop {
+                let _ = e.run(SendOp::Send, 0, 8);
+            }
+        }
+        "stranger" => {
+            // (another user's process: the fabric's listener is not there for it)
+            let mut e = End::new(AccessFlags::LOCAL_WRITE);
+            match e.ctx.connect(addr, &mut e.qp, &QpAttr::default(), b"", WAIT) {
+                Err(Error::Rejected { .. }) => std::process::exit(4),
+                other => panic!("another user's connect: {:?}", other.map(|_| ())),
+            }
+        }
         "bind" => {
             let ctx = Soft::open("soft0").expect("open");
             match ctx.listen(addr) {
@@ -264,6 +281,100 @@ fn a_peer_that_does_not_poll_still_answers() {
     assert_eq!(e.run(SendOp::Send, 64, 5).status, WcStatus::Success);
     drop(conn);
     assert!(wait_exit(&mut child).success(), "the peer failed");
+}
+
+/// A UD QP's number and GID as a line on stdout, then its one datagram (checked).
+fn ud_receiver() {
+    on_fabric();
+    let ctx = Soft::open("soft0").expect("open");
+    let pd = ctx.alloc_pd().expect("pd");
+    let cq = ctx.create_cq(16).expect("cq");
+    let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).expect("register");
+    let attr = QpInitAttr::<Soft> {
+        qp_type: QpType::Ud,
+        send_cq: &cq,
+        recv_cq: &cq,
+        srq: None,
+        cap: QpCap::default(),
+        sq_sig_all: true,
+    };
+    let mut qp = pd.create_qp(&attr).expect("qp");
+    let qattr = QpAttr { qkey: 0x1111, ..QpAttr::default() };
+    qp.connect_to(Default::default(), &qattr).expect("to RTS");
+    let sge = mr.sge(0, 1024).expect("sge");
+    // SAFETY: the region outlives the receive, polled below.
+    unsafe { qp.post_recv(&[RecvWr { wr_id: 1, sgl: &[sge] }]) }.expect("post_recv");
+    let gid = ctx.query_gid(1, 0).expect("gid");
+    println!("ud {} {}", qp.qp_num(), gid.0.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let deadline = Instant::now() + WAIT;
+    let mut wc = [Wc::default()];
+    while cq.poll(&mut wc).expect("poll") == 0 {
+        assert!(Instant::now() < deadline, "no datagram");
+        std::thread::yield_now();
+    }
+    assert_eq!((wc[0].status, wc[0].byte_len, wc[0].imm), (WcStatus::Success, 40 + 5, Some(9)));
+    let mut got = [0u8; 5];
+    mr.read_at(40, &mut got).expect("read");
+    assert_eq!(&got, b"dgram");
+}
+
+#[test]
+fn a_datagram_crosses_to_another_process() {
+    use std::io::BufRead;
+    on_fabric();
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "peer", "--nocapture", "--test-threads=1", "-q"])
+        .env(SCENARIO, "ud")
+        .env(ADDR, addr(9).to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the peer");
+    // (read to the end once the peer is done: it writes more there, and must not meet a
+    // closed pipe)
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    while !line.starts_with("ud ") {
+        line.clear();
+        assert!(out.read_line(&mut line).expect("the peer's output") > 0, "no QP from the peer");
+    }
+    let mut words = line.split_whitespace().skip(1);
+    let qpn: u32 = words.next().expect("qpn").parse().expect("qpn");
+    let hex = words.next().expect("gid");
+    let mut gid = [0u8; 16];
+    for (i, b) in gid.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex");
+    }
+    let ctx = Soft::open("soft0").expect("open");
+    let pd = ctx.alloc_pd().expect("pd");
+    let cq = ctx.create_cq(16).expect("cq");
+    let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).expect("register");
+    let attr = QpInitAttr::<Soft> {
+        qp_type: QpType::Ud,
+        send_cq: &cq,
+        recv_cq: &cq,
+        srq: None,
+        cap: QpCap::default(),
+        sq_sig_all: true,
+    };
+    let mut qp = pd.create_qp(&attr).expect("qp");
+    qp.connect_to(Default::default(), &QpAttr { qkey: 0x2222, ..QpAttr::default() }).expect("RTS");
+    let dgid = corelink_verbs::Gid(gid);
+    let ah =
+        pd.create_ah(&corelink_verbs::AhAttr { port: 1, dgid, ..Default::default() }).expect("ah");
+    mr.write_at(0, b"dgram").unwrap();
+    let sge = mr.sge(0, 5).expect("sge");
+    let mut wr = SendWr::new(1, SendOp::SendWithImm(9), std::slice::from_ref(&sge));
+    wr.ud = Some(corelink_verbs::UdDest { ah: &ah, qpn, qkey: 0x1111 });
+    // SAFETY: the region outlives the request, polled below.
+    unsafe { qp.post_send(&[wr]) }.expect("post_send");
+    let deadline = Instant::now() + WAIT;
+    let mut wc = [Wc::default()];
+    while cq.poll(&mut wc).expect("poll") == 0 {
+        assert!(Instant::now() < deadline, "no completion");
+    }
+    assert_eq!(wc[0].status, WcStatus::Success);
+    std::io::copy(&mut out, &mut std::io::sink()).expect("the peer's output");
+    assert!(wait_exit(&mut child).success(), "the peer did not get the datagram right");
 }
 
 trait ReadVec {
@@ -398,6 +509,57 @@ fn a_killed_peer_is_noticed_and_leaves_nothing() {
     assert!(!names.lines().any(|l| l.ends_with(&mine)), "{mine} is left");
     let listener = format!("@corelink-soft/{}/listen/{at}", fabric());
     assert!(!names.lines().any(|l| l.ends_with(&listener)), "{listener} is left");
+}
+
+#[test]
+fn a_killed_requester_is_noticed() {
+    let at = addr(7);
+    let mut e = End::new(AccessFlags::LOCAL_WRITE);
+    let mut listener = e.ctx.listen(at).expect("listen");
+    let mut child = spawn_peer("sender", at);
+    let req = listener.get_request(WAIT).expect("get_request").expect("a request");
+    e.qp.modify(&QpAttr { state: QpState::Init, ..QpAttr::default() }).expect("init");
+    for i in 0..8 {
+        e.post_recv(i);
+    }
+    let mut conn = req.accept(&mut e.qp, &QpAttr::default(), b"").expect("accept");
+    for i in 0..8 {
+        assert_eq!(e.next().status, WcStatus::Success, "message {i}");
+    }
+    child.kill().expect("kill -9");
+    child.wait().expect("reaped");
+    let deadline = Instant::now() + WAIT;
+    while conn.poll_event(Duration::from_millis(50)).expect("event") != Some(CmEvent::Disconnected)
+    {
+        assert!(Instant::now() < deadline, "no disconnect after the requester died");
+    }
+    assert_eq!(e.run(SendOp::Send, 0, 8).status, WcStatus::RetryExcErr);
+}
+
+/// A process of another user cannot reach this user's fabric: run as root, the peer runs as
+/// `nobody` (skipped when this test does not run as root).
+#[test]
+fn another_user_cannot_join() {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("another_user_cannot_join: skipped (not root)");
+        return;
+    }
+    on_fabric();
+    let at = addr(8);
+    let ctx = Soft::open("soft0").expect("open");
+    let _listener = ctx.listen(at).expect("listen");
+    let st = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "peer", "--nocapture", "--test-threads=1"])
+        .env(SCENARIO, "stranger")
+        .env(ADDR, at.to_string())
+        .uid(65534)
+        .gid(65534)
+        .stdout(Stdio::null())
+        .status()
+        .expect("the peer runs");
+    assert_eq!(st.code(), Some(4), "another user's process reached the listener: {st}");
 }
 
 #[test]

@@ -197,6 +197,9 @@ impl Port {
         let mailbox = super::shm::Mailbox::new().ok();
         let fd = mailbox.as_ref().map_or(u32::MAX, |m| m.fd());
         (&stream).write_all(&Msg::Mailbox { fd }.encode())?;
+        // The acceptor's first frame says where its table is: read here, so that the direct
+        // path is open from the link's first request.
+        let view = read_hello(&stream, pid);
         let link = Arc::new(PeerLink {
             mailbox,
             id: self.next_link.fetch_add(1, Ordering::Relaxed),
@@ -206,7 +209,7 @@ impl Port {
             answered: Condvar::new(),
             dead: AtomicBool::new(false),
             next_seq: AtomicU64::new(1),
-            view: OnceLock::new(),
+            view: view.map(OnceLock::from).unwrap_or_default(),
         });
         let l = link.clone();
         std::thread::Builder::new()
@@ -399,6 +402,23 @@ impl PeerLink {
     }
 }
 
+/// Reads the hello an acceptor sends first on a stream, and maps the table it names (`None`:
+/// none came within a second, or it names none, or it cannot be mapped: every request then
+/// goes to the responder).
+fn read_hello(mut stream: &UnixStream, pid: u32) -> Option<super::shm::PeerView> {
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    let mut frame = [0u8; 9];
+    let got = stream.read_exact(&mut frame);
+    let _ = stream.set_read_timeout(None);
+    got.ok()?;
+    match Msg::decode(&frame[4..]) {
+        Ok(Msg::Hello { table_fd }) if table_fd != u32::MAX => {
+            super::shm::PeerView::open(pid, table_fd).ok()
+        }
+        _ => None,
+    }
+}
+
 /// Reads `link`'s frames until the stream ends, then buries it.
 fn read_loop(port: &'static Port, link: Arc<PeerLink>, mut stream: UnixStream) {
     unpin();
@@ -418,14 +438,8 @@ fn read_loop(port: &'static Port, link: Arc<PeerLink>, mut stream: UnixStream) {
         }
         match Msg::decode(&body) {
             Ok(Msg::Resp { seq, outcome, data }) => link.answer(seq, (outcome, data)),
-            Ok(Msg::Hello { table_fd }) => {
-                // (without it, or when it cannot be mapped, everything goes to the responder)
-                if table_fd != u32::MAX {
-                    if let Ok(v) = super::shm::PeerView::open(link.pid, table_fd) {
-                        let _ = link.view.set(v);
-                    }
-                }
-            }
+            // (a hello later than `read_hello` waited: the link goes without the direct path)
+            Ok(Msg::Hello { .. }) => {}
             Ok(other) => {
                 eprintln!("corelink soft: process {} answered {other:?}; link closed", link.pid);
                 break;
