@@ -511,6 +511,33 @@ fn a_killed_peer_is_noticed_and_leaves_nothing() {
     assert!(!names.lines().any(|l| l.ends_with(&listener)), "{listener} is left");
 }
 
+/// A post to a peer that is stopped returns at once (the request waits on the send queue, as
+/// on a NIC), and completes once the peer runs again.
+#[test]
+fn a_post_to_a_stopped_peer_does_not_wait() {
+    let at = addr(10);
+    let mut child = spawn_peer("echo", at);
+    let mut e = End::new(AccessFlags::LOCAL_WRITE);
+    let conn = e.connect(at);
+    e.post_recv(0);
+    e.mr.write_at(0, b"stop").unwrap();
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: signals to the peer this test spawned (and reaps).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let sge = e.mr.sge(0, 4).expect("sge");
+    // SAFETY: the region outlives the request, polled below.
+    unsafe { e.qp.post_send(&[SendWr::new(SENT, SendOp::Send, &[sge])]) }.expect("post_send");
+    let mut wc = [Wc::default()];
+    assert_eq!(e.cq.poll(&mut wc).expect("poll"), 0, "a stopped peer answered");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let mut seen = [e.next(), e.next()];
+    seen.sort_by_key(|w| w.wr_id);
+    assert_eq!((seen[0].wr_id, seen[0].status), (0, WcStatus::Success), "the echo");
+    assert_eq!((seen[1].wr_id, seen[1].status), (SENT, WcStatus::Success), "the send");
+    return_after_error(conn, &mut child);
+}
+
 #[test]
 fn a_killed_requester_is_noticed() {
     let at = addr(7);

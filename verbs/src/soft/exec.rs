@@ -29,6 +29,9 @@ pub(crate) enum Step {
     Rnr(Duration),
     /// A fault plan's delay: run it again (once, without another delay) after this wait.
     Later(Duration),
+    /// On its way to a QP of another process: its end is [`answered`] when the ticket says
+    /// the answer came (`soft::port`).
+    Waiting(std::sync::Arc<super::port::Ticket>),
 }
 
 /// Posts a batch of send requests.
@@ -408,7 +411,7 @@ unsafe fn remote(
     far: Far,
     sent: Step,
 ) -> Step {
-    use super::wire::{Msg, Outcome, WireOp};
+    use super::wire::{Msg, WireOp};
     let reliable = qp.qp_type == QpType::Rc;
     let lost = || if reliable { Step::Done(WcStatus::RetryExcErr, 0) } else { sent.clone() };
     let Some(link) = far.link else { return lost() };
@@ -460,20 +463,39 @@ unsafe fn remote(
         link.send(&req(0));
         return sent;
     }
-    // Nobody answers (the process died or hangs): as a reliable transport that gives up.
     // (a response is its header and a read's or atomic's data)
     let reply_max = 64 + if let WireOp::Read(_, n) = op { n as usize } else { 8 };
-    let Some((outcome, data)) = link.call(req, reply_max) else { return lost() };
+    match link.start(req, reply_max) {
+        Some(ticket) => Step::Waiting(ticket),
+        None => lost(),
+    }
+}
+
+/// How request `d` (on RC, to a QP of another process; its scatter list `sges`) ends, given
+/// its responder's answer (`None`: none came: the process died or hangs, and the transport
+/// gives up as after its retries).
+///
+/// # Safety
+/// `sges` are the request's own (kept with it), valid until it completes.
+pub(crate) unsafe fn answered(
+    qp: &QpShared,
+    d: &Head,
+    sges: &[Sge],
+    keys: &mut Keys<'_>,
+    answer: Option<super::port::Answer>,
+) -> Step {
+    use super::wire::Outcome;
+    let Some((outcome, data)) = answer else { return Step::Done(WcStatus::RetryExcErr, 0) };
     match outcome {
         Outcome::Rnr(us) => Step::Rnr(Duration::from_micros(us)),
         Outcome::Done(WcStatus::Success, n) => {
-            if let WireOp::Read(..) | WireOp::CompSwap(..) | WireOp::FetchAdd(..) = op {
+            if let Op::Read(_) | Op::CompSwap(..) | Op::FetchAdd(..) = d.op {
                 // The response's data lands in the local scatter list, checked only now.
                 let mut dst = Segs::new();
                 if resolve_local(keys.get(), sges, true, qp.pd, &mut dst).is_err() {
                     return Step::Done(WcStatus::LocProtErr, 0);
                 }
-                let m = data.len().min(len as usize);
+                let m = data.len().min(d.len as usize);
                 // SAFETY: `dst` are live local buffers with LOCAL_WRITE holding `len` bytes
                 // (checked at post); `data` holds `m`.
                 unsafe { copy_segs(&[(data.as_ptr().cast_mut(), m)], &dst, 0, m) };
@@ -587,7 +609,8 @@ pub(crate) fn serve(
     let told = |step: Step| match step {
         Step::Done(st, n) => Outcome::Done(st, n),
         Step::Rnr(wait) => Outcome::Rnr(wait.as_micros() as u64),
-        Step::Later(_) => Outcome::Done(WcStatus::Success, len32), // (never: no plan here)
+        // (never: no plan or link on this side)
+        Step::Later(_) | Step::Waiting(_) => Outcome::Done(WcStatus::Success, len32),
     };
     let fabric = Fabric::get();
     let target = match (op, fabric.qp(dst_qpn)) {

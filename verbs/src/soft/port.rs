@@ -210,6 +210,7 @@ impl Port {
             dead: AtomicBool::new(false),
             next_seq: AtomicU64::new(1),
             view: view.map(OnceLock::from).unwrap_or_default(),
+            zombies: Mutex::new(Vec::new()),
         });
         let l = link.clone();
         std::thread::Builder::new()
@@ -285,6 +286,91 @@ pub(crate) struct PeerLink {
     view: OnceLock<super::shm::PeerView>,
     /// Where this process leaves its RC requests for the other one.
     mailbox: Option<super::shm::Mailbox>,
+    /// Mailbox slots of requests given up while the peer served them (freed once answered).
+    zombies: Mutex<Vec<usize>>,
+}
+
+/// Where a request's answer will be.
+#[derive(Debug, Clone, Copy)]
+enum At {
+    /// In this mailbox slot.
+    Slot(usize),
+    /// Among the stream's responses, with this sequence number.
+    Seq(u64),
+}
+
+/// An RC request on its way to another process: its answer, when it comes. Dropped before
+/// (its QP flushed it), it gives the request up.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    link: Arc<PeerLink>,
+    at: At,
+    since: Instant,
+    nudged: AtomicBool,
+    done: AtomicBool,
+}
+
+impl Ticket {
+    /// The answer if it came: `Some(Some(answer))`; `Some(None)`: none will (the link died, or
+    /// [`ACK_TIMEOUT`] passed); `None`: not yet (the peer is nudged after 20 us of waiting in
+    /// its mailbox).
+    pub(crate) fn poll(&self) -> Option<Option<Answer>> {
+        if self.done.load(Ordering::Relaxed) {
+            return Some(None);
+        }
+        let got = match self.at {
+            At::Slot(slot) => self.link.mailbox.as_ref().and_then(|mb| mb.answer(slot)).map(|f| {
+                match f.get(4..).map(Msg::decode) {
+                    Some(Ok(Msg::Resp { outcome, data, .. })) => Some((outcome, data)),
+                    _ => None,
+                }
+            }),
+            At::Seq(seq) => {
+                let mut calls = lock(&self.link.calls);
+                match calls.get(&seq) {
+                    Some(Some(_)) => Some(calls.remove(&seq).flatten()),
+                    _ => None,
+                }
+            }
+        };
+        if let Some(answer) = got {
+            self.done.store(true, Ordering::Relaxed);
+            return Some(answer);
+        }
+        let waited = self.since.elapsed();
+        if self.link.is_dead() || waited >= ACK_TIMEOUT {
+            return Some(None);
+        }
+        if waited >= NUDGE_AFTER {
+            if matches!(self.at, At::Slot(_)) && !self.nudged.swap(true, Ordering::Relaxed) {
+                self.link.send(&Msg::Nudge);
+            }
+            // A peer this slow may share this core (two busy-polling processes on one core):
+            // let it run.
+            std::thread::yield_now();
+        }
+        None
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.done.load(Ordering::Relaxed) {
+            return;
+        }
+        match self.at {
+            At::Slot(slot) => {
+                if let Some(mb) = &self.link.mailbox {
+                    if !mb.abandon(slot) {
+                        lock(&self.link.zombies).push(slot);
+                    }
+                }
+            }
+            At::Seq(seq) => {
+                lock(&self.link.calls).remove(&seq);
+            }
+        }
+    }
 }
 
 impl PeerLink {
@@ -317,15 +403,29 @@ impl PeerLink {
         true
     }
 
-    /// Sends the request `make(seq)` builds and waits for its response, whose frame is at
-    /// most `reply_max` bytes: through the mailbox when it has room, else over the stream.
-    /// `None` when the link died or no response came within [`ACK_TIMEOUT`].
-    pub(crate) fn call(&self, make: impl FnOnce(u64) -> Msg, reply_max: usize) -> Option<Answer> {
+    /// Sends the request `make(seq)` builds, whose response's frame is at most `reply_max`
+    /// bytes: through the mailbox when it has room, else over the stream. The ticket says
+    /// when the answer came (`None`: the link is dead).
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        make: impl FnOnce(u64) -> Msg,
+        reply_max: usize,
+    ) -> Option<Arc<Ticket>> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let frame = make(seq).encode();
+        self.reap();
+        let ticket = |at| {
+            Arc::new(Ticket {
+                link: self.clone(),
+                at,
+                since: Instant::now(),
+                nudged: AtomicBool::new(false),
+                done: AtomicBool::new(false),
+            })
+        };
         if let (Some(mb), true) = (&self.mailbox, reply_max <= super::shm::MAILBOX_FRAME) {
-            if let super::shm::Posted::Waiting(mb, slot) = mb.post(&frame) {
-                return self.await_slot(mb, slot);
+            if let super::shm::Posted::Waiting(slot) = mb.post(&frame) {
+                return Some(ticket(At::Slot(slot)));
             }
         }
         lock(&self.calls).insert(seq, None);
@@ -333,56 +433,15 @@ impl PeerLink {
             lock(&self.calls).remove(&seq);
             return None;
         }
-        let deadline = Instant::now() + ACK_TIMEOUT;
-        let mut calls = lock(&self.calls);
-        loop {
-            if let Some(Some(_)) = calls.get(&seq) {
-                return calls.remove(&seq).flatten();
-            }
-            let now = Instant::now();
-            if self.is_dead() || now >= deadline {
-                calls.remove(&seq);
-                return None;
-            }
-            calls = self
-                .answered
-                .wait_timeout(calls, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        Some(ticket(At::Seq(seq)))
     }
 
-    /// Waits for the answer in mailbox slot `slot`: spinning while the peer's polls may take
-    /// it up (a few microseconds), then, after a nudge to the peer's port, yielding.
-    fn await_slot(&self, mb: &super::shm::Mailbox, slot: usize) -> Option<Answer> {
-        let start = Instant::now();
-        let mut nudged = false;
-        let mut n = 0u32;
-        loop {
-            if let Some(frame) = mb.answer(slot) {
-                return match Msg::decode(frame.get(4..)?) {
-                    Ok(Msg::Resp { outcome, data, .. }) => Some((outcome, data)),
-                    _ => None,
-                };
-            }
-            n = n.wrapping_add(1);
-            if n % 64 != 0 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let waited = start.elapsed();
-            if self.is_dead() || waited >= ACK_TIMEOUT {
-                mb.abandon(slot);
-                return None;
-            }
-            if waited >= NUDGE_AFTER {
-                if !nudged {
-                    nudged = true;
-                    self.send(&Msg::Nudge);
-                }
-                std::thread::yield_now();
-            }
-        }
+    /// Frees the mailbox slots of requests given up while their peer served them, once it
+    /// has answered.
+    fn reap(&self) {
+        let Some(mb) = &self.mailbox else { return };
+        let mut z = lock(&self.zombies);
+        z.retain(|&slot| !mb.abandon(slot));
     }
 
     fn answer(&self, seq: u64, answer: Answer) {

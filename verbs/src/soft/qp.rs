@@ -139,6 +139,8 @@ pub(crate) struct Pending {
     /// When it may run; `None`: as soon as the requests before it have.
     next_try: Option<Instant>,
     rnr_left: u8,
+    /// It is on its way to a QP of another process (`soft::port`): its answer.
+    ticket: Option<Arc<super::port::Ticket>>,
 }
 
 /// The initiator side of a QP: what only its owner and its CQ's poll touch.
@@ -487,7 +489,7 @@ impl QpShared {
             };
             // SAFETY: forwarded from this function's contract.
             let desc = unsafe { Desc::keep(head, sges) };
-            sq.pending.push_back(Pending { desc, next_try, rnr_left });
+            sq.pending.push_back(Pending { desc, next_try, rnr_left, ticket: None });
             return Ok(());
         }
         // SAFETY: forwarded from this function's contract.
@@ -498,7 +500,19 @@ impl QpShared {
                 // SAFETY: forwarded from this function's contract.
                 let desc = unsafe { Desc::keep(head, sges) };
                 let next_try = Some(Instant::now() + wait);
-                sq.pending.push_back(Pending { desc, next_try, rnr_left });
+                sq.pending.push_back(Pending { desc, next_try, rnr_left, ticket: None });
+                self.send_cq.note_work();
+            }
+            Step::Waiting(ticket) => {
+                let rnr_left = sq.rnr_retry;
+                // SAFETY: forwarded from this function's contract.
+                let desc = unsafe { Desc::keep(head, sges) };
+                sq.pending.push_back(Pending {
+                    desc,
+                    next_try: None,
+                    rnr_left,
+                    ticket: Some(ticket),
+                });
                 self.send_cq.note_work();
             }
             Step::Rnr(wait) => {
@@ -509,7 +523,7 @@ impl QpShared {
                     // SAFETY: forwarded from this function's contract.
                     let desc = unsafe { Desc::keep(head, sges) };
                     let next_try = Some(Instant::now() + wait);
-                    sq.pending.push_back(Pending { desc, next_try, rnr_left });
+                    sq.pending.push_back(Pending { desc, next_try, rnr_left, ticket: None });
                     self.send_cq.note_work();
                 }
             }
@@ -544,28 +558,47 @@ impl QpShared {
             if front.next_try.is_some_and(|t| t > now) {
                 return true;
             }
+            // A request on its way to another process ends when its answer comes.
+            let answer = match &front.ticket {
+                Some(t) => match t.poll() {
+                    None => return true,
+                    answer => answer,
+                },
+                None => None,
+            };
             let Some(p) = sq.pending.pop_front() else { break };
             let (head, sges) = (&p.desc.head, &p.desc.sges);
-            // SAFETY: a kept request's inline SGE points at its own copy of the payload.
-            match unsafe { super::exec::execute(self, &mut sq, head, sges, &mut keys, true) } {
-                Step::Done(status, len) => self.complete(&mut sq, head, status, len),
+            let step = match answer {
+                // SAFETY: a kept request's SGEs are its own (its buffers stay valid until it
+                // completes, the post's contract).
+                Some(answer) => unsafe {
+                    super::exec::answered(self, head, sges, &mut keys, answer)
+                },
+                // SAFETY: a kept request's inline SGE points at its own copy of the payload.
+                None => unsafe { super::exec::execute(self, &mut sq, head, sges, &mut keys, true) },
+            };
+            let (desc, rnr_left) = (p.desc, p.rnr_left);
+            match step {
+                Step::Done(status, len) => self.complete(&mut sq, &desc.head, status, len),
                 Step::Later(wait) => {
                     // (never: a replayed request draws no delay)
                     let next_try = Some(now + wait);
-                    sq.pending.push_front(Pending { desc: p.desc, next_try, rnr_left: p.rnr_left });
+                    sq.pending.push_front(Pending { desc, next_try, rnr_left, ticket: None });
+                    return true;
+                }
+                Step::Waiting(ticket) => {
+                    let ticket = Some(ticket);
+                    sq.pending.push_front(Pending { desc, next_try: None, rnr_left, ticket });
                     return true;
                 }
                 Step::Rnr(wait) => {
-                    if p.rnr_left == 0 {
-                        self.complete(&mut sq, head, WcStatus::RnrRetryExcErr, 0);
+                    if rnr_left == 0 {
+                        self.complete(&mut sq, &desc.head, WcStatus::RnrRetryExcErr, 0);
                     } else {
                         // 7 means "retry forever".
-                        let rnr_left = if sq.rnr_retry == 7 { 7 } else { p.rnr_left - 1 };
-                        sq.pending.push_front(Pending {
-                            desc: p.desc,
-                            next_try: Some(now + wait),
-                            rnr_left,
-                        });
+                        let rnr_left = if sq.rnr_retry == 7 { 7 } else { rnr_left - 1 };
+                        let next_try = Some(now + wait);
+                        sq.pending.push_front(Pending { desc, next_try, rnr_left, ticket: None });
                         return true;
                     }
                 }

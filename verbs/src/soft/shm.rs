@@ -484,9 +484,9 @@ pub(crate) struct Mailbox {
 }
 
 /// What became of a request left in a mailbox.
-pub(crate) enum Posted<'a> {
-    /// It waits in slot `.1` of the mailbox.
-    Waiting(&'a Mailbox, usize),
+pub(crate) enum Posted {
+    /// It waits in this slot of the mailbox.
+    Waiting(usize),
     /// Every slot was taken, or the frame is too long: the request goes another way.
     NotTaken,
 }
@@ -533,7 +533,7 @@ impl Mailbox {
     }
 
     /// Leaves `frame` in a free slot.
-    pub(crate) fn post(&self, frame: &[u8]) -> Posted<'_> {
+    pub(crate) fn post(&self, frame: &[u8]) -> Posted {
         if frame.len() > MAILBOX_FRAME {
             return Posted::NotTaken;
         }
@@ -549,7 +549,7 @@ impl Mailbox {
                 h.len.store(frame.len() as u32, Ordering::Relaxed);
                 h.state.store(POSTED, Ordering::Release);
                 self.head().posted.fetch_add(1, Ordering::Release);
-                return Posted::Waiting(self, i);
+                return Posted::Waiting(i);
             }
         }
         Posted::NotTaken
@@ -569,12 +569,15 @@ impl Mailbox {
         Some(frame)
     }
 
-    /// Gives up on slot `i` (its peer is gone or hangs): freed if it was not taken up; else
-    /// it stays taken (a hung peer's slot is lost, not reused under it).
-    pub(crate) fn abandon(&self, i: usize) {
+    /// Gives up on slot `i`: freed if its request was not taken up yet, or was answered;
+    /// `false` while the peer serves it (then it stays taken until it is answered: never
+    /// reused under the peer).
+    pub(crate) fn abandon(&self, i: usize) -> bool {
         let (h, _) = self.slot(i);
-        let _ = h.state.compare_exchange(POSTED, FREE, Ordering::AcqRel, Ordering::Relaxed);
-        let _ = h.state.compare_exchange(ANSWERED, FREE, Ordering::AcqRel, Ordering::Relaxed);
+        let free = |from| {
+            h.state.compare_exchange(from, FREE, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        };
+        free(POSTED) || free(ANSWERED) || h.state.load(Ordering::Acquire) == FREE
     }
 
     /// How many requests were ever posted (what a drain compares with what it has seen).

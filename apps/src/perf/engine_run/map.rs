@@ -333,6 +333,8 @@ pub(super) fn core_map(
     o: &PerfOpts,
     listen: Option<SocketAddr>,
 ) -> Result<(Validated, Vec<MapChange>), PerfError> {
+    let topo = MachineTopology::load().map_err(|e| PerfError::Run(e.to_string()))?;
+    let cores = topo.cores().len();
     let mut map = match &o.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -346,6 +348,17 @@ pub(super) fn core_map(
                 ..CoreMap::default()
             };
             m.worker.idle_after_us = 100;
+            if o.role == Role::Server && o.provider != Some(Prov::Ibverbs) && cores >= 2 {
+                // A soft server's client is a process on the same host, its workers from core
+                // 1 up: the server's workers take the highest cores (on two cores: the worker
+                // on core 0, the control core on 1), so that no two busy-polling workers share
+                // a core.
+                let first = cores.saturating_sub(o.workers).max(1);
+                m.workers = (first..first + o.workers).map(CoreSpec::One).collect();
+                if cores == 2 && o.workers == 1 {
+                    (m.control_core, m.workers) = (1, vec![CoreSpec::One(0)]);
+                }
+            }
             if o.provider == Some(Prov::Ibverbs) {
                 m.provider = ProviderKind::Ibverbs;
                 m.device = env("CORELINK_IBV_DEVICE")?;
@@ -370,8 +383,6 @@ pub(super) fn core_map(
     }
     let conns = if o.role == Role::Loopback { 2 } else { 1 };
     let changes = fit_map(&mut map, o, conns, listen, o.config.is_some());
-    let topo = MachineTopology::load().map_err(|e| PerfError::Run(e.to_string()))?;
-    let cores = topo.cores().len();
     if o.config.is_none() && o.workers + 1 > cores {
         return Err(PerfError::Usage(format!(
             "-T {}: needs {} worker cores besides the control core (core 0); this machine has \
