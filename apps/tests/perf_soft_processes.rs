@@ -80,3 +80,82 @@ fn rpc_and_verbs_tests_run_as_two_processes() {
     pair("rpc_lat", base, &[]);
     pair("send_bw", base + 1, &["-c", "UC"]);
 }
+
+/// Starts `send_bw` for about a minute as a server and a client on `port`, with both sides'
+/// stderr in files of `dir`, and waits until the client runs (its header is out).
+fn long_pair(port: u16, dir: &std::path::Path) -> (Server, Server) {
+    let fabric = format!("perf-kill-{}-{port}", std::process::id());
+    let p = port.to_string();
+    let common = ["send_bw", "--provider", "soft", "-p", &p, "-D", "60", "-s", "64"];
+    let err = |name: &str| std::fs::File::create(dir.join(name)).expect("a file");
+    let server = Server(
+        perf(&fabric, &[&common[..], &["--server"]].concat())
+            .stdout(Stdio::null())
+            .stderr(err("server.err"))
+            .spawn()
+            .expect("the server starts"),
+    );
+    std::thread::sleep(Duration::from_millis(200)); // (a client tried too early only retries)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let client = Server(
+            perf(&fabric, &[&common[..], &["--json", "127.0.0.1"]].concat())
+                .stdout(Stdio::null())
+                .stderr(err("client.err"))
+                .spawn()
+                .expect("the client starts"),
+        );
+        loop {
+            let text = std::fs::read_to_string(dir.join("client.err")).unwrap_or_default();
+            if text.contains(" Sizes ") {
+                // (the header is out once the run has started; a moment more and it sends)
+                std::thread::sleep(Duration::from_millis(500));
+                return (server, client);
+            }
+            if text.contains("rejected") || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(Instant::now() < deadline, "the client never ran");
+        drop(client);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits for `p` to exit (a guard against hangs, not a timing check) and returns its status
+/// and what it said on stderr.
+fn ended(p: &mut Server, err: &std::path::Path) -> (Option<i32>, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(st) = p.0.try_wait().expect("wait") {
+            return (st.code(), std::fs::read_to_string(err).unwrap_or_default());
+        }
+        assert!(Instant::now() < deadline, "still running after its peer was killed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_kill_of_either_process_is_reported_by_the_other() {
+    let base = 21000 + (std::process::id() % 1000) as u16 * 16 + 12;
+    for (i, kill_server) in [true, false].into_iter().enumerate() {
+        let dir = std::env::temp_dir().join(format!("perf-kill-{}-{i}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let (mut server, mut client) = long_pair(base + i as u16, &dir);
+        let (victim, mut other, err) = if kill_server {
+            (&mut server, client, dir.join("client.err"))
+        } else {
+            (&mut client, server, dir.join("server.err"))
+        };
+        victim.0.kill().expect("kill -9");
+        let _ = victim.0.wait();
+        let (code, said) = ended(&mut other, &err);
+        assert_eq!(code, Some(1), "{said}");
+        // (as a NIC shows it: the disconnect, or a request's retries exceeded, whichever the
+        // process hears first)
+        let told = said.contains("the peer went away") || said.contains("RETRY_EXC_ERR");
+        assert!(told, "{said}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
