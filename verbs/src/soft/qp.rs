@@ -177,15 +177,12 @@ impl SendQueue {
         self.far.clone()
     }
 
-    /// Connects to QP `qpn` of the port with `gid`: in this process, or in another one of
-    /// the fabric.
-    fn connect_to(&mut self, qpn: u32, gid: &Gid) {
+    /// Connects to QP `qpn`, in this process (`far` `None`), or in another process of the
+    /// fabric (`far` from [`far_link`]).
+    fn connect_to(&mut self, qpn: u32, far: Option<Option<Arc<super::port::PeerLink>>>) {
         self.peer_qpn = qpn;
         self.peer = None;
-        self.far = super::port::get().and_then(|port| {
-            let pid = super::port::pid_of(gid);
-            (pid != 0 && pid != port.pid).then(|| port.link_to(pid).ok())
-        });
+        self.far = far;
         let _ = self.peer();
     }
 
@@ -196,6 +193,14 @@ impl SendQueue {
         }
         self.peer.as_deref()
     }
+}
+
+/// Where a QP on the port with `gid` lives: `None` in this process; `Some(link)` in another
+/// process of the fabric (`Some(None)`: it cannot be reached).
+fn far_link(gid: &Gid) -> Option<Option<Arc<super::port::PeerLink>>> {
+    let port = super::port::get()?;
+    let pid = super::port::pid_of(gid);
+    (pid != 0 && pid != port.pid).then(|| port.link_to(pid).ok())
 }
 
 /// [`QpShared`]'s anomaly: its wire is cut.
@@ -758,7 +763,9 @@ impl crate::Qp<Soft> for SoftQp {
                 qp.min_rnr_timer.store(attr.min_rnr_timer, Ordering::Relaxed);
                 if qp.qp_type != QpType::Ud {
                     qp.mtu.store(attr.path_mtu.bytes().min(limits::MTU.bytes()), Ordering::Relaxed);
-                    qp.sq().connect_to(attr.dest.qpn, &attr.dest.gid);
+                    // (the link is made before the send queue is locked: making one may wait)
+                    let far = far_link(&attr.dest.gid);
+                    qp.sq().connect_to(attr.dest.qpn, far);
                 }
             }
             QpState::Rts => {
