@@ -319,11 +319,11 @@ impl Ticket {
             return Some(None);
         }
         let got = match self.at {
-            At::Slot(slot) => self.link.mailbox.as_ref().and_then(|mb| mb.answer(slot)).map(|f| {
-                match f.get(4..).map(Msg::decode) {
+            At::Slot(slot) => self.link.mailbox.as_ref().and_then(|mb| {
+                mb.answer(slot, |f| match f.get(4..).map(Msg::decode) {
                     Some(Ok(Msg::Resp { outcome, data, .. })) => Some((outcome, data)),
                     _ => None,
-                }
+                })
             }),
             At::Seq(seq) => {
                 let mut calls = lock(&self.link.calls);

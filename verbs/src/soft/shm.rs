@@ -555,8 +555,8 @@ impl Mailbox {
         Posted::NotTaken
     }
 
-    /// The answer in slot `i`, if it came (the slot is free again then).
-    pub(crate) fn answer(&self, i: usize) -> Option<Vec<u8>> {
+    /// What `read` makes of the answer in slot `i`, if it came (the slot is free again then).
+    pub(crate) fn answer<T>(&self, i: usize, read: impl FnOnce(&[u8]) -> T) -> Option<T> {
         let (h, data) = self.slot(i);
         if h.state.load(Ordering::Acquire) != ANSWERED {
             return None;
@@ -564,9 +564,9 @@ impl Mailbox {
         let n = (h.len.load(Ordering::Relaxed) as usize).min(MAILBOX_FRAME);
         // SAFETY: the responder wrote `n` bytes before it marked the slot answered (release,
         // acquired above); the slot stays this thread's until it is freed below.
-        let frame = unsafe { std::slice::from_raw_parts(data, n) }.to_vec();
+        let got = read(unsafe { std::slice::from_raw_parts(data, n) });
         h.state.store(FREE, Ordering::Release);
-        Some(frame)
+        Some(got)
     }
 
     /// Gives up on slot `i`: freed if its request was not taken up yet, or was answered;
@@ -600,9 +600,9 @@ impl Mailbox {
             }
             let n = (h.len.load(Ordering::Relaxed) as usize).min(MAILBOX_FRAME);
             // SAFETY: the requester wrote `n` bytes before it posted (release, acquired by the
-            // exchange); the slot is this thread's while SERVING.
-            let req = unsafe { std::slice::from_raw_parts(data, n) }.to_vec();
-            let mut resp = serve(&req);
+            // exchange); the slot is this thread's while SERVING, and the slice is dropped
+            // before the response is written over it.
+            let mut resp = serve(unsafe { std::slice::from_raw_parts(data, n) });
             resp.truncate(MAILBOX_FRAME); // (the requester sized the request to fit)
                                           // SAFETY: as above; `resp` fits the slot.
             unsafe { std::ptr::copy_nonoverlapping(resp.as_ptr(), data, resp.len()) };

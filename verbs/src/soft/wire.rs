@@ -223,7 +223,14 @@ fn status_code(s: WcStatus) -> u8 {
 impl Msg {
     /// The frame of this message: its length, then its body.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut w = Writer(vec![0; 4]);
+        // (one allocation: the header is at most 64 bytes, then a payload or data)
+        let body = match self {
+            Msg::Req { payload, .. } => payload.len(),
+            Msg::Resp { data, .. } => data.len(),
+            _ => 200,
+        };
+        let mut w = Writer(Vec::with_capacity(68 + body));
+        w.0.extend_from_slice(&[0; 4]);
         match self {
             Msg::Req { seq, dst_qpn, src_qpn, src_type, op, payload } => {
                 w.u8(1);
