@@ -2,8 +2,9 @@
 # corelink's test command (README, .ci/run):
 #  1. every unit and integration test on the host, the conformance suite on `soft` included;
 #  2. loom's model check of the SPSC rings, and bounded fuzz runs (fuzz/: the RPC wire decoder,
-#     core maps, the engine's connection header, sequences of verbs on `soft`) when cargo-fuzz
-#     is installed;
+#     core maps, the engine's connection header, sequences of verbs on `soft`, the frames of
+#     `soft` across processes) when cargo-fuzz is installed; the RPC examples on `soft`, and
+#     rpc_faults as two processes on one soft fabric with its server killed mid-run;
 #  3. in one boot of the Soft-RoCE guest (tests/rxe-guest/run): the conformance suite on
 #     `ibverbs` against rxe0, the fidelity comparison soft vs rxe0, the two-process
 #     connection-manager exchange, and the engine's and the RPC layer's end-to-end tests on
@@ -55,6 +56,31 @@ done
 # Each call ends once and none runs twice, under a fault plan on the whole program.
 CORELINK_SOFT_FAULTS=seed=3,drop=0.05,dup=0.05,reorder=0.1,delay_us=100 \
   cargo run -q -p corelink-apps --example rpc_faults -- --count 300 --window 4
+
+echo "== soft across processes: rpc_faults server and client as two processes, the server killed (-9) mid-run and restarted"
+# Each call ends once (answered, or SessionClosed for those in flight at the kill) and none
+# runs twice; the client reconnects to the restarted server. The server goes first; the client
+# is killed at 120 s at most (the check is its exit status, not its time).
+cargo build -q -p corelink-apps --example rpc_faults
+rpc_faults=${CARGO_TARGET_DIR:-target}/debug/examples/rpc_faults
+rpc_addr=127.0.0.1:$((20000 + $$ % 20000))
+export CORELINK_SOFT_FABRIC=test-sh-$$
+"$rpc_faults" server "$rpc_addr" >/dev/null &
+rpc_server=$!
+sleep 0.5
+timeout 120 "$rpc_faults" client "$rpc_addr" --count 20000 --window 4 &
+rpc_client=$!
+sleep 1
+kill -9 "$rpc_server"
+wait "$rpc_server" 2>/dev/null || true
+"$rpc_faults" server "$rpc_addr" >/dev/null &
+rpc_server=$!
+rpc_status=0
+wait "$rpc_client" || rpc_status=$?
+kill "$rpc_server" 2>/dev/null || true
+wait "$rpc_server" 2>/dev/null || true
+unset CORELINK_SOFT_FABRIC
+[ "$rpc_status" = 0 ] || { echo "rpc_faults across processes failed ($rpc_status)"; exit 1; }
 
 if [ -n "${CORELINK_IBV_DEVICE:-}" ]; then
   # A host with a real RDMA device (or rxe loaded): the same batch, without the guest.
