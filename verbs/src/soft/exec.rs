@@ -263,9 +263,13 @@ pub(crate) unsafe fn execute(
     let reliable = qp.qp_type == QpType::Rc;
     let sent = Step::Done(WcStatus::Success, len32);
     // A target in another process (`soft::port`): the request crosses the link.
-    if let Some(far) = far_target(qp, sq, d) {
-        // SAFETY: forwarded from this function's contract.
-        return unsafe { remote(qp, d, sges, keys, far, sent) };
+    // (one flag on the data path: set when the peer is in another process, or for every UD QP
+    // of a process on a named fabric)
+    if sq.may_cross() {
+        if let Some(far) = far_target(qp, sq, d) {
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { remote(qp, d, sges, keys, far) };
+        }
     }
     let keys = keys.get();
     // The gather list of sends and writes is read before anything goes on the wire.
@@ -381,7 +385,8 @@ pub(crate) struct Far {
 }
 
 /// The target of `d` when it is in another process of the fabric (`None`: in this one).
-#[inline]
+#[cold]
+#[inline(never)]
 fn far_target(qp: &QpShared, sq: &mut SendQueue, d: &Head) -> Option<Far> {
     match (qp.qp_type, d.ud) {
         (QpType::Ud, Some((dgid, qpn, qkey))) => {
@@ -393,7 +398,7 @@ fn far_target(qp: &QpShared, sq: &mut SendQueue, d: &Head) -> Option<Far> {
             Some(Far { link: port.link_to(pid).ok(), qpn, ud: Some((dgid, qkey)) })
         }
         (QpType::Ud, None) => None,
-        _ => sq.far().map(|link| Far { link, qpn: sq.peer_qpn, ud: None }),
+        _ => sq.far().map(|link| Far { link: link.clone(), qpn: sq.peer_qpn, ud: None }),
     }
 }
 
@@ -403,26 +408,21 @@ fn far_target(qp: &QpShared, sq: &mut SendQueue, d: &Head) -> Option<Far> {
 /// # Safety
 /// As [`execute`].
 #[cold]
-unsafe fn remote(
-    qp: &QpShared,
-    d: &Head,
-    sges: &[Sge],
-    keys: &mut Keys<'_>,
-    far: Far,
-    sent: Step,
-) -> Step {
+unsafe fn remote(qp: &QpShared, d: &Head, sges: &[Sge], keys: &mut Keys<'_>, far: Far) -> Step {
     use super::wire::{Msg, WireOp};
     let reliable = qp.qp_type == QpType::Rc;
+    let len = d.len;
+    let len32 = len.min(u64::from(u32::MAX)) as u32;
+    // (what the requester sees of a message that went out: success, lost unseen or not)
+    let sent = Step::Done(WcStatus::Success, len32);
     let lost = || if reliable { Step::Done(WcStatus::RetryExcErr, 0) } else { sent.clone() };
     let Some(link) = far.link else { return lost() };
     if qp.is_cut() {
         return lost();
     }
-    let len = d.len;
     if far.ud.is_some() && len > u64::from(qp.mtu.load(Ordering::Relaxed)) {
         return sent; // longer than the MTU: nothing is sent (IB C10-93.1.1)
     }
-    let len32 = len.min(u64::from(u32::MAX)) as u32;
     let op = match (&d.op, far.ud) {
         (&Op::Send(imm), Some((gid, qkey))) => WireOp::UdSend { gid, qkey, imm },
         (&Op::Send(imm), None) => WireOp::Send(imm),

@@ -154,6 +154,8 @@ pub(crate) struct SendQueue {
     /// Set when the peer is a QP of another process of the fabric (`soft::port`), with the
     /// link to that process (`None` inside: it could not be reached).
     far: Option<Option<Arc<super::port::PeerLink>>>,
+    /// See [`SendQueue::may_cross`].
+    may_cross: bool,
     rnr_retry: u8,
     pub(crate) pending: VecDeque<Pending>,
 }
@@ -171,10 +173,18 @@ impl std::fmt::Debug for SendQueue {
 }
 
 impl SendQueue {
-    /// The link to the peer's process when the peer is in another process.
-    #[inline]
-    pub(crate) fn far(&self) -> Option<Option<Arc<super::port::PeerLink>>> {
-        self.far.clone()
+    /// Whether a request may go to another process: the peer is in one, or the QP is a UD QP
+    /// of a process on a named fabric.
+    #[inline(always)]
+    pub(crate) fn may_cross(&self) -> bool {
+        self.may_cross
+    }
+
+    /// The link to the peer's process when the peer is in another process (`Some(None)`: it
+    /// cannot be reached).
+    #[inline(always)]
+    pub(crate) fn far(&self) -> Option<&Option<Arc<super::port::PeerLink>>> {
+        self.far.as_ref()
     }
 
     /// Connects to QP `qpn`, in this process (`far` `None`), or in another process of the
@@ -182,6 +192,7 @@ impl SendQueue {
     fn connect_to(&mut self, qpn: u32, far: Option<Option<Arc<super::port::PeerLink>>>) {
         self.peer_qpn = qpn;
         self.peer = None;
+        self.may_cross = far.is_some();
         self.far = far;
         let _ = self.peer();
     }
@@ -680,7 +691,11 @@ impl SoftQp {
                 qkey: AtomicU32::new(0),
                 min_rnr_timer: AtomicU8::new(12),
                 mtu: AtomicU32::new(limits::MTU.bytes()),
-                sq: Mutex::new(SendQueue::default()),
+                // (a UD QP of a process on a named fabric may send to any process)
+                sq: Mutex::new(SendQueue {
+                    may_cross: attr.qp_type == QpType::Ud && super::port::get().is_some(),
+                    ..SendQueue::default()
+                }),
                 dropped: AtomicU64::new(0),
                 anomalies: AtomicU8::new(0),
                 retry_cnt: AtomicU8::new(0),
@@ -708,6 +723,7 @@ impl Drop for SoftQp {
         let mut sq = self.shared.sq();
         sq.peer = None;
         sq.far = None;
+        sq.may_cross = false;
         sq.pending.clear();
     }
 }
