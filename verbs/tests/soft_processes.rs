@@ -283,8 +283,16 @@ fn a_peer_that_does_not_poll_still_answers() {
     assert!(wait_exit(&mut child).success(), "the peer failed");
 }
 
-/// A UD QP's number and GID as a line on stdout, then its one datagram (checked).
-fn ud_receiver() {
+/// A UD QP in RTS with `qkey`, its CQ, a 4 KiB region, its PD and its context.
+struct UdEnd {
+    qp: <Soft as Provider>::Qp,
+    cq: <Soft as Provider>::Cq,
+    mr: <Soft as Provider>::Mr,
+    pd: <Soft as Provider>::Pd,
+    ctx: <Soft as Provider>::Context,
+}
+
+fn ud_end(qkey: u32) -> UdEnd {
     on_fabric();
     let ctx = Soft::open("soft0").expect("open");
     let pd = ctx.alloc_pd().expect("pd");
@@ -299,8 +307,13 @@ fn ud_receiver() {
         sq_sig_all: true,
     };
     let mut qp = pd.create_qp(&attr).expect("qp");
-    let qattr = QpAttr { qkey: 0x1111, ..QpAttr::default() };
-    qp.connect_to(Default::default(), &qattr).expect("to RTS");
+    qp.connect_to(Default::default(), &QpAttr { qkey, ..QpAttr::default() }).expect("to RTS");
+    UdEnd { qp, cq, mr, pd, ctx }
+}
+
+/// A UD QP's number and GID as a line on stdout, then its one datagram (checked).
+fn ud_receiver() {
+    let UdEnd { mut qp, cq, mr, ctx, .. } = ud_end(0x1111);
     let sge = mr.sge(0, 1024).expect("sge");
     // SAFETY: the region outlives the receive, polled below.
     unsafe { qp.post_recv(&[RecvWr { wr_id: 1, sgl: &[sge] }]) }.expect("post_recv");
@@ -344,20 +357,7 @@ fn a_datagram_crosses_to_another_process() {
     for (i, b) in gid.iter_mut().enumerate() {
         *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex");
     }
-    let ctx = Soft::open("soft0").expect("open");
-    let pd = ctx.alloc_pd().expect("pd");
-    let cq = ctx.create_cq(16).expect("cq");
-    let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).expect("register");
-    let attr = QpInitAttr::<Soft> {
-        qp_type: QpType::Ud,
-        send_cq: &cq,
-        recv_cq: &cq,
-        srq: None,
-        cap: QpCap::default(),
-        sq_sig_all: true,
-    };
-    let mut qp = pd.create_qp(&attr).expect("qp");
-    qp.connect_to(Default::default(), &QpAttr { qkey: 0x2222, ..QpAttr::default() }).expect("RTS");
+    let UdEnd { mut qp, cq, mr, pd, .. } = ud_end(0x2222);
     let dgid = corelink_verbs::Gid(gid);
     let ah =
         pd.create_ah(&corelink_verbs::AhAttr { port: 1, dgid, ..Default::default() }).expect("ah");

@@ -198,6 +198,30 @@ struct RemoteEnd {
 }
 
 impl Attempt {
+    /// An attempt whose other end is in another process (`remote`), from QP `qpn` on the port
+    /// with `gid`, recorded for that process's messages about it.
+    fn far(
+        remote: RemoteEnd,
+        gid: Gid,
+        qpn: u32,
+        qp_type: QpType,
+        private_data: Vec<u8>,
+    ) -> Arc<Attempt> {
+        let a = Arc::new(Attempt {
+            arrives: Instant::now(),
+            late: Duration::ZERO,
+            from: SocketAddr::new(IpAddr::V6(gid.0.into()), 0),
+            gid,
+            qpn,
+            qp_type,
+            private_data,
+            answer: Signal::default(),
+            remote: Some(remote),
+        });
+        remember(a.remote.as_ref().expect("remote"), &a, None);
+        a
+    }
+
     /// Tells the other process of a remote attempt what this end did (`make` builds the
     /// message from the attempt's number).
     fn tell(&self, make: impl FnOnce(u64) -> Msg) {
@@ -710,18 +734,7 @@ fn request_far(
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
     let gid = ctx.shared.gid;
     let remote = RemoteEnd { link: link.clone(), id, connector: true, listener: addr };
-    let attempt = Arc::new(Attempt {
-        arrives: Instant::now(),
-        late: Duration::ZERO,
-        from: SocketAddr::new(IpAddr::V6(gid.0.into()), 0),
-        gid,
-        qpn,
-        qp_type,
-        private_data: private_data.to_vec(),
-        answer: Signal::default(),
-        remote: Some(remote),
-    });
-    remember(attempt.remote.as_ref().expect("remote"), &attempt, None);
+    let attempt = Attempt::far(remote, gid, qpn, qp_type, private_data.to_vec());
     let req = Msg::ConnReq {
         attempt: id,
         listener: addr,
@@ -953,18 +966,7 @@ pub(crate) fn remote_message(link: &Arc<PeerLink>, msg: Msg) {
                 return;
             };
             let remote = RemoteEnd { link: link.clone(), id: attempt, connector: false, listener };
-            let a = Arc::new(Attempt {
-                arrives: Instant::now(),
-                late: Duration::ZERO,
-                from: SocketAddr::new(IpAddr::V6(gid.0.into()), 0),
-                gid,
-                qpn,
-                qp_type,
-                private_data,
-                answer: Signal::default(),
-                remote: Some(remote),
-            });
-            remember(a.remote.as_ref().expect("remote"), &a, None);
+            let a = Attempt::far(remote, gid, qpn, qp_type, private_data);
             l.requests.update(|q| q.push_back(a));
         }
         Msg::Accepted { attempt, qpn, gid, private_data } => {

@@ -478,33 +478,37 @@ fn read_hello(mut stream: &UnixStream, pid: u32) -> Option<super::shm::PeerView>
     }
 }
 
+/// The next message on `stream` (`None`: it ended, or broke the protocol: said on stderr,
+/// naming process `pid`).
+fn read_frame(stream: &mut UnixStream, pid: u32) -> Option<Msg> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).ok()?;
+    let n = u32::from_le_bytes(len) as usize;
+    if n > MAX_FRAME {
+        eprintln!("corelink soft: process {pid} sent a frame of {n} bytes; its stream closed");
+        return None;
+    }
+    let mut body = vec![0u8; n];
+    stream.read_exact(&mut body).ok()?;
+    match Msg::decode(&body) {
+        Ok(msg) => Some(msg),
+        Err(e) => {
+            eprintln!("corelink soft: bad frame from process {pid}: {e}; its stream closed");
+            None
+        }
+    }
+}
+
 /// Reads `link`'s frames until the stream ends, then buries it.
 fn read_loop(port: &'static Port, link: Arc<PeerLink>, mut stream: UnixStream) {
     unpin();
-    let mut len = [0u8; 4];
-    loop {
-        if stream.read_exact(&mut len).is_err() {
-            break;
-        }
-        let n = u32::from_le_bytes(len) as usize;
-        if n > MAX_FRAME {
-            eprintln!("corelink soft: process {} sent a frame of {n} bytes; link closed", link.pid);
-            break;
-        }
-        let mut body = vec![0u8; n];
-        if stream.read_exact(&mut body).is_err() {
-            break;
-        }
-        match Msg::decode(&body) {
-            Ok(Msg::Resp { seq, outcome, data }) => link.answer(seq, (outcome, data)),
+    while let Some(msg) = read_frame(&mut stream, link.pid) {
+        match msg {
+            Msg::Resp { seq, outcome, data } => link.answer(seq, (outcome, data)),
             // (a hello later than `read_hello` waited: the link goes without the direct path)
-            Ok(Msg::Hello { .. }) => {}
-            Ok(other) => {
+            Msg::Hello { .. } => {}
+            other => {
                 eprintln!("corelink soft: process {} answered {other:?}; link closed", link.pid);
-                break;
-            }
-            Err(e) => {
-                eprintln!("corelink soft: bad frame from process {}: {e}; link closed", link.pid);
                 break;
             }
         }
@@ -527,22 +531,9 @@ fn serve_loop(port: &'static Port, pid: u32, mut stream: UnixStream) {
         return;
     }
     let mut inbox: Option<Arc<Inbox>> = None;
-    let mut len = [0u8; 4];
-    loop {
-        if stream.read_exact(&mut len).is_err() {
-            break;
-        }
-        let n = u32::from_le_bytes(len) as usize;
-        if n > MAX_FRAME {
-            eprintln!("corelink soft: process {pid} sent a frame of {n} bytes; stream closed");
-            break;
-        }
-        let mut body = vec![0u8; n];
-        if stream.read_exact(&mut body).is_err() {
-            break;
-        }
-        match Msg::decode(&body) {
-            Ok(Msg::Req { seq, dst_qpn, src_qpn, src_type, op, mut payload }) => {
+    while let Some(msg) = read_frame(&mut stream, pid) {
+        match msg {
+            Msg::Req { seq, dst_qpn, src_qpn, src_type, op, mut payload } => {
                 let (outcome, data) =
                     super::exec::serve(src_qpn, src_type, dst_qpn, op, &mut payload);
                 if seq != 0 && stream.write_all(&Msg::Resp { seq, outcome, data }.encode()).is_err()
@@ -550,11 +541,11 @@ fn serve_loop(port: &'static Port, pid: u32, mut stream: UnixStream) {
                     break;
                 }
             }
-            Ok(Msg::Resp { .. }) => {
+            Msg::Resp { .. } => {
                 eprintln!("corelink soft: process {pid} sent a response unasked; stream closed");
                 break;
             }
-            Ok(Msg::Mailbox { fd }) => {
+            Msg::Mailbox { fd } => {
                 if let (None, Ok(mailbox)) = (&inbox, super::shm::Mailbox::open(pid, fd)) {
                     let i = Arc::new(Inbox {
                         mailbox,
@@ -566,19 +557,15 @@ fn serve_loop(port: &'static Port, pid: u32, mut stream: UnixStream) {
                     inbox = Some(i);
                 }
             }
-            Ok(Msg::Nudge) => {
+            Msg::Nudge => {
                 if let Some(i) = &inbox {
                     i.drain();
                 }
             }
-            Ok(cm) => match port.link_to(pid) {
+            cm => match port.link_to(pid) {
                 Ok(link) => super::cm::remote_message(&link, cm),
                 Err(_) => break, // (it is gone)
             },
-            Err(e) => {
-                eprintln!("corelink soft: bad frame from process {pid}: {e}; stream closed");
-                break;
-            }
         }
     }
     // Its end closed: the process died or closed its link. The link this side made to it
