@@ -439,33 +439,42 @@ unsafe fn remote(qp: &QpShared, d: &Head, sges: &[Sge], keys: &mut Keys<'_>, far
             return step;
         }
     }
-    let mut payload = Vec::new();
-    if let WireOp::Send(_) | WireOp::UdSend { .. } | WireOp::SendInv(_) | WireOp::Write(..) = op {
-        let mut src = Segs::new();
-        let resolved = if d.inline {
-            inline_segs(sges, &mut src)
-        } else {
-            resolve_local(keys.get(), sges, false, qp.pd, &mut src)
-        };
-        if let Err(st) = resolved {
-            return Step::Done(st, 0);
+    // The gather list of sends and writes, copied into the request's frame.
+    let mut src = Segs::new();
+    let carried = match op {
+        WireOp::Send(_) | WireOp::UdSend { .. } | WireOp::SendInv(_) | WireOp::Write(..) => {
+            let resolved = if d.inline {
+                inline_segs(sges, &mut src)
+            } else {
+                resolve_local(keys.get(), sges, false, qp.pd, &mut src)
+            };
+            if let Err(st) = resolved {
+                return Step::Done(st, 0);
+            }
+            len as usize
         }
-        payload = vec![0u8; len as usize];
-        // SAFETY: `src` are live local buffers (or the request's inline payload, readable by
-        // this function's contract) of `len` bytes in all; `payload` is fresh.
-        unsafe { copy_segs(&src, &[(payload.as_mut_ptr(), payload.len())], 0, payload.len()) };
-    }
-    // (no lock of this process's key table is held across the round trip)
-    keys.release();
+        _ => 0,
+    };
     let (dst_qpn, src_qpn, src_type) = (far.qpn, qp.qpn, qp.qp_type);
-    let req = |seq| Msg::Req { seq, dst_qpn, src_qpn, src_type, op, payload };
+    let frame = |seq| {
+        Msg::req_frame(seq, dst_qpn, src_qpn, src_type, &op, carried, |payload| {
+            // SAFETY: `src` are live local buffers (or the request's inline payload, readable
+            // by this function's contract) of `carried` bytes in all, resolved under the key
+            // table's lock, still held; `payload` is the frame's own.
+            unsafe { copy_segs(&src, &[(payload.as_mut_ptr(), payload.len())], 0, payload.len()) }
+        })
+    };
+    let seq = if reliable { link.next_seq() } else { 0 };
+    let frame = frame(seq);
+    // (no lock of this process's key table is held while the request travels or waits)
+    keys.release();
     if !reliable {
-        link.send(&req(0));
+        link.send_frame(&frame);
         return sent;
     }
     // (a response is its header and a read's or atomic's data)
     let reply_max = 64 + if let WireOp::Read(_, n) = op { n as usize } else { 8 };
-    match link.start(req, reply_max) {
+    match link.start(seq, &frame, reply_max) {
         Some(ticket) => Step::Waiting(ticket),
         None => lost(),
     }
@@ -527,15 +536,14 @@ unsafe fn direct(
     len: u64,
 ) -> Option<Step> {
     use super::wire::WireOp;
-    let (remote, need) = match op {
-        WireOp::Write(r, None) => (r, AccessFlags::REMOTE_WRITE),
-        WireOp::Read(r, _) => (r, AccessFlags::REMOTE_READ),
+    let remote = match op {
+        WireOp::Write(r, None) | WireOp::Read(r, _) => r,
         _ => return None,
     };
+    let need = op.rights();
     let view = link.view()?;
     let t = view.qp(dst_qpn)?;
-    let receiving = t.state == QpState::Rtr as u8 || t.state == QpState::Rts as u8;
-    if !receiving || t.qp_type != qp.qp_type || !t.access.contains(need) {
+    if !super::qp::receives_in(t.state) || t.qp_type != qp.qp_type || !t.access.contains(need) {
         return None;
     }
     let len32 = len.min(u64::from(u32::MAX)) as u32;
@@ -639,12 +647,7 @@ pub(crate) fn serve(
         len,
         sent,
     };
-    let need = match op {
-        WireOp::Write(..) => AccessFlags::REMOTE_WRITE,
-        WireOp::Read(..) => AccessFlags::REMOTE_READ,
-        WireOp::CompSwap(..) | WireOp::FetchAdd(..) => AccessFlags::REMOTE_ATOMIC,
-        _ => AccessFlags::empty(),
-    };
+    let need = op.rights();
     if !target.access().contains(need) {
         return (told(r.class_c(WcStatus::RemInvReqErr)), Vec::new());
     }

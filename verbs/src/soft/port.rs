@@ -209,7 +209,7 @@ impl Port {
             answered: Condvar::new(),
             dead: AtomicBool::new(false),
             next_seq: AtomicU64::new(1),
-            view: view.map(OnceLock::from).unwrap_or_default(),
+            view,
             zombies: Mutex::new(Vec::new()),
         });
         let l = link.clone();
@@ -282,8 +282,9 @@ pub(crate) struct PeerLink {
     answered: Condvar,
     dead: AtomicBool,
     next_seq: AtomicU64,
-    /// The other process's published table, mapped here (`soft::shm`), once its hello came.
-    view: OnceLock<super::shm::PeerView>,
+    /// The other process's published table, mapped here (`soft::shm`), if its hello said
+    /// where and it could be mapped.
+    view: Option<super::shm::PeerView>,
     /// Where this process leaves its RC requests for the other one.
     mailbox: Option<super::shm::Mailbox>,
     /// Mailbox slots of requests given up while the peer served them (freed once answered).
@@ -377,7 +378,7 @@ impl PeerLink {
     /// The other process's table, if it is mapped.
     #[inline]
     pub(crate) fn view(&self) -> Option<&super::shm::PeerView> {
-        self.view.get()
+        self.view.as_ref()
     }
 
     /// Whether the other process is gone (or the stream broke).
@@ -390,7 +391,8 @@ impl PeerLink {
         self.send_frame(&msg.encode())
     }
 
-    fn send_frame(&self, frame: &[u8]) -> bool {
+    /// Sends a frame (as [`PeerLink::send`]).
+    pub(crate) fn send_frame(&self, frame: &[u8]) -> bool {
         if self.is_dead() {
             return false;
         }
@@ -403,16 +405,20 @@ impl PeerLink {
         true
     }
 
-    /// Sends the request `make(seq)` builds, whose response's frame is at most `reply_max`
-    /// bytes: through the mailbox when it has room, else over the stream. The ticket says
-    /// when the answer came (`None`: the link is dead).
+    /// A sequence number for the next request that wants a response.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends request `frame` (numbered `seq` by [`PeerLink::next_seq`]), whose response's
+    /// frame is at most `reply_max` bytes: through the mailbox when it has room, else over the
+    /// stream. The ticket says when the answer came (`None`: the link is dead).
     pub(crate) fn start(
         self: &Arc<Self>,
-        make: impl FnOnce(u64) -> Msg,
+        seq: u64,
+        frame: &[u8],
         reply_max: usize,
     ) -> Option<Arc<Ticket>> {
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let frame = make(seq).encode();
         self.reap();
         let ticket = |at| {
             Arc::new(Ticket {
@@ -424,12 +430,12 @@ impl PeerLink {
             })
         };
         if let (Some(mb), true) = (&self.mailbox, reply_max <= super::shm::MAILBOX_FRAME) {
-            if let super::shm::Posted::Waiting(slot) = mb.post(&frame) {
+            if let Some(slot) = mb.post(frame) {
                 return Some(ticket(At::Slot(slot)));
             }
         }
         lock(&self.calls).insert(seq, None);
-        if !self.send_frame(&frame) {
+        if !self.send_frame(frame) {
             lock(&self.calls).remove(&seq);
             return None;
         }

@@ -214,6 +214,12 @@ fn far_link(gid: &Gid) -> Option<Option<Arc<super::port::PeerLink>>> {
     (pid != 0 && pid != port.pid).then(|| port.link_to(pid).ok())
 }
 
+/// Whether a QP in the state stored as `s` accepts incoming messages (RTR or RTS).
+#[inline]
+pub(crate) fn receives_in(s: u8) -> bool {
+    s == QpState::Rtr as u8 || s == QpState::Rts as u8
+}
+
 /// [`QpShared`]'s anomaly: its wire is cut.
 const CUT: u8 = 1;
 /// [`QpShared`]'s anomaly: it has a fault plan.
@@ -274,7 +280,7 @@ impl QpShared {
         self.state.store(s as u8, Ordering::Release);
         // On a named fabric, peers' direct path reads the state from the published table.
         let view = super::shm::QpView {
-            state: super::shm::state_code(s),
+            state: s as u8,
             qp_type: self.qp_type,
             access: self.access(),
             pd: self.pd,
@@ -284,8 +290,7 @@ impl QpShared {
 
     /// Whether incoming messages are accepted (RTR or RTS).
     pub(crate) fn receiving(&self) -> bool {
-        let s = self.state.load(Ordering::Acquire);
-        s == QpState::Rtr as u8 || s == QpState::Rts as u8
+        receives_in(self.state.load(Ordering::Acquire))
     }
 
     /// Whether any fault is injected into it (one relaxed load on the data path).

@@ -20,7 +20,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::types::{AccessFlags, QpState, QpType};
+use crate::types::{AccessFlags, QpType};
 
 /// Keys the table publishes (key slots above it are reached through the responder).
 const KEYS: usize = 1 << 14;
@@ -440,11 +440,6 @@ impl Mapping {
     }
 }
 
-/// The QP state code of `s` (as published).
-pub(crate) fn state_code(s: QpState) -> u8 {
-    s as u8
-}
-
 /// Requests a mailbox holds at once.
 const SLOTS: usize = 64;
 /// Bytes of one slot: its head and a frame of at most [`MAILBOX_FRAME`] bytes.
@@ -481,14 +476,6 @@ struct SlotHead {
 pub(crate) struct Mailbox {
     file: File,
     map: Mapping,
-}
-
-/// What became of a request left in a mailbox.
-pub(crate) enum Posted {
-    /// It waits in this slot of the mailbox.
-    Waiting(usize),
-    /// Every slot was taken, or the frame is too long: the request goes another way.
-    NotTaken,
 }
 
 impl Mailbox {
@@ -532,10 +519,11 @@ impl Mailbox {
         }
     }
 
-    /// Leaves `frame` in a free slot.
-    pub(crate) fn post(&self, frame: &[u8]) -> Posted {
+    /// Leaves `frame` in a free slot and returns the slot (`None`: every slot is taken, or the
+    /// frame is too long: the request goes another way).
+    pub(crate) fn post(&self, frame: &[u8]) -> Option<usize> {
         if frame.len() > MAILBOX_FRAME {
-            return Posted::NotTaken;
+            return None;
         }
         for i in 0..SLOTS {
             let (h, data) = self.slot(i);
@@ -549,10 +537,10 @@ impl Mailbox {
                 h.len.store(frame.len() as u32, Ordering::Relaxed);
                 h.state.store(POSTED, Ordering::Release);
                 self.head().posted.fetch_add(1, Ordering::Release);
-                return Posted::Waiting(i);
+                return Some(i);
             }
         }
-        Posted::NotTaken
+        None
     }
 
     /// What `read` makes of the answer in slot `i`, if it came (the slot is free again then).

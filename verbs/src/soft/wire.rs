@@ -30,6 +30,19 @@ pub(crate) enum WireOp {
     UdSend { gid: Gid, qkey: u32, imm: Option<u32> },
 }
 
+impl WireOp {
+    /// The remote right the target's QP and key must grant (none for sends).
+    pub(crate) fn rights(&self) -> crate::types::AccessFlags {
+        use crate::types::AccessFlags;
+        match self {
+            WireOp::Write(..) => AccessFlags::REMOTE_WRITE,
+            WireOp::Read(..) => AccessFlags::REMOTE_READ,
+            WireOp::CompSwap(..) | WireOp::FetchAdd(..) => AccessFlags::REMOTE_ATOMIC,
+            _ => AccessFlags::empty(),
+        }
+    }
+}
+
 /// What the responder answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
@@ -168,6 +181,52 @@ impl Reader<'_> {
 struct Writer(Vec<u8>);
 
 impl Writer {
+    /// A request's fields before its payload.
+    fn req_head(&mut self, seq: u64, dst_qpn: u32, src_qpn: u32, src_type: QpType, op: &WireOp) {
+        self.u8(1);
+        self.u64(seq);
+        self.u32(dst_qpn);
+        self.u32(src_qpn);
+        self.qp_type(src_type);
+        match op {
+            WireOp::Send(imm) => {
+                self.u8(0);
+                self.opt_u32(*imm);
+            }
+            WireOp::SendInv(rkey) => {
+                self.u8(1);
+                self.u32(*rkey);
+            }
+            WireOp::Write(r, imm) => {
+                self.u8(2);
+                self.remote(r);
+                self.opt_u32(*imm);
+            }
+            WireOp::Read(r, len) => {
+                self.u8(3);
+                self.remote(r);
+                self.u32(*len);
+            }
+            WireOp::CompSwap(r, cmp, swap) => {
+                self.u8(4);
+                self.remote(r);
+                self.u64(*cmp);
+                self.u64(*swap);
+            }
+            WireOp::FetchAdd(r, add) => {
+                self.u8(5);
+                self.remote(r);
+                self.u64(*add);
+            }
+            WireOp::UdSend { gid, qkey, imm } => {
+                self.u8(6);
+                self.gid(gid);
+                self.u32(*qkey);
+                self.opt_u32(*imm);
+            }
+        }
+    }
+
     fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
@@ -233,48 +292,7 @@ impl Msg {
         w.0.extend_from_slice(&[0; 4]);
         match self {
             Msg::Req { seq, dst_qpn, src_qpn, src_type, op, payload } => {
-                w.u8(1);
-                w.u64(*seq);
-                w.u32(*dst_qpn);
-                w.u32(*src_qpn);
-                w.qp_type(*src_type);
-                match op {
-                    WireOp::Send(imm) => {
-                        w.u8(0);
-                        w.opt_u32(*imm);
-                    }
-                    WireOp::SendInv(rkey) => {
-                        w.u8(1);
-                        w.u32(*rkey);
-                    }
-                    WireOp::Write(r, imm) => {
-                        w.u8(2);
-                        w.remote(r);
-                        w.opt_u32(*imm);
-                    }
-                    WireOp::Read(r, len) => {
-                        w.u8(3);
-                        w.remote(r);
-                        w.u32(*len);
-                    }
-                    WireOp::CompSwap(r, cmp, swap) => {
-                        w.u8(4);
-                        w.remote(r);
-                        w.u64(*cmp);
-                        w.u64(*swap);
-                    }
-                    WireOp::FetchAdd(r, add) => {
-                        w.u8(5);
-                        w.remote(r);
-                        w.u64(*add);
-                    }
-                    WireOp::UdSend { gid, qkey, imm } => {
-                        w.u8(6);
-                        w.gid(gid);
-                        w.u32(*qkey);
-                        w.opt_u32(*imm);
-                    }
-                }
+                w.req_head(*seq, *dst_qpn, *src_qpn, *src_type, op);
                 w.0.extend_from_slice(payload);
             }
             Msg::Resp { seq, outcome, data } => {
@@ -339,6 +357,28 @@ impl Msg {
             }
             Msg::Nudge => w.u8(11),
         }
+        let len = (w.0.len() - 4) as u32;
+        w.0[..4].copy_from_slice(&len.to_le_bytes());
+        w.0
+    }
+
+    /// The frame of a request (as [`Msg::encode`] makes it) whose `payload_len` bytes of
+    /// payload `fill` writes in place: one buffer, no copy of the payload made first.
+    pub(crate) fn req_frame(
+        seq: u64,
+        dst_qpn: u32,
+        src_qpn: u32,
+        src_type: QpType,
+        op: &WireOp,
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(68 + payload_len));
+        w.0.extend_from_slice(&[0; 4]);
+        w.req_head(seq, dst_qpn, src_qpn, src_type, op);
+        let start = w.0.len();
+        w.0.resize(start + payload_len, 0);
+        fill(&mut w.0[start..]);
         let len = (w.0.len() - 4) as u32;
         w.0[..4].copy_from_slice(&len.to_le_bytes());
         w.0
@@ -500,6 +540,17 @@ mod tests {
             stream.extend_from_slice(&f);
         }
         assert_eq!(decode_frames(&stream), (msgs.len(), None));
+        let op = WireOp::Write(r, None);
+        let m = Msg::Req {
+            seq: 3,
+            dst_qpn: 1,
+            src_qpn: 2,
+            src_type: QpType::Rc,
+            op,
+            payload: vec![5; 9],
+        };
+        let f = Msg::req_frame(3, 1, 2, QpType::Rc, &op, 9, |p| p.fill(5));
+        assert_eq!(f, m.encode());
     }
 
     #[test]
