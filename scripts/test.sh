@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # corelink's test command (README, .ci/run):
-#  1. every unit and integration test on the host, the conformance suite on `soft` included;
+#  1. every unit and integration test on the host, the conformance suite on `soft` included
+#     (in one process, and with each case's two sides in two processes), and the fidelity
+#     report on soft in one process compared with the two-process one;
 #  2. loom's model check of the SPSC rings, and bounded fuzz runs (fuzz/: the RPC wire decoder,
 #     core maps, the engine's connection header, sequences of verbs on `soft`, the frames of
 #     `soft` across processes) when cargo-fuzz is installed; the RPC examples on `soft`, and
@@ -57,6 +59,14 @@ done
 CORELINK_SOFT_FAULTS=seed=3,drop=0.05,dup=0.05,reorder=0.1,delay_us=100 \
   cargo run -q -p corelink-apps --example rpc_faults -- --count 300 --window 4
 
+echo "== fidelity on soft: corelink-conformance in one process vs with side B in a second"
+# The same report, scenario by scenario (the guest batch compares the first with rxe0's).
+cargo build -q -p corelink-apps --bin corelink-conformance
+mkdir -p target/fidelity
+target/debug/corelink-conformance --provider soft --json > target/fidelity/soft.jsonl
+target/debug/corelink-conformance --provider soft --processes 2 --json > target/fidelity/soft-2.jsonl
+target/debug/corelink-conformance compare target/fidelity/soft.jsonl target/fidelity/soft-2.jsonl
+
 echo "== soft across processes: rpc_faults server and client as two processes, the server killed (-9) mid-run and restarted"
 # Each call ends once (answered, or SessionClosed for those in flight at the kill) and none
 # runs twice; the client reconnects to the restarted server. The server goes first; the client
@@ -88,7 +98,8 @@ if [ -n "${CORELINK_IBV_DEVICE:-}" ]; then
   cargo build -q -p corelink-apps --bins --examples
   mkdir -p target/fidelity
   target/debug/corelink-conformance --provider soft --json > target/fidelity/soft.jsonl
-  exec bash tests/rxe-guest/ci.sh target/fidelity/soft.jsonl
+  target/debug/corelink-conformance --provider soft --processes 2 --json > target/fidelity/soft-2.jsonl
+  exec bash tests/rxe-guest/ci.sh target/fidelity/soft.jsonl target/fidelity/soft-2.jsonl
 fi
 if [ "${CORELINK_SKIP_GUEST:-0}" = 1 ]; then
   echo "== Soft-RoCE guest: skipped (CORELINK_SKIP_GUEST=1)"
@@ -111,10 +122,11 @@ cargo test -q --no-run -p corelink-engine --test engine_ibverbs --test qp_pool_i
 cargo test -q --no-run -p corelink-rpc --features ibverbs --test rpc_ibverbs
 mkdir -p target/fidelity
 target/debug/corelink-conformance --provider soft --json > target/fidelity/soft.jsonl
+target/debug/corelink-conformance --provider soft --processes 2 --json > target/fidelity/soft-2.jsonl
 
 echo "== Soft-RoCE guest: boot and run the batch"
 start=$(date +%s)
 rc=0
-tests/rxe-guest/run --wire --timeout 1800 -- bash tests/rxe-guest/ci.sh target/fidelity/soft.jsonl || rc=$?
+tests/rxe-guest/run --wire --timeout 1800 -- bash tests/rxe-guest/ci.sh target/fidelity/soft.jsonl target/fidelity/soft-2.jsonl || rc=$?
 echo "== Soft-RoCE guest: $(( $(date +%s) - start )) s, exit $rc"
 exit $rc

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The batch of checks that need a real RDMA stack, run in one boot of the Soft-RoCE guest:
-#   tests/rxe-guest/run --wire -- bash tests/rxe-guest/ci.sh SOFT_REPORT
+#   tests/rxe-guest/run --wire -- bash tests/rxe-guest/ci.sh SOFT_REPORT...
 # 1. the conformance suite on the ibverbs provider against rxe0;
 # 2. the ibverbs provider's smoke tests;
-# 3. the fidelity report on rxe0, compared scenario by scenario with SOFT_REPORT (the same report
-#    made on the host with the soft provider); any difference fails, printed side by side;
+# 3. the fidelity report on rxe0, compared scenario by scenario with each SOFT_REPORT (the same
+#    report made on the host with the soft provider: in one process, and with side B in a
+#    second, `--processes 2`); any difference fails, printed side by side;
 # 4. the two-process connection-manager exchange (cm-pair.sh);
 # 5. the engine's end-to-end tests on ibverbs (requests, scheduler scenarios, QP pools and lanes);
 # 6. the RPC layer's end-to-end tests on ibverbs (rpc/tests/rpc_ibverbs.rs: ordering, credits,
@@ -30,7 +31,8 @@ set -u
 # thousand sessions of step 6, both ends in one test process beside its other tests, need more
 # than the usual soft limit of 1024.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
-soft_report=${1:?usage: ci.sh SOFT_REPORT}
+[ $# -ge 1 ] || { echo "usage: ci.sh SOFT_REPORT..." >&2; exit 2; }
+soft_reports=("$@")
 : "${CORELINK_IBV_DEVICE:?run this inside tests/rxe-guest/run}"
 here=$(dirname "${BASH_SOURCE[0]}")
 failed=() skipped=0
@@ -45,7 +47,9 @@ cargo test --offline -q -p corelink-verbs --test ibverbs_smoke -- --ignored --te
 step "fidelity: corelink-conformance on ibverbs vs soft"
 rxe_report=$(mktemp)
 target/debug/corelink-conformance --provider ibverbs --json > "$rxe_report" || failed+=(fidelity-run)
-target/debug/corelink-conformance compare "$soft_report" "$rxe_report" || failed+=(fidelity-compare)
+for soft_report in "${soft_reports[@]}"; do
+  target/debug/corelink-conformance compare "$soft_report" "$rxe_report" || failed+=("fidelity-compare($soft_report)")
+done
 
 step "two processes over rdma_cm"
 bash "$here/cm-pair.sh" || failed+=(cm-pair)

@@ -62,6 +62,9 @@ pub struct Target {
     pub gid_index: Option<u32>,
     /// IP address the connection-manager cases listen on; `None`: the IPv4 address of the GID.
     pub cm_ip: Option<IpAddr>,
+    /// Device of side B where it is not [`Target::device`]: `peer:soft0` puts side B in a
+    /// second process ([`crate::split`]).
+    pub peer_device: Option<String>,
 }
 
 impl Target {
@@ -72,7 +75,15 @@ impl Target {
             port: 1,
             gid_index: Some(0),
             cm_ip: Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))),
+            peer_device: None,
         }
+    }
+
+    /// The `soft` provider's device with side B in a second process: for
+    /// [`crate::split::Split`], whose cases then cross `soft`'s fabric between two processes.
+    pub fn soft_two_processes() -> Target {
+        let peer = format!("{}{}", crate::split::PEER_PREFIX, corelink_verbs::soft::DEVICE_NAME);
+        Target { peer_device: Some(peer), ..Target::soft() }
     }
 
     /// The device named by `CORELINK_IBV_DEVICE`, with `CORELINK_IBV_PORT`,
@@ -99,6 +110,7 @@ impl Target {
                 Some(ip) => Some(ip),
                 None => var("CORELINK_IP")?,
             },
+            peer_device: None,
         })
     }
 }
@@ -147,7 +159,12 @@ pub struct Dev<P: Provider> {
 impl<P: Provider> Dev<P> {
     /// Opens `t`'s device and allocates a PD.
     pub fn open(t: &Target) -> Result<Dev<P>, String> {
-        let ctx = P::open(&t.device).ctx(&format!("open {}", t.device))?;
+        Dev::open_named(t, &t.device)
+    }
+
+    /// Opens the device called `device` with `t`'s port and GID and allocates a PD.
+    pub fn open_named(t: &Target, device: &str) -> Result<Dev<P>, String> {
+        let ctx = P::open(device).ctx(&format!("open {device}"))?;
         let port = ctx.query_port(t.port).ctx("query_port")?;
         let gid_index = match t.gid_index {
             Some(i) => i,
@@ -230,9 +247,10 @@ fn first_ipv4_gid<P: Provider>(ctx: &P::Context, port: u8, len: u32) -> Option<(
     })
 }
 
-/// Both devices of a case (two contexts of the target device, each with a PD).
+/// Both devices of a case (two contexts of the target device, each with a PD; side B's on
+/// [`Target::peer_device`] where there is one).
 pub fn devs<P: Provider>(t: &Target) -> Result<(Dev<P>, Dev<P>), String> {
-    Ok((Dev::open(t)?, Dev::open(t)?))
+    Ok((Dev::open(t)?, Dev::open_named(t, t.peer_device.as_deref().unwrap_or(&t.device))?))
 }
 
 /// One side of a pair: a QP and its CQs (dropped in that order). Its device is separate, so

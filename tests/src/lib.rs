@@ -32,7 +32,8 @@
 //! `wr_id`), whether the responder's does (then its posted receives flush), that nothing more
 //! completes, and that the target memory was left untouched, byte for byte.
 //!
-//! Run on `soft` by `cargo test`; on a device with
+//! Run on `soft` by `cargo test`, in one process and, with [`split::Split`], with each case's
+//! side B in a second process (`tests/conformance_soft_processes.rs`); on a device with
 //! `CORELINK_IBV_DEVICE=rxe0 cargo test -p corelink-tests --test conformance_ibverbs`
 //! (see [`Target::from_env`] for the other variables, and `tests/rxe-guest/run`).
 #![deny(missing_docs)]
@@ -41,6 +42,7 @@ pub mod cases;
 pub mod expect;
 pub mod harness;
 pub mod record;
+pub mod split;
 
 pub use harness::{CaseResult, Target};
 

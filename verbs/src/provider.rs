@@ -395,6 +395,15 @@ pub trait CmWaiter: Send + Debug {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Watch(pub(crate) Option<std::os::raw::c_int>);
 
+impl Watch {
+    /// A watch of no descriptor, as `soft`'s objects have: a [`CmWaiter`] cannot tell whether
+    /// its object has an event, so [`CmWaiter::ready`] says it may. For providers built on
+    /// others (a proxy's objects).
+    pub const fn none() -> Watch {
+        Watch(None)
+    }
+}
+
 /// Ends a wait early (see [`Listener::waker`]); cheap to clone, callable from any thread.
 #[derive(Clone)]
 pub struct Waker(std::sync::Arc<dyn Fn() + Send + Sync>);
@@ -507,6 +516,7 @@ pub trait Connection: Send + Debug {
 
 /// A connection-manager event on an established connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum CmEvent {
     /// The connection is up (reported once, after connect or accept).
     Established,

@@ -9,6 +9,7 @@ use std::fmt;
 bitflags::bitflags! {
     /// Access rights of a memory region, a memory window or a QP's remote access.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
     pub struct AccessFlags: u32 {
         /// The local device may write the memory (receives, RDMA read results, atomics' old values).
         const LOCAL_WRITE = 1;
@@ -38,6 +39,7 @@ impl AccessFlags {
 bitflags::bitflags! {
     /// Flags of a send work request.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
     pub struct SendFlags: u32 {
         /// Ask for a completion even when the QP does not signal every request.
         const SIGNALED = 1;
@@ -53,6 +55,7 @@ bitflags::bitflags! {
 
 /// Transport of a queue pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum QpType {
     /// Reliable connected: every primitive, in order, acknowledged.
     Rc,
@@ -81,6 +84,7 @@ impl fmt::Display for QpType {
 
 /// State of a queue pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum QpState {
     /// Just created or reset: nothing may be posted.
     #[default]
@@ -121,6 +125,7 @@ impl QpState {
 
 /// Path MTU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Mtu {
     /// 256 bytes.
     Mtu256,
@@ -160,6 +165,7 @@ pub const GRH_BYTES: u32 = 40;
 
 /// A completion's status, named as `ibv_wc_status` names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[allow(missing_docs)] // each variant is documented by its `ibv_wc_status` name, see `name()`
 pub enum WcStatus {
     #[default]
@@ -262,6 +268,7 @@ impl fmt::Display for WcStatus {
 
 /// What a completion completes, named as `ibv_wc_opcode` names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum WcOpcode {
     /// A send or send-with-immediate (sender side).
     #[default]
@@ -317,6 +324,7 @@ impl fmt::Display for WcOpcode {
 /// For an error status only `wr_id`, `status`, `qp_num` and `opcode` are meaningful (real
 /// devices leave the rest undefined).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Wc {
     /// The work request's `wr_id`.
     pub wr_id: u64,
@@ -348,6 +356,7 @@ pub struct Wc {
 /// Laid out as `struct ibv_sge`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Sge {
     /// Virtual address.
     pub addr: u64,
@@ -359,6 +368,7 @@ pub struct Sge {
 
 /// A remote memory location: virtual address and remote key of the peer's region or window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RemoteAddr {
     /// Virtual address in the peer's address space.
     pub addr: u64,
@@ -376,6 +386,7 @@ impl RemoteAddr {
 /// A remote region: where it starts, how long it is and its key (what peers exchange in
 /// connection private data).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RemoteRegion {
     /// Virtual address of its first byte.
     pub addr: u64,
@@ -416,6 +427,7 @@ impl RemoteRegion {
 
 /// A 16-byte global identifier.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Gid(pub [u8; 16]);
 
 impl Gid {
@@ -444,6 +456,7 @@ impl fmt::Display for Gid {
 
 /// Sizes of a QP's queues and its per-request limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpCap {
     /// Send-queue depth.
     pub max_send_wr: u32,
@@ -472,6 +485,7 @@ impl Default for QpCap {
 /// How to reach a connected QP's peer: what two sides exchange before RTR when they connect
 /// without a connection manager.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Endpoint {
     /// The peer's QP number.
     pub qpn: u32,
@@ -488,6 +502,7 @@ pub struct Endpoint {
 /// RTR: dest, path MTU, rq PSN, max_dest_rd_atomic, min RNR timer, sgid index;
 /// RTS: sq PSN, timeout, retry count, RNR retry, max_rd_atomic).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpAttr {
     /// Target state.
     pub state: QpState,
@@ -564,6 +579,7 @@ pub fn rnr_timer_us(code: u8) -> u64 {
 
 /// Shape of a shared receive queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SrqAttr {
     /// Receive requests it holds.
     pub max_wr: u32,
@@ -579,6 +595,7 @@ impl Default for SrqAttr {
 
 /// Where a UD address handle leads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AhAttr {
     /// Local port.
     pub port: u8,
@@ -600,6 +617,7 @@ impl Default for AhAttr {
 
 /// What a device can do.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct DeviceAttr {
     /// Firmware version string.
     pub fw_ver: String,
@@ -635,6 +653,7 @@ pub struct DeviceAttr {
 
 /// Logical state of a port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum PortState {
     /// No link.
     Down,
@@ -650,6 +669,7 @@ pub enum PortState {
 
 /// Link layer under a port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum LinkLayer {
     /// InfiniBand.
     InfiniBand,
@@ -661,6 +681,7 @@ pub enum LinkLayer {
 
 /// A port's attributes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PortAttr {
     /// Logical state.
     pub state: PortState,
@@ -680,6 +701,7 @@ pub struct PortAttr {
 
 /// What an asynchronous event is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum AsyncEventKind {
     /// A CQ overran: completions were lost (`IBV_EVENT_CQ_ERR`).
     CqErr,
@@ -715,6 +737,7 @@ pub enum AsyncEventKind {
 
 /// The object an asynchronous event is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum AsyncElement {
     /// A QP, by number.
     Qp(u32),
@@ -730,6 +753,7 @@ pub enum AsyncElement {
 
 /// An asynchronous event of a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AsyncEvent {
     /// What happened.
     pub kind: AsyncEventKind,
@@ -739,6 +763,7 @@ pub struct AsyncEvent {
 
 /// A device in the list of [`crate::Provider::devices`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct DeviceInfo {
     /// Name to pass to [`crate::Provider::open`].
     pub name: String,

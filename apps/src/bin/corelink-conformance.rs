@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! corelink-conformance --provider soft --json > soft.jsonl
+//! corelink-conformance --provider soft --processes 2 --json > soft-2.jsonl  # side B in a peer
 //! corelink-conformance --provider ibverbs --device rxe0 --json > rxe.jsonl   # in the guest
 //! corelink-conformance compare soft.jsonl rxe.jsonl
 //! ```
@@ -13,7 +14,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use corelink_apps::fidelity::{compare, Row};
-use corelink_tests::{record, Case, Target};
+use corelink_tests::{record, split, Case, Target};
 use corelink_verbs::Provider;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -48,6 +49,10 @@ struct Args {
     /// Run only the scenarios whose names contain this.
     #[arg(long)]
     filter: Option<String>,
+    /// Processes a scenario runs in: 2 puts each scenario's side B in a second process (this
+    /// program again), across `soft`'s fabric (soft only).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    processes: u8,
 }
 
 #[derive(Subcommand, Debug)]
@@ -63,6 +68,10 @@ enum Cmd {
 
 fn target(a: &Args) -> Result<Target, String> {
     let mut t = match a.provider {
+        ProviderArg::Soft if a.processes == 2 => Target::soft_two_processes(),
+        ProviderArg::Ibverbs if a.processes == 2 => {
+            return Err("--processes 2 runs on soft only".into())
+        }
         ProviderArg::Soft => Target::soft(),
         ProviderArg::Ibverbs => {
             if let Some(d) = &a.device {
@@ -106,8 +115,9 @@ fn run<P: Provider>(a: &Args, t: &Target) -> ExitCode {
             return ExitCode::FAILURE; // the reader went away
         }
     }
+    let peer = t.peer_device.as_deref().map(|d| format!(", side B on {d}")).unwrap_or_default();
     eprintln!(
-        "{} scenarios on {} ({}): {} passed, {failed} failed",
+        "{} scenarios on {} ({}{peer}): {} passed, {failed} failed",
         cases.len(),
         P::NAME,
         t.device,
@@ -154,6 +164,16 @@ fn compare_files(left: &std::path::Path, right: &std::path::Path) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // Started as the peer of a two-process run: serve the runner, nothing else.
+    if let Some(res) = split::serve_if_peer() {
+        return match res {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("corelink-conformance (peer process): {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let a = Args::parse();
     if let Some(Cmd::Compare { left, right }) = &a.cmd {
         return compare_files(left, right);
@@ -166,6 +186,7 @@ fn main() -> ExitCode {
         }
     };
     match a.provider {
+        ProviderArg::Soft if a.processes == 2 => run::<split::Split>(&a, &t),
         ProviderArg::Soft => run::<corelink_verbs::soft::Soft>(&a, &t),
         #[cfg(feature = "ibverbs")]
         ProviderArg::Ibverbs => run::<corelink_verbs::ibverbs::Ibverbs>(&a, &t),
