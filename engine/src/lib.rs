@@ -39,7 +39,10 @@
 //! - **The device's errors are heard**: each worker reads its device context's asynchronous
 //!   events ([`Metrics::async_events`]); a QP's fatal error closes its connection, a CQ
 //!   overrun or a failed device every connection of the worker
-//!   ([`CloseReason::Device`]), and the fatal ones are said on stderr.
+//!   ([`CloseReason::Device`]), and the fatal ones are said on stderr. Completions an overrun
+//!   lost never come: what those connections still have posted
+//!   [`tunables::UNTRUSTED_FLUSH_WAIT`] later, the worker ends itself, as flushed and naming
+//!   the close ([`Metrics::completions_made_up`]), so that those requests end once too.
 //!
 //! Reconnecting is the application's: a closed connection stays closed, and a new `connect`
 //! takes QPs from the worker's pool.

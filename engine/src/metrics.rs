@@ -100,6 +100,12 @@ pub struct Metrics {
     pub async_events: u64,
     /// Lookups that cannot fail and did (a bug: each is also a debug assertion).
     pub invariant_misses: u64,
+    /// Requests and receives the worker ended itself (as flushed, `WrFlushErr`, naming their
+    /// connection's close) because their completions were lost: still posted on a connection
+    /// closed by a CQ overrun or a failed device `UNTRUSTED_FLUSH_WAIT` after it.
+    pub completions_made_up: u64,
+    /// Completions that came for requests the worker had already ended that way.
+    pub late_completions: u64,
     /// Keepalive probes posted to connections idle for `worker.keepalive_ms`.
     pub keepalive_probes: u64,
     /// Of those, the ones that failed (each closed its connection with
@@ -146,6 +152,8 @@ impl Metrics {
         m.early_receives = d(m.early_receives, earlier.early_receives);
         m.async_events = d(m.async_events, earlier.async_events);
         m.invariant_misses = d(m.invariant_misses, earlier.invariant_misses);
+        m.completions_made_up = d(m.completions_made_up, earlier.completions_made_up);
+        m.late_completions = d(m.late_completions, earlier.late_completions);
         m.keepalive_probes = d(m.keepalive_probes, earlier.keepalive_probes);
         m.keepalive_failures = d(m.keepalive_failures, earlier.keepalive_failures);
         m.voluntary_switches = d(m.voluntary_switches, earlier.voluntary_switches);
@@ -196,6 +204,8 @@ impl fmt::Display for Metrics {
             ("early receives", self.early_receives),
             ("device events", self.async_events),
             ("invariant misses", self.invariant_misses),
+            ("completions made up", self.completions_made_up),
+            ("late completions", self.late_completions),
             ("keepalive probes", self.keepalive_probes),
             ("keepalive probes failed", self.keepalive_failures),
         ] {

@@ -61,6 +61,11 @@ pub const MAX_TIMERS: usize = 1024;
 
 /// Loop iterations between two publications of a worker's metrics.
 pub const METRICS_EVERY: u64 = 4096;
+
+/// How long connections closed because their completions cannot be trusted (the worker's CQ
+/// overran, its device failed) wait for their device's flushes before the worker ends what is
+/// still posted on them itself (`Metrics::completions_made_up`; `worker/untrusted.rs`).
+pub const UNTRUSTED_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 /// Loop iterations between checks of whether a keepalive pass is due (a clock read each; a
 /// pass runs every half `worker.keepalive_ms`): a few milliseconds at most of a busy loop.
 pub const KEEPALIVE_EVERY: u64 = 1024;

@@ -217,27 +217,27 @@ fn client_run(c: &mut Client, to: SocketAddr, ledger: &Mutex<Ledger>) {
     }
 }
 
-#[test]
-fn every_request_of_both_issuers_ends_once_under_a_seeded_fault_plan() {
-    let to: SocketAddr = "10.84.0.1:7000".parse().unwrap();
-    let plan = FaultPlan {
-        seed: 21,
-        drop: 0.1,
-        dup: 0.05,
-        reorder: 0.05,
-        delay_us: 20,
-        rnr: 0.05,
-        ..Default::default()
-    };
+/// What a run came to.
+struct Outcome {
+    by_status: HashMap<Option<WcStatus>, u64>,
+    closes: u64,
+    faults: faults::FaultCounts,
+    made_up: u64,
+}
+
+/// Both issuers' runs against a server, with `plan` on the server's connections (both ends);
+/// checks that every request ended exactly once, each flush naming its close.
+fn run(server_addr: &str, client_addr: &str, plan: FaultPlan) -> Outcome {
+    let to: SocketAddr = server_addr.parse().unwrap();
     faults::plan_at(to, plan);
     let before = faults::counts();
     let server =
-        Engine::<Soft>::start(&map("10.84.0.1:7000"), Placement::RoundRobin, |_| Server::default())
+        Engine::<Soft>::start(&map(server_addr), Placement::RoundRobin, |_| Server::default())
             .unwrap();
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let l2 = ledger.clone();
     let mut client_engine =
-        Engine::<Soft>::start(&map("10.84.0.2:7000"), Placement::RoundRobin, move |_| Issuer {
+        Engine::<Soft>::start(&map(client_addr), Placement::RoundRobin, move |_| Issuer {
             to,
             at: None,
             next: 0,
@@ -256,6 +256,12 @@ fn every_request_of_both_issuers_ends_once_under_a_seeded_fault_plan() {
     let after = faults::counts();
     faults::clear_at(to);
     drop(c);
+    let made_up = client_engine
+        .metrics()
+        .iter()
+        .chain(server.metrics().iter())
+        .map(|m| m.completions_made_up)
+        .sum();
     client_engine.shutdown().unwrap();
     server.shutdown().unwrap();
     let l = ledger.lock().unwrap();
@@ -270,25 +276,58 @@ fn every_request_of_both_issuers_ends_once_under_a_seeded_fault_plan() {
     for s in l.ends.values() {
         *by_status.entry(*s).or_default() += 1;
     }
+    let faults = faults::FaultCounts {
+        dropped: after.dropped - before.dropped,
+        retransmitted: after.retransmitted - before.retransmitted,
+        retry_exceeded: after.retry_exceeded - before.retry_exceeded,
+        duplicates_discarded: after.duplicates_discarded - before.duplicates_discarded,
+        duplicates_delivered: after.duplicates_delivered - before.duplicates_delivered,
+        delayed: after.delayed - before.delayed,
+        reordered: after.reordered - before.reordered,
+        rnr_naks: after.rnr_naks - before.rnr_naks,
+        cm_events_lost: after.cm_events_lost - before.cm_events_lost,
+        cm_events_delayed: after.cm_events_delayed - before.cm_events_delayed,
+        cq_overruns: after.cq_overruns - before.cq_overruns,
+    };
     println!(
         "{} requests (None: refused as taken): {by_status:?}; {} submissions handed back; \
-         {} closes; faults {:?}",
+         {} closes; {made_up} completions made up; faults {faults:?}",
         l.ends.len(),
         l.handed_back,
         l.closes,
-        faults::FaultCounts {
-            dropped: after.dropped - before.dropped,
-            retransmitted: after.retransmitted - before.retransmitted,
-            retry_exceeded: after.retry_exceeded - before.retry_exceeded,
-            duplicates_discarded: after.duplicates_discarded - before.duplicates_discarded,
-            duplicates_delivered: after.duplicates_delivered - before.duplicates_delivered,
-            delayed: after.delayed - before.delayed,
-            reordered: after.reordered - before.reordered,
-            rnr_naks: after.rnr_naks - before.rnr_naks,
-            cm_events_lost: after.cm_events_lost - before.cm_events_lost,
-            cm_events_delayed: after.cm_events_delayed - before.cm_events_delayed,
-        }
     );
-    assert!(by_status.get(&Some(WcStatus::Success)).copied().unwrap_or(0) > PER_ISSUER);
-    assert!(l.closes >= 1, "the plan closed connections on the way");
+    Outcome { by_status, closes: l.closes, faults, made_up }
+}
+
+#[test]
+fn every_request_of_both_issuers_ends_once_under_a_seeded_fault_plan() {
+    let plan = FaultPlan {
+        seed: 21,
+        drop: 0.1,
+        dup: 0.05,
+        reorder: 0.05,
+        delay_us: 20,
+        rnr: 0.05,
+        ..Default::default()
+    };
+    let o = run("10.84.0.1:7000", "10.84.0.2:7000", plan);
+    assert!(o.by_status.get(&Some(WcStatus::Success)).copied().unwrap_or(0) > PER_ISSUER);
+    assert!(o.closes >= 1, "the plan closed connections on the way");
+}
+
+/// Completions lost to CQ overruns (a plan's `cq_overrun`: the completion is gone, and with it
+/// the news of the unsignalled requests before it; the CQ raises `IBV_EVENT_CQ_ERR`): each
+/// overrun closes the worker's connections with `CloseReason::Device(CqErr)`, and what they
+/// had posted, whose completions will never come, the worker ends itself after
+/// `UNTRUSTED_FLUSH_WAIT` (as flushed, naming that close). Every request still ends exactly
+/// once, and both engines shut down. Before, the requests of a lost completion never ended,
+/// their connection never finished closing, and the run hung.
+#[test]
+fn every_request_ends_once_when_completions_are_lost_to_cq_overruns() {
+    let plan = FaultPlan { seed: 9, cq_overrun: 0.002, ..Default::default() };
+    let o = run("10.84.0.3:7000", "10.84.0.4:7000", plan);
+    assert!(o.faults.cq_overruns >= 1, "the plan lost completions: {:?}", o.faults);
+    assert!(o.made_up >= 1, "the workers made up for lost completions");
+    assert!(o.closes >= 1, "each overrun closed connections");
+    assert!(o.by_status.get(&Some(WcStatus::Success)).copied().unwrap_or(0) > PER_ISSUER);
 }

@@ -163,6 +163,9 @@ pub(crate) struct Conn<P: Provider> {
     pub(crate) next_grant: u32,
     /// What the keepalive keeps of it (heard from since its last pass, its probe out).
     pub(crate) live: super::keepalive::Liveness,
+    /// Its completions cannot be trusted (the CQ overran, the device failed): what is left
+    /// posted once `worker/untrusted.rs`'s wait runs out is ended by the worker.
+    pub(crate) untrusted: bool,
 }
 
 impl<P: Provider> Conn<P> {
@@ -186,6 +189,7 @@ impl<P: Provider> Conn<P> {
             grants: Vec::new(),
             next_grant: 0,
             live: super::keepalive::Liveness::new(),
+            untrusted: false,
         }
     }
 

@@ -21,6 +21,7 @@ mod requests;
 mod retire;
 mod sched;
 mod timers;
+mod untrusted;
 
 use std::sync::{Arc, Mutex};
 
@@ -105,6 +106,8 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
     primes: Primes<P>,
     /// Where the device's asynchronous events come from (see [`Owned::own_context`]).
     events: Option<Arc<P::Context>>,
+    /// Whether completions were lost (a CQ overrun, a failed device), and since when.
+    untrusted: untrusted::Untrusted,
 }
 
 /// What a worker is given to own: its CQ and PD (made by the engine, shared with the control
@@ -179,6 +182,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             keepalive,
             primes: Primes::new(),
             events,
+            untrusted: untrusted::Untrusted::default(),
         })
     }
 
@@ -306,6 +310,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if self.keepalive.is_some() {
             self.keepalive_pass();
         }
+        if self.untrusted.waiting() && self.untrusted.due(self.cx.now()) {
+            self.make_up();
+        }
         if self.cx.metrics.polls % METRICS_EVERY == 0 {
             // (on ibverbs a look at the device's events is a system call: this rarely)
             if self.events.is_some() {
@@ -368,9 +375,16 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 if hit.is_empty() { String::new() } else { format!(": closing {hit:?}") }
             );
         }
+        // An overrun's completions are gone and a failed device may flush nothing: what their
+        // connections have posted is ended after a wait (`untrusted`).
+        let lost = matches!(ev.kind, K::CqErr | K::DeviceFatal) && !hit.is_empty();
+        if lost {
+            self.untrusted.struck(self.cx.now());
+        }
         for id in hit {
             if let Ok(c) = self.cx.conns.get_mut(id) {
                 c.error_lanes();
+                c.untrusted |= lost;
             }
             let _ = self.cx.begin_close(id, reason);
         }

@@ -15,7 +15,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// A send-queue completion of request `done` (every request completes once, so each
     /// lookup below cannot fail; one that does is counted).
     pub(super) fn dispatch_send(&mut self, wc: &Wc, done: ReqId) {
-        let Some(r) = self.cx.reqs.get(done) else { return self.cx.invariant_missed() };
+        let Some(r) = self.cx.reqs.get(done) else { return self.gone() };
         let (slot, l) = (r.conn.slot, r.lane as usize);
         loop {
             let Some(c) = self.cx.conns.at_mut(slot) else { return self.cx.invariant_missed() };
@@ -40,6 +40,45 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             if mine {
                 return;
             }
+        }
+    }
+
+    /// A send-queue completion whose request is gone: one the worker ended already (its
+    /// completions were lost, `worker/untrusted.rs`), else a broken invariant.
+    #[cold]
+    fn gone(&mut self) {
+        if self.untrusted.ever() {
+            self.cx.metrics.late_completions += 1;
+        } else {
+            self.cx.invariant_missed();
+        }
+    }
+
+    /// Ends, as flushed, everything still posted on the connections whose completions cannot
+    /// be trusted and that are closing (their device had `UNTRUSTED_FLUSH_WAIT` to flush it):
+    /// each request and the requests riding on it, in post order, and the receives.
+    #[cold]
+    pub(super) fn make_up(&mut self) {
+        let mut ended = Vec::new();
+        let Worker { cx, .. } = self;
+        let mut slots = Vec::new();
+        for c in cx.conns.iter_mut().filter(|c| c.untrusted && c.phase == Phase::Closing) {
+            for lane in c.lanes.iter_mut() {
+                while let Some(r) = cx.reqs.pop_posted(&mut lane.sq.posted) {
+                    ended.push(r);
+                }
+                lane.sq.rd_outstanding = 0;
+                cx.metrics.completions_made_up += lane.recvs_posted as u64;
+                lane.recvs_posted = 0;
+            }
+            slots.push(c.id.slot);
+        }
+        for slot in slots {
+            self.cx.conns.mark(slot);
+        }
+        self.cx.metrics.completions_made_up += ended.len() as u64;
+        for r in ended {
+            self.finish(r, WcStatus::WrFlushErr);
         }
     }
 

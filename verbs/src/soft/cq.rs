@@ -41,6 +41,13 @@ impl CqShared {
         false
     }
 
+    /// Loses a completion as an overrun would (a fault plan's `cq_overrun`): the context
+    /// raises `IBV_EVENT_CQ_ERR`, each time.
+    #[cold]
+    pub(crate) fn overrun(&self) {
+        self.ctx.raise(AsyncEventKind::CqErr, AsyncElement::Cq(self.id));
+    }
+
     /// Notes that a QP on this CQ has deferred work for the next poll.
     pub(crate) fn note_work(&self) {
         self.work.store(true, Ordering::Release);

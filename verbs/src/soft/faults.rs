@@ -21,7 +21,11 @@
 //! A plan's `cm_drop` loses the connection manager's word of a disconnect to the far end now
 //! and then: that end hears nothing, as when the message is lost on a real fabric.
 //!
-//! Not yet: CQ overrun, connection-manager events late.
+//! A plan's `cm_delay_us` makes every connection-manager message reach the far end late.
+//!
+//! A plan's `cq_overrun` loses a send-queue completion now and then as an overrun of its CQ
+//! does: the completion is gone (and with it the news of the unsignalled requests it would
+//! have retired) and the CQ's context raises `IBV_EVENT_CQ_ERR`, each time.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +63,9 @@ pub struct FaultPlan {
     /// [`MAX_DELAY_US`]): a connection request, its accept, the connector's confirmation and
     /// a disconnect reach the far end that much later (a reject does not wait).
     pub cm_delay_us: u32,
+    /// Probability that a completion of a QP's send queue is lost as in an overrun of its CQ,
+    /// `0.0..=1.0`: the completion is gone and the CQ raises `IBV_EVENT_CQ_ERR`.
+    pub cq_overrun: f64,
 }
 
 /// The longest `delay_us` a plan may give (10 s).
@@ -66,7 +73,7 @@ pub const MAX_DELAY_US: u32 = 10_000_000;
 
 impl FaultPlan {
     /// A plan from its text: `key=value` pairs separated by commas, keys `seed`, `drop`,
-    /// `dup`, `reorder`, `delay_us`, `rnr`, `cm_drop` and `cm_delay_us` (as in
+    /// `dup`, `reorder`, `delay_us`, `rnr`, `cm_drop`, `cm_delay_us` and `cq_overrun` (as in
     /// `seed=7,drop=0.01,reorder=0.1,delay_us=50`); anything else is refused with why.
     pub fn parse(text: &str) -> Result<FaultPlan> {
         let bad = |why: String| Error::BadFaultPlan { text: text.to_owned(), why };
@@ -106,10 +113,11 @@ impl FaultPlan {
                 "reorder" => plan.reorder = p()?,
                 "rnr" => plan.rnr = p()?,
                 "cm_drop" => plan.cm_drop = p()?,
+                "cq_overrun" => plan.cq_overrun = p()?,
                 _ => {
                     return Err(bad(format!(
                         "unknown key `{key}` (seed, drop, dup, reorder, delay_us, rnr, cm_drop, \
-                         cm_delay_us)"
+                         cm_delay_us, cq_overrun)"
                     )))
                 }
             }
@@ -126,6 +134,7 @@ impl FaultPlan {
             || self.rnr > 0.0
             || self.cm_drop > 0.0
             || self.cm_delay_us > 0
+            || self.cq_overrun > 0.0
     }
 
     /// How late a connection-manager message arrives.
@@ -228,6 +237,8 @@ pub struct FaultCounts {
     pub cm_events_lost: u64,
     /// Connection-manager messages held for a plan's `cm_delay_us`.
     pub cm_events_delayed: u64,
+    /// Send-queue completions lost to a plan's `cq_overrun`.
+    pub cq_overruns: u64,
 }
 
 static DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -240,6 +251,7 @@ static REORDERED: AtomicU64 = AtomicU64::new(0);
 static RNR_NAKS: AtomicU64 = AtomicU64::new(0);
 static CM_LOST: AtomicU64 = AtomicU64::new(0);
 static CM_DELAYED: AtomicU64 = AtomicU64::new(0);
+static CQ_OVERRUNS: AtomicU64 = AtomicU64::new(0);
 
 /// The process's totals so far.
 pub fn counts() -> FaultCounts {
@@ -255,6 +267,7 @@ pub fn counts() -> FaultCounts {
         rnr_naks: l(&RNR_NAKS),
         cm_events_lost: l(&CM_LOST),
         cm_events_delayed: l(&CM_DELAYED),
+        cq_overruns: l(&CQ_OVERRUNS),
     }
 }
 
@@ -331,6 +344,15 @@ impl QpFaults {
         }
         DELAYED.fetch_add(1, Ordering::Relaxed);
         Some(std::time::Duration::from_micros(u64::from(self.plan.delay_us)))
+    }
+
+    /// Whether a send-queue completion is lost to an overrun of its CQ (counted).
+    pub(crate) fn overruns(&mut self) -> bool {
+        if self.plan.cq_overrun <= 0.0 || self.draw() >= self.plan.cq_overrun {
+            return false;
+        }
+        CQ_OVERRUNS.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Whether a message that needs a receive finds none this try (counted).
@@ -437,6 +459,7 @@ mod tests {
         assert_eq!(FaultPlan::parse("reorder=0.25").unwrap().reorder, 0.25);
         assert_eq!(FaultPlan::parse("rnr=0.5").unwrap().rnr, 0.5);
         assert_eq!(FaultPlan::parse("cm_drop=1").unwrap().cm_drop, 1.0);
+        assert_eq!(FaultPlan::parse("cq_overrun=0.5").unwrap().cq_overrun, 0.5);
         assert_eq!(FaultPlan::parse("").unwrap(), FaultPlan::default());
         for (text, says) in [
             ("drop=2", "0.0 to 1.0"),

@@ -454,10 +454,10 @@ impl QpShared {
         byte_len: u32,
     ) {
         if status != WcStatus::Success {
-            self.send_cq.push(self.error_wc(desc.wr_id, status));
+            self.push_send_wc(self.error_wc(desc.wr_id, status));
         } else if desc.signaled || self.sq_sig_all {
             let opcode = desc.op.wc_opcode();
-            self.send_cq.push(Wc {
+            self.push_send_wc(Wc {
                 wr_id: desc.wr_id,
                 status,
                 opcode,
@@ -470,6 +470,22 @@ impl QpShared {
             self.set_error();
             self.flush_pending(sq);
         }
+    }
+
+    /// Completes a send request on the send CQ (where a fault plan may lose it to an overrun).
+    #[inline(always)]
+    fn push_send_wc(&self, wc: Wc) {
+        if self.anomalous() && self.loses_to_overrun() {
+            return self.send_cq.overrun();
+        }
+        self.send_cq.push(wc);
+    }
+
+    /// Whether its plan loses the next send completion to an overrun of its CQ.
+    #[cold]
+    fn loses_to_overrun(&self) -> bool {
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        f.as_mut().is_some_and(|f| f.overruns())
     }
 
     fn flush_pending(&self, sq: &mut SendQueue) {

@@ -672,3 +672,40 @@ fn cm_messages_arrive_late_under_a_plan() {
     assert!(faults::counts().cm_events_delayed >= before + 4);
     faults::clear_at(addr);
 }
+
+/// A plan's `cq_overrun` loses send completions as an overrun does: with probability 1 every
+/// signalled write's completion is gone and the context raises `IBV_EVENT_CQ_ERR` for each; the
+/// writes themselves happened, and the receiver's completions are untouched.
+#[test]
+fn a_plans_cq_overrun_loses_send_completions_and_raises_cq_err() {
+    let (mut a, mut b) = pair(QpType::Rc, QpAttr::default());
+    let before = faults::counts().cq_overruns;
+    a.qp.set_fault_plan(Some(faults::FaultPlan { seed: 5, cq_overrun: 1.0, ..Default::default() }));
+    a.mr.write_at(0, &[7; 8]).unwrap();
+    let src = [a.mr.sge(0, 8).unwrap()];
+    for i in 0..3u64 {
+        let wr = SendWr::new(i, SendOp::Write(b.mr.remote(8 * i as usize)), &src);
+        // SAFETY: the region outlives the requests (they execute at post).
+        unsafe { a.qp.post_send(&[wr]).unwrap() };
+    }
+    let mut wc = [Wc::default(); 4];
+    assert_eq!(a.cq.poll(&mut wc).unwrap(), 0, "every completion was lost");
+    assert_eq!(faults::counts().cq_overruns, before + 3);
+    for _ in 0..3 {
+        let ev = a._ctx.poll_async_event().unwrap().expect("a CQ error for each");
+        assert_eq!(
+            ev,
+            AsyncEvent { kind: AsyncEventKind::CqErr, element: AsyncElement::Cq(a.cq.handle()) }
+        );
+    }
+    assert_eq!(b.mr.read_u64(16).unwrap(), u64::from_ne_bytes([7; 8]), "the writes happened");
+    // The receiving side's own completions are its CQ's: a send still lands there.
+    a.qp.set_fault_plan(None);
+    let rsge = [b.mr.sge(0, 8).unwrap()];
+    // SAFETY: as above.
+    unsafe { b.qp.post_recv(&[RecvWr { wr_id: 4, sgl: &rsge }]).unwrap() };
+    // SAFETY: as above.
+    unsafe { a.qp.post_send(&[SendWr::new(5, SendOp::Send, &src)]).unwrap() };
+    assert_eq!(poll_one(&b.cq).wr_id, 4);
+    assert_eq!(poll_one(&a.cq).wr_id, 5, "without the plan nothing is lost");
+}
