@@ -1,6 +1,7 @@
 //! A soak run on `soft`: RPC calls and one-sided requests, both under a fault plan that
 //! changes every phase (none, drops and duplicates, reordering and delay, an RNR storm, drops
-//! that exhaust `retry_cnt` and close connections, all of them), for as long as asked.
+//! that exhaust `retry_cnt` and close connections, completions lost to CQ overruns, all of
+//! them), for as long as asked.
 //!
 //! ```text
 //! soak [--seconds S] [--phase-ms MS]
@@ -64,6 +65,10 @@ fn plans() -> Vec<(&'static str, FaultPlan)> {
         ("reorder 10 %, delay 50 us", FaultPlan { seed: 2, reorder: 0.1, delay_us: 50, ..p() }),
         ("rnr 10 %", FaultPlan { seed: 3, rnr: 0.1, ..p() }),
         ("drop 15 % (closes)", FaultPlan { seed: 4, drop: 0.15, ..p() }),
+        (
+            "cq overrun 0.1 % (closes, lost completions made up)",
+            FaultPlan { seed: 6, cq_overrun: 0.001, ..p() },
+        ),
         (
             "everything",
             FaultPlan {
@@ -308,7 +313,7 @@ fn rss_kib() -> u64 {
 fn delta(a: &FaultCounts, b: &FaultCounts) -> String {
     format!(
         "dropped {}, resent {}, retry exceeded {}, duplicates {}, reordered {}, delayed {}, \
-         rnr {}",
+         rnr {}, cq overruns {}",
         b.dropped - a.dropped,
         b.retransmitted - a.retransmitted,
         b.retry_exceeded - a.retry_exceeded,
@@ -318,6 +323,7 @@ fn delta(a: &FaultCounts, b: &FaultCounts) -> String {
         b.reordered - a.reordered,
         b.delayed - a.delayed,
         b.rnr_naks - a.rnr_naks,
+        b.cq_overruns - a.cq_overruns,
     )
 }
 
