@@ -74,13 +74,44 @@ pub enum Event {
         /// Why.
         reason: CloseReason,
     },
+    /// A connect under a reconnect policy ([`Client::connect_with`]) is tried again: after a
+    /// close of its connection ([`Event::Closed`] came just before) or a failed try. Once the
+    /// policy's tries are spent, [`Event::ConnectFailed`] ends it; a new connection comes as
+    /// [`Event::Connected`] with the token.
+    Redial {
+        /// The connect's token.
+        token: u64,
+        /// This try's number, from 1 after each close.
+        attempt: u32,
+        /// How long until it goes.
+        after: std::time::Duration,
+        /// The last try's error (`None`: the connection closed).
+        failed: Option<EngineError>,
+    },
 }
 
 /// What travels on a client's submission ring.
 #[derive(Debug)]
 pub(crate) enum ClientRequest {
-    Submit { conn: ConnId, op: Op<Vec<u8>>, token: u64, class: Option<u8> },
-    Close { conn: ConnId },
+    Submit {
+        conn: ConnId,
+        op: Op<Vec<u8>>,
+        token: u64,
+        class: Option<u8>,
+    },
+    Close {
+        conn: ConnId,
+    },
+    /// A connect under a reconnect policy (the worker keeps the policy).
+    Dial {
+        addr: SocketAddr,
+        private_data: ArrayVec<u8, MAX_PRIVATE_DATA>,
+        token: u64,
+        policy: crate::Reconnect,
+    },
+    StopDial {
+        token: u64,
+    },
 }
 
 /// A client's connect, sent straight to the control core (its outcome comes through the
@@ -262,6 +293,35 @@ impl Client {
             Err((ClientRequest::Submit { op, .. }, e)) => Err((op, e)),
             Err(_) => unreachable!("the ring gives back what it was given: a submission"),
         }
+    }
+
+    /// [`Client::connect`] with a reconnect policy, as [`crate::Cx::connect_with`] gives a
+    /// handler: when the connection closes for any reason but this client's own
+    /// [`Client::close`], or when a try fails, its worker connects again after `policy`'s
+    /// backoff, until the tries are spent; each step comes as [`Event::Redial`], each new
+    /// connection as [`Event::Connected`] with `token`, the end of the tries as
+    /// [`Event::ConnectFailed`] (so does a token already under a policy of this client:
+    /// [`EngineError::TokenInUse`]). A policy ends at a local close, at
+    /// [`Client::stop_reconnecting`] and at shutdown.
+    pub fn connect_with(
+        &mut self,
+        addr: SocketAddr,
+        private_data: &[u8],
+        token: u64,
+        policy: crate::Reconnect,
+    ) -> Result<()> {
+        let max = crate::control::MAX_APP_PRIVATE_DATA;
+        let private_data = ArrayVec::try_from(private_data)
+            .ok()
+            .filter(|d: &ArrayVec<u8, MAX_PRIVATE_DATA>| d.len() <= max)
+            .ok_or(EngineError::PrivateDataTooLong { len: private_data.len(), max })?;
+        self.send(ClientRequest::Dial { addr, private_data, token, policy }).map_err(|(_, e)| e)
+    }
+
+    /// Ends the reconnect policy of this client's connect `token` (its connection, if up,
+    /// stays; nothing more is told of the policy), as [`crate::Cx::stop_reconnecting`] does.
+    pub fn stop_reconnecting(&mut self, token: u64) -> Result<()> {
+        self.send(ClientRequest::StopDial { token }).map_err(|(_, e)| e)
     }
 
     /// Closes `conn` (one of this client's connections, or any of the worker's): what is in

@@ -13,7 +13,7 @@ use crate::tunables::{MAX_PRIVATE_DATA, MAX_QPS_PER_CONN};
 
 /// Who issued a request, or owns a connection (hears its messages and its close): the worker's
 /// own handler, or external client number `n`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum Origin {
     Handler,
     Client(u16),

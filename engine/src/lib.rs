@@ -44,8 +44,9 @@
 //!   [`tunables::UNTRUSTED_FLUSH_WAIT`] later, the worker ends itself, as flushed and naming
 //!   the close ([`Metrics::completions_made_up`]), so that those requests end once too.
 //!
-//! Reconnecting is the application's: a closed connection stays closed, and a new `connect`
-//! takes QPs from the worker's pool.
+//! A closed connection stays closed, unless its connect had a reconnect policy
+//! ([`Cx::connect_with`], [`Client::connect_with`]): then the worker makes it again, with QPs
+//! from its pool, after a backoff, telling the issuer of each step.
 //!
 //! # Examples
 //!

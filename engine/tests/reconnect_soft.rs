@@ -149,3 +149,61 @@ fn a_server_back_during_the_tries_is_reached_and_a_local_close_ends_the_policy()
     d.shutdown().unwrap();
     srv.shutdown().unwrap();
 }
+
+/// What a client hears, as `Heard` (events it does not expect fail the test).
+fn client_next(c: &mut Client) -> Heard {
+    match c.wait(HANG) {
+        Some(Event::Connected { info, .. }) => Heard::Connected(info.token),
+        Some(Event::Closed { .. }) => Heard::Closed,
+        Some(Event::Redial { token, attempt, failed, .. }) => {
+            assert_eq!(token, TOKEN);
+            Heard::Redial { attempt, failed: failed.is_some() }
+        }
+        Some(Event::ConnectFailed { token, .. }) => Heard::Failed(token),
+        other => panic!("the client heard {other:?}"),
+    }
+}
+
+/// A `Client` has the handler's policy (`Client::connect_with`): its connection made again
+/// after its QPs fail, each step an `Event::Redial`, the tries spent once its server is gone
+/// (one `ConnectFailed`), a token already under a policy refused, and the policy ended by
+/// `stop_reconnecting`. Before, a client's connect was never made again.
+#[test]
+fn a_clients_connect_under_a_policy_is_made_again_and_ends_once() {
+    let at: SocketAddr = "10.87.0.5:7000".parse().unwrap();
+    let srv = server("10.87.0.5:7000");
+    // (an engine whose handler only accepts: its client dials)
+    let mut d = server("10.87.0.6:7000");
+    let mut c = d.client(0).unwrap();
+    c.connect_with(at, b"", TOKEN, policy(3)).unwrap();
+    assert_eq!(client_next(&mut c), Heard::Connected(TOKEN));
+    c.connect_with(at, b"", TOKEN, policy(3)).unwrap();
+    match c.wait(HANG) {
+        Some(Event::ConnectFailed { token, error: EngineError::TokenInUse(t) }) => {
+            assert_eq!((token, t), (TOKEN, TOKEN))
+        }
+        other => panic!("a second connect with the token: {other:?}"),
+    }
+    assert!(faults::fail_qps(at) >= 1);
+    assert_eq!(client_next(&mut c), Heard::Closed);
+    assert_eq!(client_next(&mut c), Heard::Redial { attempt: 1, failed: false });
+    assert_eq!(client_next(&mut c), Heard::Connected(TOKEN));
+    srv.shutdown().unwrap();
+    assert_eq!(client_next(&mut c), Heard::Closed);
+    assert_eq!(client_next(&mut c), Heard::Redial { attempt: 1, failed: false });
+    assert_eq!(client_next(&mut c), Heard::Redial { attempt: 2, failed: true });
+    assert_eq!(client_next(&mut c), Heard::Redial { attempt: 3, failed: true });
+    assert_eq!(client_next(&mut c), Heard::Failed(TOKEN), "the connect ends once");
+    assert!(c.wait(Duration::from_millis(50)).is_none(), "and nothing follows");
+    // A policy stopped before its connection closes: the close is the end.
+    let srv = server("10.87.0.5:7000");
+    c.connect_with(at, b"", TOKEN, policy(3)).unwrap();
+    assert_eq!(client_next(&mut c), Heard::Connected(TOKEN));
+    c.stop_reconnecting(TOKEN).unwrap();
+    assert!(faults::fail_qps(at) >= 1);
+    assert_eq!(client_next(&mut c), Heard::Closed);
+    assert!(c.wait(Duration::from_millis(100)).is_none(), "not made again");
+    drop(c);
+    d.shutdown().unwrap();
+    srv.shutdown().unwrap();
+}

@@ -658,17 +658,25 @@ impl<P: Provider> Cx<P> {
         token: u64,
         policy: super::redial::Reconnect,
     ) -> Result<()> {
-        if self.redials.has(token) {
+        self.dial(Origin::Handler, addr, private_data, token, policy)
+    }
+
+    /// A connect of `origin`'s under `policy` (see [`Cx::connect_with`]).
+    pub(crate) fn dial(
+        &mut self,
+        origin: Origin,
+        addr: SocketAddr,
+        private_data: &[u8],
+        token: u64,
+        policy: super::redial::Reconnect,
+    ) -> Result<()> {
+        let key = super::redial::DialKey { origin, token };
+        if self.redials.has(key) {
             return Err(EngineError::TokenInUse(token));
         }
         let pd = self.connect_data(private_data)?;
-        self.redials.add(token, addr, pd.clone(), policy);
-        self.tell_control(ToControl::Connect {
-            addr,
-            private_data: pd,
-            token,
-            origin: Origin::Handler,
-        });
+        self.redials.add(key, addr, pd.clone(), policy);
+        self.tell_control(ToControl::Connect { addr, private_data: pd, token, origin });
         Ok(())
     }
 
@@ -676,7 +684,7 @@ impl<P: Provider> Cx<P> {
     /// not made again; a try waiting is dropped, and nothing more is told of it). Whether it
     /// had one.
     pub fn stop_reconnecting(&mut self, token: u64) -> bool {
-        self.redials.stop(token)
+        self.redials.stop(super::redial::DialKey::handler(token))
     }
 
     /// Posts again the receives whose messages this iteration handled.

@@ -50,6 +50,14 @@ impl<P: Provider> Cx<P> {
                 return Some(Event::CloseFailed { conn, error });
             }
             ClientRequest::Submit { conn, op, token, class } => (conn, op, token, class),
+            ClientRequest::Dial { addr, private_data, token, policy } => {
+                let error = self.dial(origin, addr, &private_data, token, policy).err()?;
+                return Some(Event::ConnectFailed { token, error });
+            }
+            ClientRequest::StopDial { token } => {
+                self.redials.stop(super::redial::DialKey { origin, token });
+                return None;
+            }
         };
         // Checked before a buffer is taken for it.
         if let Err(error) = self.check_open(conn) {

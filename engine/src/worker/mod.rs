@@ -50,6 +50,7 @@ use conn::{Conn, Lane, Phase};
 pub(crate) use conns::Conns;
 pub(crate) use outbox::Outbox;
 use primes::{Early, Primes};
+use redial::DialKey;
 pub(crate) use requests::{ReqId, Requests};
 use timers::Due;
 pub(crate) use timers::Timers;
@@ -517,8 +518,19 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         while let Some(n) = self.cx.outbox.next_notice() {
             match n {
                 Notice::Done(d) => self.handler.on_completion(&mut self.cx, d),
+                Notice::Client(c, Event::ConnectFailed { token, error })
+                    if self.cx.redials.has(DialKey { origin: Origin::Client(c), token }) =>
+                {
+                    self.connect_failure(DialKey { origin: Origin::Client(c), token }, error)
+                }
+                Notice::Client(c, Event::Closed { conn, reason }) => {
+                    self.clients.tell(c, Event::Closed { conn, reason });
+                    if self.cx.redials.has_any() {
+                        self.redial_closed(conn, reason);
+                    }
+                }
                 Notice::Client(c, e) => self.clients.tell(c, e),
-                Notice::ConnectFailed(token, e) => self.connect_failure(token, e),
+                Notice::ConnectFailed(token, e) => self.connect_failure(DialKey::handler(token), e),
                 Notice::Closed(id, reason) => {
                     self.handler.on_closed(&mut self.cx, id, &reason);
                     if self.cx.redials.has_any() {
@@ -652,12 +664,13 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
         // The connection is its connect's issuer's (an accepted one the handler's): its
         // messages and its close go there.
+        let key = DialKey { origin, token: info.token };
+        if info.initiated && self.cx.redials.has(key) {
+            self.cx.redials.connected(key, id);
+        }
         match origin {
             // (a probe connects nothing)
             Origin::Handler | Origin::Keepalive => {
-                if info.initiated && self.cx.redials.has(info.token) {
-                    self.cx.redials.connected(info.token, id);
-                }
                 self.handler.on_connected(&mut self.cx, id, &info)
             }
             Origin::Client(n) => self.clients.tell(n, Event::Connected { conn: id, info }),
@@ -690,7 +703,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     /// A connect failed: tried again under its policy, or told.
-    fn connect_failure(&mut self, token: u64, e: EngineError) {
+    fn connect_failure(&mut self, token: DialKey, e: EngineError) {
         if self.cx.redials.has(token) {
             let after = if self.cx.stopping {
                 self.cx.redials.stop(token);
@@ -702,7 +715,18 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 return self.redial(token, attempt, after, Some(e));
             }
         }
-        self.handler.on_connect_failed(&mut self.cx, token, &e)
+        self.tell_connect_failed(token, e)
+    }
+
+    /// Tells connect `key`'s issuer that it failed for good.
+    fn tell_connect_failed(&mut self, key: DialKey, error: EngineError) {
+        let token = key.token;
+        match key.origin {
+            Origin::Handler | Origin::Keepalive => {
+                self.handler.on_connect_failed(&mut self.cx, token, &error)
+            }
+            Origin::Client(n) => self.clients.tell(n, Event::ConnectFailed { token, error }),
+        }
     }
 
     /// Connection `id` closed (and the handler was told): made again if its connect had a
@@ -717,29 +741,36 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
     }
 
-    /// Waits out try `attempt` of connect `token` on a timer, telling the handler (a full
-    /// timer table ends the policy: the connect fails with that limit).
+    /// Waits out try `attempt` of connect `key` on a timer, telling its issuer (a full timer
+    /// table ends the policy: the connect fails with that limit).
     fn redial(
         &mut self,
-        token: u64,
+        key: DialKey,
         attempt: u32,
         after: std::time::Duration,
         failed: Option<EngineError>,
     ) {
-        if let Err(e) = self.cx.set_due(after, Due::Redial(token)) {
-            self.cx.redials.stop(token);
-            return self.handler.on_connect_failed(&mut self.cx, token, &e);
+        if let Err(e) = self.cx.set_due(after, Due::Redial(key)) {
+            self.cx.redials.stop(key);
+            return self.tell_connect_failed(key, e);
         }
-        let step = Redial { token, attempt, after, failed: failed.as_ref() };
-        self.handler.on_redial(&mut self.cx, &step);
+        let token = key.token;
+        match key.origin {
+            Origin::Handler | Origin::Keepalive => {
+                let step = Redial { token, attempt, after, failed: failed.as_ref() };
+                self.handler.on_redial(&mut self.cx, &step);
+            }
+            Origin::Client(n) => {
+                self.clients.tell(n, Event::Redial { token, attempt, after, failed });
+            }
+        }
     }
 
     /// Ends the reconnect policies whose tries wait (the worker is stopping): their connects
     /// fail with `ShuttingDown`.
     fn end_redials(&mut self) {
-        for token in self.cx.redials.drain_waiting() {
-            let e = EngineError::ShuttingDown;
-            self.handler.on_connect_failed(&mut self.cx, token, &e);
+        for key in self.cx.redials.drain_waiting() {
+            self.tell_connect_failed(key, EngineError::ShuttingDown);
         }
     }
 
@@ -747,10 +778,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         while let Some(due) = self.cx.timers.next_due(self.cx.now()) {
             match due {
                 Due::Handler(token) => self.handler.on_timer(&mut self.cx, token),
-                Due::Redial(token) => {
+                Due::Redial(key) => {
                     // (nothing if its policy ended meanwhile)
-                    if let Some((addr, private_data)) = self.cx.redials.due(token) {
-                        let origin = Origin::Handler;
+                    if let Some((addr, private_data)) = self.cx.redials.due(key) {
+                        let (origin, token) = (key.origin, key.token);
                         let m = ToControl::Connect { addr, private_data, token, origin };
                         self.cx.tell_control(m);
                     }

@@ -11,8 +11,8 @@ use std::time::Instant;
 pub(crate) enum Due {
     /// The handler's `on_timer(token)`.
     Handler(u64),
-    /// The next try of the connect with this token under a reconnect policy.
-    Redial(u64),
+    /// The next try of a connect under a reconnect policy.
+    Redial(super::redial::DialKey),
 }
 
 /// Due times and what is due then, soonest first.
@@ -66,11 +66,14 @@ mod tests {
         let mut t = Timers::new(3);
         t.set(ms(30), Due::Handler(3)).unwrap();
         t.set(ms(10), Due::Handler(1)).unwrap();
-        t.set(ms(20), Due::Redial(2)).unwrap();
+        t.set(ms(20), Due::Redial(super::super::redial::DialKey::handler(2))).unwrap();
         assert_eq!(t.set(ms(5), Due::Handler(4)), Err(3));
         assert_eq!(t.next_due(ms(0)), None);
         assert_eq!(t.next_due(ms(25)), Some(Due::Handler(1)));
-        assert_eq!(t.next_due(ms(25)), Some(Due::Redial(2)));
+        assert_eq!(
+            t.next_due(ms(25)),
+            Some(Due::Redial(super::super::redial::DialKey::handler(2)))
+        );
         assert_eq!(t.next_due(ms(25)), None);
         assert_eq!(t.next_due(ms(30)), Some(Due::Handler(3)));
         assert!(t.is_empty());
