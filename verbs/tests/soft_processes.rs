@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
-use corelink_verbs::soft::Soft;
+use corelink_verbs::soft::{faults, Soft};
 use corelink_verbs::{
     AccessFlags, CmEvent, ConnRequest, Connection, Context, Cq, Error, Listener, Mr, Pd, Provider,
     Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RecvWr, RemoteRegion, SendOp, SendWr, Wc,
@@ -161,6 +161,13 @@ fn peer() {
     let addr: SocketAddr = std::env::var(ADDR).expect("address").parse().expect("address");
     match scenario.as_str() {
         "echo" => echo_server(addr),
+        "overrun" => {
+            // The same server, its listener's plan losing every send completion to a CQ
+            // overrun: the connections it accepts, both ends, have it.
+            let plan = faults::FaultPlan { seed: 1, cq_overrun: 1.0, ..Default::default() };
+            faults::plan_at(addr, plan);
+            echo_server(addr)
+        }
         "idle" => idle_server(addr),
         "ud" => ud_receiver(),
         "sender" => {
@@ -464,6 +471,38 @@ fn every_primitive_between_two_processes() {
 fn return_after_error(conn: <Soft as Provider>::Connection, child: &mut Child) {
     drop(conn);
     assert!(wait_exit(child).success(), "the peer failed");
+}
+
+/// A listener's fault plan (`soft::faults::plan_at`) is its connections' both ends' across
+/// processes too, as in one: the connector's QP, in this process, draws from the plan the
+/// peer's listener has (it comes with the accept). Here the plan loses every send completion
+/// to a CQ overrun: this side's write completes unseen, and its CQ raises the error. Before,
+/// only the acceptor's end had the plan.
+#[test]
+fn a_listeners_fault_plan_reaches_a_connector_in_another_process() {
+    let at = addr(11);
+    let mut child = spawn_peer("overrun", at);
+    let mut e = End::new(AccessFlags::LOCAL_WRITE);
+    let conn = e.connect(at);
+    let peer = RemoteRegion::from_bytes(conn.peer_private_data()).expect("a region");
+    let before = faults::counts().cq_overruns;
+    let sgl = [e.mr.sge(0, 8).expect("sge")];
+    let wr = SendWr::new(SENT, SendOp::Write(peer.at(0)), &sgl);
+    // SAFETY: the region outlives the request (the QP is dropped first).
+    unsafe { e.qp.post_send(&[wr]) }.expect("post_send");
+    let deadline = Instant::now() + WAIT;
+    let ev = loop {
+        let mut wc = [Wc::default()];
+        assert_eq!(e.cq.poll(&mut wc).expect("poll"), 0, "the completion was to be lost");
+        if let Some(ev) = e.ctx.poll_async_event().expect("events") {
+            break ev;
+        }
+        assert!(Instant::now() < deadline, "no CQ error");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(ev.kind, corelink_verbs::AsyncEventKind::CqErr);
+    assert_eq!(faults::counts().cq_overruns, before + 1);
+    return_after_error(conn, &mut child);
 }
 
 #[test]

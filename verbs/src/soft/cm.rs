@@ -269,15 +269,25 @@ struct Link {
 impl Link {
     /// A new link for a connection accepted at `listener`, recorded for [`cut`].
     fn new(listener: SocketAddr, remote: Option<(Arc<PeerLink>, u64)>) -> Arc<Link> {
+        Link::with_plan(listener, remote, super::faults::at(listener))
+    }
+
+    /// [`Link::new`] with `plan` as its listener's plan (a connector in another process than
+    /// its listener has it from the accept).
+    fn with_plan(
+        listener: SocketAddr,
+        remote: Option<(Arc<PeerLink>, u64)>,
+        plan: Option<super::faults::FaultPlan>,
+    ) -> Arc<Link> {
         let link = Arc::new(Link {
             remote,
             sides: Default::default(),
             listener,
             qps: Mutex::new([Weak::new(), Weak::new()]),
             cut: AtomicBool::new(false),
-            plan: super::faults::at(listener),
+            plan,
             cm_events: AtomicU64::new(0),
-            cm_plan: super::faults::for_cm(listener),
+            cm_plan: plan.or_else(|| super::faults::for_cm(listener)),
         });
         let mut links = lock(&LINKS);
         if links.len() >= 64 && links.len().is_power_of_two() {
@@ -606,6 +616,7 @@ impl crate::ConnRequest<Soft> for SoftConnRequest {
             qpn: qp.qp_num(),
             gid,
             private_data: private_data.to_vec(),
+            plan: link.plan,
         });
         Ok(SoftAccepting { attempt: a.clone(), link })
     }
@@ -969,10 +980,12 @@ pub(crate) fn remote_message(link: &Arc<PeerLink>, msg: Msg) {
             let a = Attempt::far(remote, gid, qpn, qp_type, private_data);
             l.requests.update(|q| q.push_back(a));
         }
-        Msg::Accepted { attempt, qpn, gid, private_data } => {
+        Msg::Accepted { attempt, qpn, gid, private_data, plan } => {
             let Some(a) = find(link, attempt, true).and_then(FarEntry::attempt) else { return };
             let Some(r) = &a.remote else { return };
-            let conn = Link::new(r.listener, Some((link.clone(), attempt)));
+            // (the listener's plan is its connections' both ends', wherever they are)
+            let plan = plan.or_else(|| super::faults::at(r.listener));
+            let conn = Link::with_plan(r.listener, Some((link.clone(), attempt)), plan);
             remember(r, &a, Some(&conn));
             a.answer.update(|s| {
                 if matches!(s, Answer::Waiting) {

@@ -53,7 +53,7 @@ pub(crate) enum Outcome {
 }
 
 /// One message between two processes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Msg {
     /// A request from QP `src_qpn` (of type `src_type`) to QP `dst_qpn`; `seq` 0: no response
     /// is wanted (UC, UD).
@@ -70,8 +70,15 @@ pub(crate) enum Msg {
         qp_type: QpType,
         private_data: Vec<u8>,
     },
-    /// Attempt `attempt` accepted by QP `qpn` on the port with `gid`.
-    Accepted { attempt: u64, qpn: u32, gid: Gid, private_data: Vec<u8> },
+    /// Attempt `attempt` accepted by QP `qpn` on the port with `gid`; `plan`: the listener's
+    /// fault plan (`soft::faults::plan_at`), the connector's QP's too.
+    Accepted {
+        attempt: u64,
+        qpn: u32,
+        gid: Gid,
+        private_data: Vec<u8>,
+        plan: Option<super::faults::FaultPlan>,
+    },
     /// Attempt `attempt` rejected.
     Rejected { attempt: u64, private_data: Vec<u8> },
     /// The connector of `attempt` is up.
@@ -172,6 +179,45 @@ impl Reader<'_> {
         std::mem::take(&mut self.0).to_vec()
     }
     /// A length-prefixed byte string.
+    /// A probability of a fault plan: `0.0..=1.0` (its bits), anything else refused.
+    fn prob(&mut self) -> Result<f64, WireError> {
+        let bits = self.u64()?;
+        let p = f64::from_bits(bits);
+        if (0.0..=1.0).contains(&p) {
+            Ok(p)
+        } else {
+            Err(WireError::Unknown("probability", bits))
+        }
+    }
+
+    /// A plan's delay in microseconds, at most `MAX_DELAY_US`.
+    fn delay(&mut self) -> Result<u32, WireError> {
+        let us = self.u32()?;
+        if us <= super::faults::MAX_DELAY_US {
+            Ok(us)
+        } else {
+            Err(WireError::Unknown("delay", u64::from(us)))
+        }
+    }
+
+    /// A fault plan, if one is there (a flag, then its fields).
+    fn plan(&mut self) -> Result<Option<super::faults::FaultPlan>, WireError> {
+        if !self.bool()? {
+            return Ok(None);
+        }
+        Ok(Some(super::faults::FaultPlan {
+            seed: self.u64()?,
+            drop: self.prob()?,
+            dup: self.prob()?,
+            delay_us: self.delay()?,
+            reorder: self.prob()?,
+            rnr: self.prob()?,
+            cm_drop: self.prob()?,
+            cm_delay_us: self.delay()?,
+            cq_overrun: self.prob()?,
+        }))
+    }
+
     fn bytes(&mut self) -> Result<Vec<u8>, WireError> {
         let n = self.u32()? as usize;
         Ok(self.take(n)?.to_vec())
@@ -269,6 +315,20 @@ impl Writer {
         self.u32(b.len() as u32);
         self.0.extend_from_slice(b);
     }
+
+    fn plan(&mut self, plan: Option<&super::faults::FaultPlan>) {
+        let Some(p) = plan else { return self.u8(0) };
+        self.u8(1);
+        self.u64(p.seed);
+        self.u64(p.drop.to_bits());
+        self.u64(p.dup.to_bits());
+        self.u32(p.delay_us);
+        self.u64(p.reorder.to_bits());
+        self.u64(p.rnr.to_bits());
+        self.u64(p.cm_drop.to_bits());
+        self.u32(p.cm_delay_us);
+        self.u64(p.cq_overrun.to_bits());
+    }
 }
 
 fn status(v: u8) -> Result<WcStatus, WireError> {
@@ -321,12 +381,13 @@ impl Msg {
                 w.qp_type(*qp_type);
                 w.bytes(private_data);
             }
-            Msg::Accepted { attempt, qpn, gid, private_data } => {
+            Msg::Accepted { attempt, qpn, gid, private_data, plan } => {
                 w.u8(4);
                 w.u64(*attempt);
                 w.u32(*qpn);
                 w.gid(gid);
                 w.bytes(private_data);
+                w.plan(plan.as_ref());
             }
             Msg::Rejected { attempt, private_data } => {
                 w.u8(5);
@@ -434,6 +495,7 @@ impl Msg {
                 qpn: r.u32()?,
                 gid: r.gid()?,
                 private_data: r.bytes()?,
+                plan: r.plan()?,
             },
             5 => Msg::Rejected { attempt: r.u64()?, private_data: r.bytes()? },
             6 => Msg::Ready { attempt: r.u64()? },
@@ -524,7 +586,20 @@ mod tests {
                 qp_type: QpType::Ud,
                 private_data: vec![],
             },
-            Msg::Accepted { attempt: 2, qpn: 0x21, gid, private_data: vec![1] },
+            Msg::Accepted { attempt: 2, qpn: 0x21, gid, private_data: vec![1], plan: None },
+            Msg::Accepted {
+                attempt: 3,
+                qpn: 0x22,
+                gid,
+                private_data: vec![],
+                plan: Some(super::super::faults::FaultPlan {
+                    seed: 9,
+                    drop: 0.25,
+                    cq_overrun: 1.0,
+                    cm_delay_us: 7,
+                    ..Default::default()
+                }),
+            },
             Msg::Rejected { attempt: 3, private_data: vec![2; 148] },
             Msg::Ready { attempt: 4 },
             Msg::Abandoned { attempt: 5, to_connector: true },
