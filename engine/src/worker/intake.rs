@@ -18,7 +18,7 @@ impl<P: Provider> Cx<P> {
     /// Puts receive `id`'s buffer back on the device; a failed post closes the connection.
     pub(crate) fn repost(&mut self, id: RecvId, buf: crate::pool::Buf<P>) {
         let Some(c) = self.conns.at_mut(id.slot) else { return };
-        if c.phase != Phase::Open {
+        if c.phase != Phase::Open || !id.is_of(c.id) {
             return;
         }
         let Some(lane) = c.lanes.get_mut(usize::from(id.lane)) else { return };

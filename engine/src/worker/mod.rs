@@ -427,7 +427,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     fn dispatch_recv(&mut self, wc: &Wc, id: RecvId) {
-        let found = self.cx.conns.at_mut(id.slot).and_then(|c| {
+        let found = self.cx.conns.at_mut(id.slot).filter(|c| id.is_of(c.id)).and_then(|c| {
             let lane = c.lanes.get_mut(usize::from(id.lane))?;
             lane.recvs_posted = lane.recvs_posted.saturating_sub(1);
             // Fewer than half its receives left posted: this iteration's receives go back
@@ -487,7 +487,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             }
             Early::Flushed => {}
             Early::Drained(conn, qps) => self.unprimed(conn, qps),
-            Early::Unknown => self.cx.invariant_missed(),
+            Early::Unknown => self.gone(),
         }
     }
 

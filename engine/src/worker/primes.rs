@@ -102,7 +102,7 @@ impl<P: Provider> Primes<P> {
                     break;
                 };
                 let sge = [b.sge(true)];
-                let r = RecvId { slot: id.slot, lane: l as u8, index: i as u16 };
+                let r = RecvId::of(id, l as u8, i as u16);
                 let wr = [RecvWr { wr_id: WrId::Recv(r).encode(), sgl: &sge }];
                 // SAFETY: the buffer stays in `recvs` (then in its lane) until its completion.
                 if unsafe { qp.post_recv(&wr) }.is_ok() {
@@ -120,9 +120,11 @@ impl<P: Provider> Primes<P> {
         Ok((id, misses))
     }
 
-    /// A receive completion whose slot holds no connection.
+    /// A receive completion whose slot holds no connection (or another one than its own).
     pub(crate) fn early(&mut self, wc: &Wc, r: RecvId) -> Early<P> {
-        let Some(p) = self.by_slot.get_mut(&r.slot) else { return Early::Unknown };
+        let Some(p) = self.by_slot.get_mut(&r.slot).filter(|p| r.is_of(p.id)) else {
+            return Early::Unknown;
+        };
         if p.draining.is_none() {
             p.early.push(*wc);
             return Early::Kept;

@@ -43,10 +43,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
     }
 
-    /// A send-queue completion whose request is gone: one the worker ended already (its
+    /// A completion whose request or receive is gone: one the worker ended already (its
     /// completions were lost, `worker/untrusted.rs`), else a broken invariant.
     #[cold]
-    fn gone(&mut self) {
+    pub(super) fn gone(&mut self) {
         if self.untrusted.ever() {
             self.cx.metrics.late_completions += 1;
         } else {
