@@ -92,7 +92,7 @@ impl<P: Provider, S: Service<P>> Handler<P> for RpcHandler<P, S> {
     }
 
     fn on_closed(&mut self, cx: &mut Cx<P>, conn: ConnId, reason: &CloseReason) {
-        let event = self.endpoint.on_closed(cx, conn);
+        let event = self.endpoint.on_closed(cx, conn, reason);
         self.tell(cx, event);
         self.tell_end(cx, event, SessionEnd::Closed(reason));
     }

@@ -126,6 +126,11 @@ pub enum SessionEvent {
     /// The session closed (or its connect failed): its calls ended with
     /// [`RpcError::SessionClosed`].
     Closed,
+    /// A session under a reconnect policy ([`Rpc::connect_with`]) lost its connection: its
+    /// calls in flight ended with [`RpcError::SessionClosed`], the others wait, and the
+    /// engine is connecting again ([`SessionEvent::Connected`] or [`SessionEvent::Closed`]
+    /// comes next).
+    Reconnecting,
 }
 
 /// Why a session ended (after [`SessionEvent::Closed`], [`Service::on_session_end`] tells).

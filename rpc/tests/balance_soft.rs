@@ -198,7 +198,7 @@ impl Service<Soft> for Client {
                 }
             }
             SessionEvent::Closed => self.closed.borrow_mut().push(s),
-            SessionEvent::Accepted => {}
+            SessionEvent::Accepted | SessionEvent::Reconnecting => {}
         }
     }
 }

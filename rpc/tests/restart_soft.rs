@@ -143,3 +143,83 @@ fn across_a_server_restart_every_call_ends_once_and_none_runs_twice() {
     client.shutdown().unwrap();
     second.shutdown().unwrap();
 }
+
+/// A session opened under a reconnect policy (`Rpc::connect_with`) makes `N` calls at once;
+/// the answer to call `CUT_AT` fails its connection's QPs (both ends). The session is
+/// suspended (`Reconnecting`: its calls in flight end with `SessionClosed`), the engine
+/// connects again, and the session carries on (`Connected`): the calls that were waiting for
+/// a credit are answered on the new connection.
+struct Redialer {
+    at: SocketAddr,
+    started: bool,
+    events: Sender<SessionEvent>,
+    tx: Sender<Outcome>,
+}
+
+impl Service<Soft> for Redialer {
+    fn poll(&mut self, rpc: &mut Rpc<'_, Soft>) {
+        if !std::mem::replace(&mut self.started, true) {
+            let policy = corelink_engine::Reconnect {
+                attempts: 20,
+                backoff: Duration::from_millis(2),
+                max_backoff: Duration::from_millis(20),
+            };
+            let s = rpc.connect_with(self.at, policy).unwrap();
+            // Made at once: they wait for the connection, then for credits.
+            for id in 1000..1000 + N {
+                let (tx, fail) = (self.tx.clone(), (id == 1000 + CUT_AT).then_some(self.at));
+                rpc.call(s, EXEC, &id.to_le_bytes(), LONG, move |_, r| {
+                    if let Some(at) = fail {
+                        assert!(faults::fail_qps(at) >= 1, "the session's QPs fail");
+                    }
+                    let _ = tx.send((id, r.map(<[u8]>::to_vec)));
+                })
+                .unwrap();
+            }
+        }
+    }
+
+    fn on_session(&mut self, _rpc: &mut Rpc<'_, Soft>, _s: SessionId, event: SessionEvent) {
+        let _ = self.events.send(event);
+    }
+}
+
+#[test]
+fn a_session_under_a_reconnect_policy_carries_its_waiting_calls_to_the_new_connection() {
+    let at = Site::soft("10.98.33.1");
+    let from = Site::soft("10.98.33.2");
+    let runs = Runs::default();
+    let srv = server(&at, &runs);
+    let (tx, rx) = outcomes();
+    let (etx, erx) = std::sync::mpsc::channel();
+    let map = from.map("");
+    let res = map.map.worker.clone();
+    let listen = at.listen;
+    let client = Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| {
+        let ep = Endpoint::new(EndpointConfig::for_worker(&res), &res).unwrap();
+        let c = Redialer { at: listen, started: false, events: etx.clone(), tx: tx.clone() };
+        RpcHandler::new(ep, c)
+    })
+    .unwrap();
+    let got = take(&rx, N as usize);
+    let events: Vec<SessionEvent> = erx.try_iter().collect();
+    assert_eq!(
+        events,
+        [SessionEvent::Connected, SessionEvent::Reconnecting, SessionEvent::Connected],
+        "suspended once, then open again"
+    );
+    let closed = got.iter().filter(|(_, r)| matches!(r, Err(RpcError::SessionClosed))).count();
+    let answered = got.iter().filter(|(id, r)| r.as_deref().ok() == Some(&id.to_le_bytes()[..]));
+    let answered = answered.count();
+    assert_eq!(answered + closed, N as usize, "each call answered or closed: {got:?}");
+    let credits = usize::from(EndpointConfig::for_worker(&from.map("").map.worker).credits);
+    assert!(closed >= 1 && closed <= credits, "only calls in flight end: {closed} closed");
+    // The calls made after those in flight at the failure went on the new connection.
+    let last = got.iter().filter(|(_, r)| r.is_ok()).map(|(id, _)| *id).max();
+    assert_eq!(last, Some(1000 + N - 1), "the last call was answered");
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "no call ends twice");
+    let runs = runs.lock().unwrap().clone();
+    assert!(runs.values().all(|&n| n == 1), "a request ran twice: {runs:?}");
+    client.shutdown().unwrap();
+    srv.shutdown().unwrap();
+}

@@ -87,7 +87,25 @@ impl<P: Provider> Rpc<'_, P> {
     /// made at once: they wait until it is open. The service hears
     /// [`SessionEvent::Connected`], or [`SessionEvent::Closed`] if the connect fails.
     pub fn connect(&mut self, addr: SocketAddr) -> Result<SessionId> {
-        self.ep.connect(self.cx, addr)
+        self.ep.connect(self.cx, addr, None)
+    }
+
+    /// [`Rpc::connect`] with a reconnect policy: when the session's connection closes for any
+    /// reason but this side's [`Rpc::close`] (or the engine's shutdown), the engine connects
+    /// again under `policy` ([`corelink_engine::Cx::connect_with`]) and the session carries
+    /// on there. The service hears [`SessionEvent::Reconnecting`] at the close, then
+    /// [`SessionEvent::Connected`] again, or [`SessionEvent::Closed`] once the policy's tries
+    /// are spent. At the close the calls in flight end with [`RpcError::SessionClosed`]
+    /// (their outcome unknown: none is sent again, so none runs twice); the calls waiting for
+    /// a credit, and those made meanwhile, wait for the new connection (or their deadline).
+    /// A reconnected session is a new session to the server (a new one of its sessions,
+    /// with fresh slots), and it is not put back in the groups it was in.
+    pub fn connect_with(
+        &mut self,
+        addr: SocketAddr,
+        policy: corelink_engine::Reconnect,
+    ) -> Result<SessionId> {
+        self.ep.connect(self.cx, addr, Some(policy))
     }
 
     /// Calls `ty` on `session` with `request`; `then` runs on this worker exactly once, with
@@ -340,6 +358,9 @@ struct Session<P: Provider> {
     queued: usize,
     /// A server's slots (empty on a client session).
     served: Vec<ServedSlot<P>>,
+    /// Opened with a reconnect policy ([`Rpc::connect_with`]): a close the peer or the
+    /// connection caused suspends it until the engine has made the connection again.
+    redial: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -697,7 +718,12 @@ impl<P: Provider> Endpoint<P> {
         then(&mut Rpc { ep: self, cx }, outcome);
     }
 
-    pub(crate) fn connect(&mut self, cx: &mut Cx<P>, addr: SocketAddr) -> Result<SessionId> {
+    pub(crate) fn connect(
+        &mut self,
+        cx: &mut Cx<P>,
+        addr: SocketAddr,
+        policy: Option<corelink_engine::Reconnect>,
+    ) -> Result<SessionId> {
         let credits = self.cfg.credits;
         let s = Session {
             conn: None,
@@ -712,9 +738,15 @@ impl<P: Provider> Endpoint<P> {
             waiting: VecDeque::with_capacity(usize::from(credits)),
             queued: 0,
             served: Vec::new(),
+            redial: policy.is_some(),
         };
         let id = self.new_session(s)?;
-        if let Err(e) = cx.connect(addr, &wire::hello(credits), u64::from(id.to_wire())) {
+        let (hello, token) = (wire::hello(credits), u64::from(id.to_wire()));
+        let asked = match policy {
+            Some(p) => cx.connect_with(addr, &hello, token, p),
+            None => cx.connect(addr, &hello, token),
+        };
+        if let Err(e) = asked {
             self.remove_session(id);
             return Err(e.into());
         }
@@ -723,7 +755,7 @@ impl<P: Provider> Endpoint<P> {
 
     pub(crate) fn close(&mut self, cx: &mut Cx<P>, id: SessionId) -> Result<()> {
         let s = self.session_mut(id).ok_or(RpcError::NoSuchSession(id))?;
-        let conn = s.conn;
+        let (conn, redial) = (s.conn, s.redial);
         s.phase = Phase::Closing;
         // No call on a group goes to it from now on.
         self.leave_groups(id);
@@ -732,8 +764,14 @@ impl<P: Provider> Endpoint<P> {
                 // Its calls end when the connection is down (`on_closed`).
                 let _ = cx.close(conn);
             }
-            // Still connecting: its calls end now; the connection, when it comes, is closed.
-            None => self.end_session(cx, id),
+            // Still connecting: its calls end now; the connection, when it comes, is closed
+            // (and a reconnect policy tries no more).
+            None => {
+                if redial {
+                    cx.stop_reconnecting(u64::from(id.to_wire()));
+                }
+                self.end_session(cx, id)
+            }
         }
         Ok(())
     }
@@ -829,6 +867,7 @@ impl<P: Provider> Endpoint<P> {
                     pending: None,
                 })
                 .collect(),
+            redial: false,
         };
         match self.new_session(s) {
             Ok(id) => {
@@ -855,15 +894,52 @@ impl<P: Provider> Endpoint<P> {
         Some((id, SessionEvent::Closed))
     }
 
-    /// A connection closed: its session's calls end.
+    /// A connection closed (for `reason`): its session's calls end, or, for a session under
+    /// a reconnect policy that this side did not close, its calls in flight end and it waits
+    /// for the engine's new connection.
     pub(crate) fn on_closed(
         &mut self,
         cx: &mut Cx<P>,
         conn: ConnId,
+        reason: &corelink_engine::CloseReason,
     ) -> Option<(SessionId, SessionEvent)> {
-        let id = *self.by_conn.get(&conn)?;
+        use corelink_engine::CloseReason;
+        let id = self.by_conn.remove(&conn)?;
+        let final_close = matches!(reason, CloseReason::Local | CloseReason::Shutdown);
+        if !final_close && self.session(id).is_some_and(|s| s.redial) {
+            self.suspend(cx, id);
+            return Some((id, SessionEvent::Reconnecting));
+        }
         self.end_session(cx, id);
         Some((id, SessionEvent::Closed))
+    }
+
+    /// Session `id`'s connection is gone and will be made again: its calls in flight end
+    /// with `SessionClosed` and its slots are free; its waiting calls stay.
+    fn suspend(&mut self, cx: &mut Cx<P>, id: SessionId) {
+        self.leave_groups(id);
+        let Some(s) = self.session_mut(id) else { return };
+        s.conn = None;
+        s.phase = Phase::Connecting;
+        s.region = None;
+        let mut in_flight = Vec::new();
+        s.free_slots.clear();
+        for (i, cs) in s.slots.iter_mut().enumerate().rev() {
+            if let SlotUse::Call(c) = cs.used {
+                in_flight.push(c);
+            }
+            cs.used = SlotUse::Free;
+            cs.arena = None;
+            cs.reading = false;
+            s.free_slots.push(i as u16);
+        }
+        // (in the order they were made: slots are taken from the back of `free_slots`)
+        in_flight.reverse();
+        for c in in_flight {
+            if let Some(call) = self.take_call(c) {
+                self.finish(cx, call, Err(RpcError::SessionClosed));
+            }
+        }
     }
 
     /// Takes session `id` out and ends every call of it with `SessionClosed`.
