@@ -148,11 +148,13 @@ fn across_a_server_restart_every_call_ends_once_and_none_runs_twice() {
 /// the answer to call `CUT_AT` fails its connection's QPs (both ends). The session is
 /// suspended (`Reconnecting`: its calls in flight end with `SessionClosed`), the engine
 /// connects again, and the session carries on (`Connected`): the calls that were waiting for
-/// a credit are answered on the new connection.
+/// a credit are answered on the new connection. The session is in a group: out of it while
+/// suspended, in it again once reconnected (each event comes with whether it is a member).
 struct Redialer {
     at: SocketAddr,
     started: bool,
-    events: Sender<SessionEvent>,
+    group: Option<corelink_rpc::GroupId>,
+    events: Sender<(SessionEvent, bool)>,
     tx: Sender<Outcome>,
 }
 
@@ -165,6 +167,7 @@ impl Service<Soft> for Redialer {
                 max_backoff: Duration::from_millis(20),
             };
             let s = rpc.connect_with(self.at, policy).unwrap();
+            self.group = Some(rpc.group(&[s]).unwrap());
             // Made at once: they wait for the connection, then for credits.
             for id in 1000..1000 + N {
                 let (tx, fail) = (self.tx.clone(), (id == 1000 + CUT_AT).then_some(self.at));
@@ -179,8 +182,10 @@ impl Service<Soft> for Redialer {
         }
     }
 
-    fn on_session(&mut self, _rpc: &mut Rpc<'_, Soft>, _s: SessionId, event: SessionEvent) {
-        let _ = self.events.send(event);
+    fn on_session(&mut self, rpc: &mut Rpc<'_, Soft>, s: SessionId, event: SessionEvent) {
+        let g = self.group.expect("made at the start");
+        let member = rpc.endpoint().members(g).unwrap().iter().any(|m| m.session() == s);
+        let _ = self.events.send((event, member));
     }
 }
 
@@ -197,16 +202,26 @@ fn a_session_under_a_reconnect_policy_carries_its_waiting_calls_to_the_new_conne
     let listen = at.listen;
     let client = Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| {
         let ep = Endpoint::new(EndpointConfig::for_worker(&res), &res).unwrap();
-        let c = Redialer { at: listen, started: false, events: etx.clone(), tx: tx.clone() };
+        let c = Redialer {
+            at: listen,
+            started: false,
+            group: None,
+            events: etx.clone(),
+            tx: tx.clone(),
+        };
         RpcHandler::new(ep, c)
     })
     .unwrap();
     let got = take(&rx, N as usize);
-    let events: Vec<SessionEvent> = erx.try_iter().collect();
+    let events: Vec<(SessionEvent, bool)> = erx.try_iter().collect();
     assert_eq!(
         events,
-        [SessionEvent::Connected, SessionEvent::Reconnecting, SessionEvent::Connected],
-        "suspended once, then open again"
+        [
+            (SessionEvent::Connected, true),
+            (SessionEvent::Reconnecting, false),
+            (SessionEvent::Connected, true)
+        ],
+        "suspended once (out of its group), then open again (back in it)"
     );
     let closed = got.iter().filter(|(_, r)| matches!(r, Err(RpcError::SessionClosed))).count();
     let answered = got.iter().filter(|(id, r)| r.as_deref().ok() == Some(&id.to_le_bytes()[..]));

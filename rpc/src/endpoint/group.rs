@@ -106,6 +106,21 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// Takes `session` out of every group (it is closing or gone).
+    /// The groups `session` is a member of.
+    pub(super) fn groups_of(&self, session: SessionId) -> Vec<GroupId> {
+        let of = |(i, g): (usize, &Group)| g.contains(session).then_some(GroupId(i as u16));
+        self.groups.iter().enumerate().filter_map(of).collect()
+    }
+
+    /// `session` (reconnected) joins `groups` again.
+    pub(super) fn rejoin_groups(&mut self, session: SessionId, groups: &[GroupId]) {
+        for g in groups {
+            if let Some(group) = self.groups.get_mut(g.index()) {
+                group.add(session);
+            }
+        }
+    }
+
     pub(super) fn leave_groups(&mut self, session: SessionId) {
         for g in &mut self.groups {
             g.remove(session);

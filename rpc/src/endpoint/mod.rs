@@ -99,7 +99,8 @@ impl<P: Provider> Rpc<'_, P> {
     /// (their outcome unknown: none is sent again, so none runs twice); the calls waiting for
     /// a credit, and those made meanwhile, wait for the new connection (or their deadline).
     /// A reconnected session is a new session to the server (a new one of its sessions,
-    /// with fresh slots), and it is not put back in the groups it was in.
+    /// with fresh slots); it leaves its groups while suspended and joins them again when it
+    /// reconnects.
     pub fn connect_with(
         &mut self,
         addr: SocketAddr,
@@ -361,6 +362,8 @@ struct Session<P: Provider> {
     /// Opened with a reconnect policy ([`Rpc::connect_with`]): a close the peer or the
     /// connection caused suspends it until the engine has made the connection again.
     redial: bool,
+    /// The groups it left when it was suspended, joined again when it reconnects.
+    rejoin: Vec<GroupId>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -739,6 +742,7 @@ impl<P: Provider> Endpoint<P> {
             queued: 0,
             served: Vec::new(),
             redial: policy.is_some(),
+            rejoin: Vec::new(),
         };
         let id = self.new_session(s)?;
         let (hello, token) = (wire::hello(credits), u64::from(id.to_wire()));
@@ -837,7 +841,9 @@ impl<P: Provider> Endpoint<P> {
             s.phase = Phase::Open;
             s.peer_max = peer_max;
             s.region = region;
+            let rejoin = std::mem::take(&mut s.rejoin);
             self.by_conn.insert(conn, id);
+            self.rejoin_groups(id, &rejoin);
             self.dispatch_waiting(cx, id);
             return Some((id, SessionEvent::Connected));
         }
@@ -868,6 +874,7 @@ impl<P: Provider> Endpoint<P> {
                 })
                 .collect(),
             redial: false,
+            rejoin: Vec::new(),
         };
         match self.new_session(s) {
             Ok(id) => {
@@ -917,8 +924,10 @@ impl<P: Provider> Endpoint<P> {
     /// Session `id`'s connection is gone and will be made again: its calls in flight end
     /// with `SessionClosed` and its slots are free; its waiting calls stay.
     fn suspend(&mut self, cx: &mut Cx<P>, id: SessionId) {
+        let rejoin = self.groups_of(id);
         self.leave_groups(id);
         let Some(s) = self.session_mut(id) else { return };
+        s.rejoin = rejoin;
         s.conn = None;
         s.phase = Phase::Connecting;
         s.region = None;
