@@ -87,6 +87,13 @@ fn progress(t: &mut Table, p: Progress<Soft, impl Into<Obj>>) -> wire::Progress 
     }
 }
 
+fn open_accepting(o: Obj) -> Option<SoftAccepting> {
+    match o {
+        Obj::Accepting(a) => Some(a),
+        _ => None,
+    }
+}
+
 impl From<SoftAccepting> for Obj {
     fn from(a: SoftAccepting) -> Obj {
         Obj::Accepting(a)
@@ -380,6 +387,24 @@ impl Table {
         }))
     }
 
+    /// Runs `f` with object `id` (taken out for good: `f` consumes it), which `open` finds of
+    /// its kind `kind`, and QP `qp_id` (put back after).
+    fn consume<T, R>(
+        &mut self,
+        (id, kind): (Id, &str),
+        qp_id: Id,
+        open: fn(Obj) -> Option<T>,
+        f: impl FnOnce(T, &mut SoftQp) -> Result<R>,
+    ) -> Result<R> {
+        let mut qp = take!(self, qp_id, Qp);
+        let r = match self.objs.remove(&id).and_then(open) {
+            Some(o) => f(o, &mut qp),
+            None => Err(missing(kind, id)),
+        };
+        self.back(qp_id, Obj::Qp(qp));
+        r
+    }
+
     fn accept_start(
         &mut self,
         request: Id,
@@ -387,13 +412,14 @@ impl Table {
         attr: &corelink_verbs::QpAttr,
         private_data: &[u8],
     ) -> Result<Id> {
-        let mut qp = take!(self, qp_id, Qp);
-        let r = match self.objs.remove(&request) {
-            Some(Obj::Request(req)) => req.accept_start(&mut qp, attr, private_data),
-            _ => Err(missing("Request", request)),
+        let open = |o| match o {
+            Obj::Request(r) => Some(r),
+            _ => None,
         };
-        self.back(qp_id, Obj::Qp(qp));
-        r.map(|a| self.put(Obj::Accepting(a)))
+        self.consume((request, "Request"), qp_id, open, |r, qp| {
+            r.accept_start(qp, attr, private_data)
+        })
+        .map(|a| self.put(Obj::Accepting(a)))
     }
 
     fn reject(&mut self, request: Id, private_data: &[u8]) -> Result<()> {
@@ -406,23 +432,12 @@ impl Table {
         qp_id: Id,
         timeout: std::time::Duration,
     ) -> Result<wire::Progress> {
-        let mut qp = take!(self, qp_id, Qp);
-        let r = match self.objs.remove(&accepting) {
-            Some(Obj::Accepting(a)) => a.poll(&mut qp, timeout),
-            _ => Err(missing("Accepting", accepting)),
-        };
-        self.back(qp_id, Obj::Qp(qp));
-        r.map(|p| progress(self, p))
+        self.consume((accepting, "Accepting"), qp_id, open_accepting, |a, qp| a.poll(qp, timeout))
+            .map(|p| progress(self, p))
     }
 
     fn accepting_abandon(&mut self, accepting: Id, qp_id: Id) -> Result<Error> {
-        let mut qp = take!(self, qp_id, Qp);
-        let r = match self.objs.remove(&accepting) {
-            Some(Obj::Accepting(a)) => Ok(a.abandon(&mut qp)),
-            _ => Err(missing("Accepting", accepting)),
-        };
-        self.back(qp_id, Obj::Qp(qp));
-        r
+        self.consume((accepting, "Accepting"), qp_id, open_accepting, |a, qp| Ok(a.abandon(qp)))
     }
 
     fn connecting_poll(
@@ -431,13 +446,12 @@ impl Table {
         qp_id: Id,
         timeout: std::time::Duration,
     ) -> Result<wire::Progress> {
-        let mut qp = take!(self, qp_id, Qp);
-        let r = match self.objs.remove(&connecting) {
-            Some(Obj::Connecting(c)) => c.poll(&mut qp, timeout),
-            _ => Err(missing("Connecting", connecting)),
+        let open = |o| match o {
+            Obj::Connecting(c) => Some(c),
+            _ => None,
         };
-        self.back(qp_id, Obj::Qp(qp));
-        r.map(|p| progress(self, p))
+        self.consume((connecting, "Connecting"), qp_id, open, |c, qp| c.poll(qp, timeout))
+            .map(|p| progress(self, p))
     }
 }
 
