@@ -23,9 +23,10 @@
 //!
 //! A plan's `cm_delay_us` makes every connection-manager message reach the far end late.
 //!
-//! A plan's `cq_overrun` loses a send-queue completion now and then as an overrun of its CQ
-//! does: the completion is gone (and with it the news of the unsignalled requests it would
-//! have retired) and the CQ's context raises `IBV_EVENT_CQ_ERR`, each time.
+//! A plan's `cq_overrun` loses a completion now and then as an overrun of its CQ does: a
+//! send-queue completion (and with it the news of the unsignalled requests it would have
+//! retired) or a receive's (its message is gone with it); the CQ's context raises
+//! `IBV_EVENT_CQ_ERR`, each time.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,8 +64,9 @@ pub struct FaultPlan {
     /// [`MAX_DELAY_US`]): a connection request, its accept, the connector's confirmation and
     /// a disconnect reach the far end that much later (a reject does not wait).
     pub cm_delay_us: u32,
-    /// Probability that a completion of a QP's send queue is lost as in an overrun of its CQ,
-    /// `0.0..=1.0`: the completion is gone and the CQ raises `IBV_EVENT_CQ_ERR`.
+    /// Probability that a completion of a QP (of its send queue, or of a receive) is lost as
+    /// in an overrun of its CQ, `0.0..=1.0`: the completion is gone and the CQ raises
+    /// `IBV_EVENT_CQ_ERR`.
     pub cq_overrun: f64,
 }
 
@@ -237,7 +239,7 @@ pub struct FaultCounts {
     pub cm_events_lost: u64,
     /// Connection-manager messages held for a plan's `cm_delay_us`.
     pub cm_events_delayed: u64,
-    /// Send-queue completions lost to a plan's `cq_overrun`.
+    /// Completions lost to a plan's `cq_overrun`.
     pub cq_overruns: u64,
 }
 

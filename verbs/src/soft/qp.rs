@@ -436,8 +436,11 @@ impl QpShared {
     }
 
     /// Completes a receive on this QP's receive CQ; an overflow there moves the QP to ERR
-    /// (rxe's class G error).
+    /// (rxe's class G error). A fault plan's overrun loses it (the CQ raises its error).
     pub(crate) fn complete_recv(&self, wc: Wc) {
+        if self.anomalous() && self.loses_to_overrun() {
+            return self.recv_cq.overrun();
+        }
         if !self.recv_cq.push(wc) {
             self.set_error();
         }
@@ -481,7 +484,7 @@ impl QpShared {
         self.send_cq.push(wc);
     }
 
-    /// Whether its plan loses the next send completion to an overrun of its CQ.
+    /// Whether its plan loses the next completion (a send's or a receive's) to an overrun of a CQ.
     #[cold]
     fn loses_to_overrun(&self) -> bool {
         let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
