@@ -126,6 +126,15 @@ pub(crate) struct ConnectOrder {
     pub(crate) token: u64,
 }
 
+/// A connect's private data as it travels (refused beyond [`crate::MAX_APP_PRIVATE_DATA`]).
+fn connect_data(private_data: &[u8]) -> Result<ArrayVec<u8, MAX_PRIVATE_DATA>> {
+    let max = crate::control::MAX_APP_PRIVATE_DATA;
+    ArrayVec::try_from(private_data)
+        .ok()
+        .filter(|d: &ArrayVec<u8, MAX_PRIVATE_DATA>| d.len() <= max)
+        .ok_or(EngineError::PrivateDataTooLong { len: private_data.len(), max })
+}
+
 /// Events that did not fit the ring when the worker stopped, handed over at its exit (read
 /// only once the ring is empty and abandoned: they came after everything in it).
 pub(crate) type Overflow = Arc<Mutex<VecDeque<Event>>>;
@@ -235,11 +244,7 @@ impl Client {
     /// Connects to `addr` with `private_data` (the peer's `ConnInfo::private_data`); the
     /// outcome comes as [`Event::Connected`] or [`Event::ConnectFailed`] with `token`.
     pub fn connect(&mut self, addr: SocketAddr, private_data: &[u8], token: u64) -> Result<()> {
-        let max = crate::control::MAX_APP_PRIVATE_DATA;
-        let data = ArrayVec::try_from(private_data)
-            .ok()
-            .filter(|d: &ArrayVec<u8, MAX_PRIVATE_DATA>| d.len() <= max)
-            .ok_or(EngineError::PrivateDataTooLong { len: private_data.len(), max })?;
+        let data = connect_data(private_data)?;
         let order = ConnectOrder {
             worker: self.worker,
             client: self.number,
@@ -310,11 +315,7 @@ impl Client {
         token: u64,
         policy: crate::Reconnect,
     ) -> Result<()> {
-        let max = crate::control::MAX_APP_PRIVATE_DATA;
-        let private_data = ArrayVec::try_from(private_data)
-            .ok()
-            .filter(|d: &ArrayVec<u8, MAX_PRIVATE_DATA>| d.len() <= max)
-            .ok_or(EngineError::PrivateDataTooLong { len: private_data.len(), max })?;
+        let private_data = connect_data(private_data)?;
         self.send(ClientRequest::Dial { addr, private_data, token, policy }).map_err(|(_, e)| e)
     }
 

@@ -53,6 +53,21 @@ fn server(site: &Site, runs: &Runs) -> Engine<Soft> {
     .unwrap()
 }
 
+/// A client engine on `site` whose worker runs the service `make` makes (no request types of
+/// its own).
+fn client<S: Service<Soft> + 'static>(
+    site: &Site,
+    make: impl Fn() -> S + Send + Sync + 'static,
+) -> Engine<Soft> {
+    let map = site.map("");
+    let res = map.map.worker.clone();
+    Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| {
+        let ep = Endpoint::new(EndpointConfig::for_worker(&res), &res).unwrap();
+        RpcHandler::new(ep, make())
+    })
+    .unwrap()
+}
+
 /// Connects to `at` each time the test raises `round`, and makes round k's `N` calls (ids
 /// from (k - 1) x N) on the session that opens. In round 1 the answer to call `CUT_AT` cuts the
 /// wire (from the client's worker, so that later calls are still in flight or waiting behind
@@ -99,15 +114,9 @@ fn across_a_server_restart_every_call_ends_once_and_none_runs_twice() {
 
     let (tx, rx) = outcomes();
     let round = Arc::new(AtomicU8::new(0));
-    let map = from.map("");
-    let res = map.map.worker.clone();
     let (r, listen) = (round.clone(), at.listen);
-    let client = Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| {
-        let ep = Endpoint::new(EndpointConfig::for_worker(&res), &res).unwrap();
-        let c = Client { at: listen, round: r.clone(), asked: 0, tx: tx.clone() };
-        RpcHandler::new(ep, c)
-    })
-    .unwrap();
+    let client =
+        client(&from, move || Client { at: listen, round: r.clone(), asked: 0, tx: tx.clone() });
 
     // Round 1: the server's host dies with calls in flight and waiting behind the credits.
     round.store(1, Ordering::Release);
@@ -197,21 +206,14 @@ fn a_session_under_a_reconnect_policy_carries_its_waiting_calls_to_the_new_conne
     let srv = server(&at, &runs);
     let (tx, rx) = outcomes();
     let (etx, erx) = std::sync::mpsc::channel();
-    let map = from.map("");
-    let res = map.map.worker.clone();
     let listen = at.listen;
-    let client = Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| {
-        let ep = Endpoint::new(EndpointConfig::for_worker(&res), &res).unwrap();
-        let c = Redialer {
-            at: listen,
-            started: false,
-            group: None,
-            events: etx.clone(),
-            tx: tx.clone(),
-        };
-        RpcHandler::new(ep, c)
-    })
-    .unwrap();
+    let client = client(&from, move || Redialer {
+        at: listen,
+        started: false,
+        group: None,
+        events: etx.clone(),
+        tx: tx.clone(),
+    });
     let got = take(&rx, N as usize);
     let events: Vec<(SessionEvent, bool)> = erx.try_iter().collect();
     assert_eq!(

@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use corelink_verbs::soft::{faults, Soft};
@@ -24,13 +23,7 @@ const SENT: u64 = 1000;
 
 /// Puts this process on the fabric of this test run (its peers inherit the name).
 fn on_fabric() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        if std::env::var_os(corelink_verbs::soft::FABRIC_ENV).is_none() {
-            let name = format!("test-{}", std::process::id());
-            std::env::set_var(corelink_verbs::soft::FABRIC_ENV, name);
-        }
-    });
+    corelink_verbs::soft::default_fabric(&format!("test-{}", std::process::id()));
 }
 
 fn fabric() -> String {
@@ -151,6 +144,19 @@ impl End {
             }
         }
     }
+}
+
+/// Starts the peer running `scenario` at `at` and connects to it: the peer, this end (local
+/// write only), the connection and the region the peer's accept told.
+fn to_peer(
+    scenario: &str,
+    at: SocketAddr,
+) -> (Child, End, <Soft as Provider>::Connection, RemoteRegion) {
+    let child = spawn_peer(scenario, at);
+    let mut e = End::new(AccessFlags::LOCAL_WRITE);
+    let conn = e.connect(at);
+    let peer = RemoteRegion::from_bytes(conn.peer_private_data()).expect("a region");
+    (child, e, conn, peer)
 }
 
 /// The peer's side: what `CORELINK_TEST_PEER` names (nothing when it is unset: then this is
@@ -277,10 +283,7 @@ fn idle_server(addr: SocketAddr) {
 #[test]
 fn a_peer_that_does_not_poll_still_answers() {
     let at = addr(6);
-    let mut child = spawn_peer("idle", at);
-    let mut e = End::new(AccessFlags::LOCAL_WRITE);
-    let conn = e.connect(at);
-    let peer = RemoteRegion::from_bytes(conn.peer_private_data()).expect("a region");
+    let (mut child, mut e, conn, peer) = to_peer("idle", at);
     let faa = SendOp::FetchAdd { remote: peer.at(8), add: 7 };
     assert_eq!(e.run(faa, 0, 8).status, WcStatus::Success);
     assert_eq!(e.mr.read_u64(0).unwrap(), 0);
@@ -399,10 +402,7 @@ impl<M: Mr> ReadVec for M {
 #[test]
 fn every_primitive_between_two_processes() {
     let at = addr(1);
-    let mut child = spawn_peer("echo", at);
-    let mut e = End::new(AccessFlags::LOCAL_WRITE);
-    let conn = e.connect(at);
-    let peer = RemoteRegion::from_bytes(conn.peer_private_data()).expect("a region");
+    let (mut child, mut e, conn, peer) = to_peer("echo", at);
     assert_eq!(peer.len as usize, REGION);
     e.post_recv(0);
     e.post_recv(1);
@@ -481,10 +481,7 @@ fn return_after_error(conn: <Soft as Provider>::Connection, child: &mut Child) {
 #[test]
 fn a_listeners_fault_plan_reaches_a_connector_in_another_process() {
     let at = addr(11);
-    let mut child = spawn_peer("overrun", at);
-    let mut e = End::new(AccessFlags::LOCAL_WRITE);
-    let conn = e.connect(at);
-    let peer = RemoteRegion::from_bytes(conn.peer_private_data()).expect("a region");
+    let (mut child, mut e, conn, peer) = to_peer("overrun", at);
     let before = faults::counts().cq_overruns;
     let sgl = [e.mr.sge(0, 8).expect("sge")];
     let wr = SendWr::new(SENT, SendOp::Write(peer.at(0)), &sgl);
@@ -508,10 +505,7 @@ fn a_listeners_fault_plan_reaches_a_connector_in_another_process() {
 #[test]
 fn an_access_outside_a_region_of_another_process_fails() {
     let at = addr(5);
-    let mut child = spawn_peer("echo", at);
-    let mut e = End::new(AccessFlags::LOCAL_WRITE);
-    let conn = e.connect(at);
-    let peer = RemoteRegion::from_bytes(conn.peer_private_data()).expect("a region");
+    let (mut child, mut e, conn, peer) = to_peer("echo", at);
     // Outside the peer's region: a remote access error, and the QP in ERR.
     let wc = e.run(SendOp::Write(peer.at(REGION as u64)), 0, 8);
     assert_eq!(wc.status, WcStatus::RemAccessErr);

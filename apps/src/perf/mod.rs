@@ -148,10 +148,7 @@ impl Report {
 /// (`CORELINK_SOFT_FABRIC`; `corelink-perf` when it is unset, so that the two commands need no
 /// set-up). Called before anything opens `soft`.
 pub(crate) fn join_soft_fabric() {
-    use corelink_engine::verbs::soft::FABRIC_ENV;
-    if std::env::var_os(FABRIC_ENV).is_none() {
-        std::env::set_var(FABRIC_ENV, "corelink-perf");
-    }
+    corelink_engine::verbs::soft::default_fabric("corelink-perf");
 }
 
 /// The sizes of `-a`: powers of two from 2 bytes to 8 MiB.

@@ -518,21 +518,20 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         while let Some(n) = self.cx.outbox.next_notice() {
             match n {
                 Notice::Done(d) => self.handler.on_completion(&mut self.cx, d),
-                Notice::Client(c, Event::ConnectFailed { token, error })
-                    if self.cx.redials.has(DialKey { origin: Origin::Client(c), token }) =>
-                {
-                    self.connect_failure(DialKey { origin: Origin::Client(c), token }, error)
-                }
-                Notice::Client(c, Event::Closed { conn, reason }) => {
-                    self.clients.tell(c, Event::Closed { conn, reason });
-                    if self.cx.redials.has_any() {
-                        self.redial_closed(conn, reason);
-                    }
-                }
                 Notice::Client(c, e) => self.clients.tell(c, e),
-                Notice::ConnectFailed(token, e) => self.connect_failure(DialKey::handler(token), e),
-                Notice::Closed(id, reason) => {
-                    self.handler.on_closed(&mut self.cx, id, &reason);
+                Notice::ConnectFailed(origin, token, e) => {
+                    self.connect_failure(DialKey { origin, token }, e)
+                }
+                Notice::Closed(owner, id, reason) => {
+                    match owner {
+                        // (a probe owns no connection)
+                        Origin::Handler | Origin::Keepalive => {
+                            self.handler.on_closed(&mut self.cx, id, &reason)
+                        }
+                        Origin::Client(n) => {
+                            self.clients.tell(n, Event::Closed { conn: id, reason })
+                        }
+                    }
                     if self.cx.redials.has_any() {
                         self.redial_closed(id, reason);
                     }
@@ -586,7 +585,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
 
     /// Tells whoever asked for connect `token` that it failed.
     fn connect_failed(&mut self, token: u64, origin: Origin, error: EngineError) {
-        self.cx.outbox.notify(Notice::connect_failed(origin, token, error));
+        self.cx.outbox.notify(Notice::ConnectFailed(origin, token, error));
     }
 
     /// Keeps a slot for a connection coming up and posts its receives on its QPs, lent for
@@ -698,7 +697,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             for lane in c.lanes {
                 outbox.tell_control(ToControl::Release { cm_key: lane.cm_key, qp: lane.qp });
             }
-            outbox.notify(Notice::closed(c.owner, c.id, reason));
+            outbox.notify(Notice::Closed(c.owner, c.id, reason));
         });
     }
 

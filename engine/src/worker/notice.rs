@@ -15,8 +15,10 @@ use crate::request::{CloseReason, ConnId, Done};
 pub(crate) enum Notice<P: Provider> {
     Done(Done<Buf<P>>),
     Client(u16, Event),
-    ConnectFailed(u64, EngineError),
-    Closed(ConnId, CloseReason),
+    /// Connect `token` of this issuer failed (tried again under its policy, if it has one).
+    ConnectFailed(Origin, u64, EngineError),
+    /// The connection, owned by this issuer, closed (made again under its policy, if any).
+    Closed(Origin, ConnId, CloseReason),
 }
 
 impl<P: Provider> Notice<P> {
@@ -47,23 +49,5 @@ impl<P: Provider> Notice<P> {
                 Notice::Client(n, Event::Done(done))
             }
         })
-    }
-
-    /// The notice that connection `conn`, owned by `owner`, closed.
-    pub(crate) fn closed(owner: Origin, conn: ConnId, reason: CloseReason) -> Notice<P> {
-        match owner {
-            // (a probe owns no connection)
-            Origin::Handler | Origin::Keepalive => Notice::Closed(conn, reason),
-            Origin::Client(n) => Notice::Client(n, Event::Closed { conn, reason }),
-        }
-    }
-
-    /// The notice that connect `token` of `origin` failed.
-    pub(crate) fn connect_failed(origin: Origin, token: u64, error: EngineError) -> Notice<P> {
-        match origin {
-            // (a probe connects nothing)
-            Origin::Handler | Origin::Keepalive => Notice::ConnectFailed(token, error),
-            Origin::Client(n) => Notice::Client(n, Event::ConnectFailed { token, error }),
-        }
     }
 }

@@ -366,6 +366,21 @@ struct Session<P: Provider> {
     rejoin: Vec<GroupId>,
 }
 
+impl<P: Provider> Session<P> {
+    /// Its calls in flight (on a slot), in slot order.
+    fn in_flight(&self) -> impl Iterator<Item = CallId> + '_ {
+        self.slots.iter().filter_map(|cs| match cs.used {
+            SlotUse::Call(c) => Some(c),
+            _ => None,
+        })
+    }
+}
+
+/// A client session's `n` slots, all free (popped from the back: slot 0 goes first).
+fn all_free(n: usize) -> Vec<u16> {
+    (0..n as u16).rev().collect()
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SlotUse {
     Free,
@@ -736,8 +751,7 @@ impl<P: Provider> Endpoint<P> {
             slots: (0..credits)
                 .map(|_| ClientSlot { seq: 0, used: SlotUse::Free, arena: None, reading: false })
                 .collect(),
-            // Popped from the back: slot 0 goes first.
-            free_slots: (0..credits).rev().collect(),
+            free_slots: all_free(usize::from(credits)),
             waiting: VecDeque::with_capacity(usize::from(credits)),
             queued: 0,
             served: Vec::new(),
@@ -931,24 +945,14 @@ impl<P: Provider> Endpoint<P> {
         s.conn = None;
         s.phase = Phase::Connecting;
         s.region = None;
-        let mut in_flight = Vec::new();
-        s.free_slots.clear();
-        for (i, cs) in s.slots.iter_mut().enumerate().rev() {
-            if let SlotUse::Call(c) = cs.used {
-                in_flight.push(c);
-            }
+        let in_flight: Vec<CallId> = s.in_flight().collect();
+        for cs in &mut s.slots {
             cs.used = SlotUse::Free;
             cs.arena = None;
             cs.reading = false;
-            s.free_slots.push(i as u16);
         }
-        // (in the order they were made: slots are taken from the back of `free_slots`)
-        in_flight.reverse();
-        for c in in_flight {
-            if let Some(call) = self.take_call(c) {
-                self.finish(cx, call, Err(RpcError::SessionClosed));
-            }
-        }
+        s.free_slots = all_free(s.slots.len());
+        self.close_calls(cx, in_flight);
     }
 
     /// Takes session `id` out and ends every call of it with `SessionClosed`.
@@ -957,12 +961,13 @@ impl<P: Provider> Endpoint<P> {
         // Out of its groups before its calls end: calls their continuations make on a group
         // go to the members still up.
         self.leave_groups(id);
-        let on_slots = s.slots.iter().filter_map(|cs| match cs.used {
-            SlotUse::Call(c) => Some(c),
-            _ => None,
-        });
         // In flight first (they were made first), then the waiting ones in order.
-        for c in on_slots.chain(s.waiting.iter().copied()) {
+        self.close_calls(cx, s.in_flight().chain(s.waiting.iter().copied()));
+    }
+
+    /// Ends each of `calls` still live with `SessionClosed`.
+    fn close_calls(&mut self, cx: &mut Cx<P>, calls: impl IntoIterator<Item = CallId>) {
+        for c in calls {
             if let Some(call) = self.take_call(c) {
                 self.finish(cx, call, Err(RpcError::SessionClosed));
             }

@@ -25,7 +25,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, Once, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use corelink_verbs::soft::{
@@ -70,13 +70,7 @@ pub fn serve_if_peer() -> Option<io::Result<()>> {
 /// Joins this process (and so the peers it starts) to a `soft` fabric of its own, unless the
 /// environment already names one.
 fn on_fabric() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        if std::env::var_os(corelink_verbs::soft::FABRIC_ENV).is_none() {
-            let name = format!("split-{}", std::process::id());
-            std::env::set_var(corelink_verbs::soft::FABRIC_ENV, name);
-        }
-    });
+    corelink_verbs::soft::default_fabric(&format!("split-{}", std::process::id()));
 }
 
 /// `soft`, with devices named `peer:...` in peer processes (see the module).

@@ -348,7 +348,7 @@ impl QpFaults {
         Some(std::time::Duration::from_micros(u64::from(self.plan.delay_us)))
     }
 
-    /// Whether a send-queue completion is lost to an overrun of its CQ (counted).
+    /// Whether a completion is lost to an overrun of its CQ (counted).
     pub(crate) fn overruns(&mut self) -> bool {
         if self.plan.cq_overrun <= 0.0 || self.draw() >= self.plan.cq_overrun {
             return false;

@@ -30,7 +30,7 @@ pub use cm::{
 };
 pub use context::SoftContext;
 pub use exec::direct_accesses;
-pub use port::{ACK_TIMEOUT, FABRIC_ENV};
+pub use port::{default_fabric, ACK_TIMEOUT, FABRIC_ENV};
 #[doc(hidden)]
 pub use wire::decode_frames;
 

@@ -35,6 +35,18 @@ use crate::types::Gid;
 /// The environment variable that names the fabric a process's `soft` contexts join.
 pub const FABRIC_ENV: &str = "CORELINK_SOFT_FABRIC";
 
+/// Puts this process (and the processes it starts, which inherit its environment) on the
+/// fabric `name`, unless [`FABRIC_ENV`] names one already. The first call decides; later ones
+/// do nothing. Call it before the first `soft` device opens.
+pub fn default_fabric(name: &str) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os(FABRIC_ENV).is_none() {
+            std::env::set_var(FABRIC_ENV, name);
+        }
+    });
+}
+
 /// How long an RC request waits for its response from another process before it ends with
 /// `RetryExcErr` (a peer that died is noticed at once; this bounds one that hangs).
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(4);
@@ -348,7 +360,11 @@ impl Ticket {
         }
         // The clock is read once in CLOCK_EVERY polls (a poll of a busy-polled CQ is
         // otherwise a few loads; a clock read costs more than the rest of it).
-        if self.polls.fetch_add(1, Ordering::Relaxed) % CLOCK_EVERY != CLOCK_EVERY - 1 {
+        // (a ticket is polled by its QP's owner only, under the send queue's lock: no
+        // read-modify-write needed)
+        let polls = self.polls.load(Ordering::Relaxed);
+        self.polls.store(polls.wrapping_add(1), Ordering::Relaxed);
+        if polls % CLOCK_EVERY != CLOCK_EVERY - 1 {
             return None;
         }
         let waited = self.since.elapsed();

@@ -438,8 +438,8 @@ impl QpShared {
     /// Completes a receive on this QP's receive CQ; an overflow there moves the QP to ERR
     /// (rxe's class G error). A fault plan's overrun loses it (the CQ raises its error).
     pub(crate) fn complete_recv(&self, wc: Wc) {
-        if self.anomalous() && self.loses_to_overrun() {
-            return self.recv_cq.overrun();
+        if self.overran(&self.recv_cq) {
+            return;
         }
         if !self.recv_cq.push(wc) {
             self.set_error();
@@ -478,17 +478,26 @@ impl QpShared {
     /// Completes a send request on the send CQ (where a fault plan may lose it to an overrun).
     #[inline(always)]
     fn push_send_wc(&self, wc: Wc) {
-        if self.anomalous() && self.loses_to_overrun() {
-            return self.send_cq.overrun();
+        if !self.overran(&self.send_cq) {
+            self.send_cq.push(wc);
         }
-        self.send_cq.push(wc);
     }
 
-    /// Whether its plan loses the next completion (a send's or a receive's) to an overrun of a CQ.
+    /// Whether its plan loses the completion it is about to put on `cq` to an overrun of
+    /// `cq` (which then raises its error). One relaxed load without a plan.
+    #[inline(always)]
+    fn overran(&self, cq: &CqShared) -> bool {
+        self.anomalous() && self.loses_to_overrun(cq)
+    }
+
     #[cold]
-    fn loses_to_overrun(&self) -> bool {
+    fn loses_to_overrun(&self, cq: &CqShared) -> bool {
         let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
-        f.as_mut().is_some_and(|f| f.overruns())
+        let lost = f.as_mut().is_some_and(|f| f.overruns());
+        if lost {
+            cq.overrun();
+        }
+        lost
     }
 
     fn flush_pending(&self, sq: &mut SendQueue) {
