@@ -3,7 +3,7 @@
 //! The hello decoder likewise.
 #![no_main]
 
-use corelink_rpc::wire::{decode, decode_hello, hello, HEADER};
+use corelink_rpc::wire::{decode, Hello, HEADER};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(payload.len(), h.len as usize);
         assert_eq!(HEADER + payload.len(), data.len());
     }
-    if let Ok(credits) = decode_hello(data) {
-        assert_eq!(&hello(credits)[..], data);
+    if let Ok(hello) = Hello::decode(data) {
+        assert_eq!(&hello.encode()[..], data);
     }
 });

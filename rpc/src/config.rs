@@ -1,5 +1,7 @@
 //! An endpoint's settings, checked against the worker's resources.
 
+use std::time::Duration;
+
 use corelink_config::WorkerResources;
 
 use crate::error::{Result, RpcError};
@@ -16,6 +18,10 @@ pub const HANDLE_BATCH: usize = 32;
 /// call on some machines), so a deadline is noticed within this many iterations after it
 /// passed (microseconds on a busy worker).
 pub const EXPIRE_EVERY: u32 = 32;
+
+/// How long a server keeps a resumable session's record after its connection is lost, unless
+/// configured otherwise ([`EndpointConfig::resume`]).
+pub const DEFAULT_RESUME: Duration = Duration::from_secs(10);
 
 /// An endpoint's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +45,14 @@ pub struct EndpointConfig {
     /// request holds one until its response comes, a large response until the client's next
     /// request on its slot acknowledges it.
     pub large_slots: u16,
+    /// How long a server keeps the record of a resumable session ([`crate::Rpc::connect_with`])
+    /// once its connection is lost: its slots' last sequence numbers and responses, so that
+    /// the requests its client sends again on the next connection run at most once (a
+    /// request already run is answered from the record). Past it, the session ends
+    /// ([`crate::SessionEvent::Closed`]) and a request sent again is answered
+    /// [`RpcError::OutcomeUnknown`]. Zero: no record is kept. The record holds a response
+    /// buffer per slot and the session's place in `max_sessions` meanwhile.
+    pub resume: Duration,
 }
 
 impl EndpointConfig {
@@ -54,12 +68,18 @@ impl EndpointConfig {
             max_types: 256,
             large_max: 0,
             large_slots: 0,
+            resume: DEFAULT_RESUME,
         }
     }
 
     /// The same with large messages of up to `max` payload bytes, `slots` of them out at once.
     pub fn with_large(self, max: usize, slots: u16) -> Self {
         EndpointConfig { large_max: max, large_slots: slots, ..self }
+    }
+
+    /// The same keeping resumable sessions' records for `resume` ([`EndpointConfig::resume`]).
+    pub fn with_resume(self, resume: Duration) -> Self {
+        EndpointConfig { resume, ..self }
     }
 
     /// The same with `credits` credits per session.

@@ -16,6 +16,16 @@ pub enum RpcError {
     /// The session closed (or never connected) before the call's response came.
     #[error("the session closed before the call's response came")]
     SessionClosed,
+    /// The call was in flight when its resumable session's connection was lost
+    /// ([`crate::Rpc::connect_with`]), and the server that answered the request sent again
+    /// had no record of the session (it restarted, or kept the record less time than the
+    /// client took to come back, `EndpointConfig::resume`): the request may have run once,
+    /// and did not run again.
+    #[error(
+        "the call's connection was lost, and the server had no record of the session when it \
+         was sent again (it restarted, or EndpointConfig::resume passed): it may have run once"
+    )]
+    OutcomeUnknown,
     /// The peer's handler refused the request, with its code.
     #[error("the peer's handler rejected the request (code {code})")]
     Rejected {
@@ -149,6 +159,7 @@ impl RpcError {
         match self {
             RpcError::Timeout => RpcError::Timeout,
             RpcError::SessionClosed => RpcError::SessionClosed,
+            RpcError::OutcomeUnknown => RpcError::OutcomeUnknown,
             RpcError::Rejected { code } => RpcError::Rejected { code: *code },
             RpcError::TooLarge { len, max } => RpcError::TooLarge { len: *len, max: *max },
             RpcError::NoSuchType(t) => RpcError::NoSuchType(*t),

@@ -24,7 +24,8 @@
 //!   [`RpcError::Timeout`] (the deadline, checked every [`EXPIRE_EVERY`] loop iterations on
 //!   the worker's clock, and counted from the first check after the call was made, so that
 //!   making a call reads no clock: a call times out no sooner than its timeout, and at most
-//!   about two checks' periods later), [`RpcError::SessionClosed`], [`RpcError::Rejected`] (the handler said no),
+//!   about two checks' periods later), [`RpcError::SessionClosed`],
+//!   [`RpcError::OutcomeUnknown`], [`RpcError::Rejected`] (the handler said no),
 //!   [`RpcError::TooLarge`], [`RpcError::NoSuchType`] or [`RpcError::PeerBusy`]. A call that
 //!   timed out keeps its slot until its response comes (the request may still hold one of the
 //!   server's receives), so its credit is not spent twice.
@@ -32,7 +33,12 @@
 //!   slot's last response until the client's next request on that slot (which acknowledges
 //!   it), answers a request seen again (same slot and sequence number) from that response
 //!   without running the handler, and drops older ones ([`RpcMetrics::duplicates`],
-//!   [`RpcMetrics::stale`]).
+//!   [`RpcMetrics::stale`]). Across connections too, for a session opened with
+//!   [`Rpc::connect_with`]: its server keeps the session's record for
+//!   [`EndpointConfig::resume`] after a connection is lost, and the calls in flight go again
+//!   on the next connection with their slots and sequence numbers; a server with no record
+//!   of the session (restarted) answers them [`RpcError::OutcomeUnknown`] without running
+//!   them ([`RpcMetrics::resent`], [`RpcMetrics::resumed`], [`RpcMetrics::lost`]).
 //! - Per session, responses come in the order of the calls (one connection, one lane, and a
 //!   server that answers in arrival order), and continuations run in that order; a large
 //!   request (below) is answered once its payload is read, so small calls made after it may
@@ -54,14 +60,15 @@
 //! | 12 | 8 | sequence number of the slot, from 1 (a response echoes it) |
 //! | 20 | 4 | payload length: exactly the bytes after the header |
 //! | 24 | 2 | status: 0 in requests and responses; an error's reason ([`wire::Status`]) |
-//! | 26 | 2 | flags: bit 0 ([`wire::LARGE`]) the payload is a [`wire::Descriptor`]; others 0 |
+//! | 26 | 2 | flags: bit 0 ([`wire::LARGE`]) the payload is a [`wire::Descriptor`]; bit 1 ([`wire::RESENT`], requests only) sent again after a reconnect; others 0 |
 //!
 //! An error message's payload is two `u32` arguments (the unknown type; a response's length
 //! and the most that fits; the handler's code). [`wire::decode`] refuses every message that is
 //! not exactly such a header and payload with a [`Malformed`] reason (never a panic); the
 //! endpoint drops it and counts it ([`RpcMetrics::malformed`]), as it does a message whose
-//! slot or session field is not its session's. The connect's private data carries a 6-byte
-//! hello ([`wire::hello`]: magic, version, credits, a zero byte).
+//! slot or session field is not its session's. The connect's private data carries a hello
+//! ([`wire::Hello`]: magic, version, credits, a flags byte; 6 bytes, or 14 with a resumable
+//! session's key, flag [`wire::RESUME`]).
 //!
 //! # Large messages
 //! A payload that fits in the peer's receive (`worker.recv_size` less the header) goes in the
@@ -223,7 +230,9 @@ mod typed;
 pub mod wire;
 
 pub use balance::Member;
-pub use config::{recvs_per_session, EndpointConfig, DEFAULT_CREDITS, EXPIRE_EVERY, HANDLE_BATCH};
+pub use config::{
+    recvs_per_session, EndpointConfig, DEFAULT_CREDITS, DEFAULT_RESUME, EXPIRE_EVERY, HANDLE_BATCH,
+};
 pub use endpoint::{Continuation, Endpoint, Rpc, MAX_SERVICE_TOKEN};
 pub use error::{Malformed, Result, RpcError};
 pub use handle::{block_on, handle, CallFuture, Handle, Inbox};

@@ -36,6 +36,18 @@ pub struct RpcMetrics {
     pub no_buffer: u64,
     /// Answers the engine refused to send (the connection closing, its request table full).
     pub send_refused: u64,
+    /// Calls sent again on a resumable session's new connection (they were in flight when the
+    /// last one was lost).
+    pub resent: u64,
+    /// Server sessions carried over to their client's new connection (by the key of its
+    /// hello): their record kept, so that requests sent again run at most once.
+    pub resumed: u64,
+    /// Requests sent again that found no record of their slot (the session was new to this
+    /// server): answered [`crate::RpcError::OutcomeUnknown`], not run.
+    pub lost: u64,
+    /// Server sessions whose client did not come back within `EndpointConfig::resume`: ended,
+    /// with their records.
+    pub expired: u64,
     /// States the endpoint's bookkeeping rules out, met (0 unless there is a bug).
     pub invariant_misses: u64,
 }

@@ -127,9 +127,11 @@ pub enum SessionEvent {
     /// [`RpcError::SessionClosed`].
     Closed,
     /// A session under a reconnect policy ([`Rpc::connect_with`]) lost its connection: its
-    /// calls in flight ended with [`RpcError::SessionClosed`], the others wait, and the
-    /// engine is connecting again ([`SessionEvent::Connected`] or [`SessionEvent::Closed`]
-    /// comes next).
+    /// calls wait (those in flight go again on the new connection), and the engine is
+    /// connecting again ([`SessionEvent::Connected`] or [`SessionEvent::Closed`] comes
+    /// next). On a server: a resumable session's connection was lost, and the session's
+    /// record waits `EndpointConfig::resume` for its client ([`SessionEvent::Accepted`]
+    /// again when it comes back, else [`SessionEvent::Closed`]).
     Reconnecting,
 }
 

@@ -14,8 +14,15 @@ pub const VERSION: u8 = 1;
 pub const ERROR_PAYLOAD: usize = 8;
 /// Bytes of the hello a session's connect carries in its private data.
 pub const HELLO: usize = 6;
+/// Bytes of the hello of a resumable session (the hello and its key).
+pub const HELLO_RESUME: usize = HELLO + 8;
+/// Hello flag: the session is resumable; its key follows.
+pub const RESUME: u8 = 1;
 /// Flag: the payload is a [`Descriptor`] of the message's payload, for the receiver to read.
 pub const LARGE: u16 = 1;
+/// Flag (requests only): the request was sent before, on an earlier connection of its
+/// resumable session; a server with no record of its slot answers [`Status::Lost`].
+pub const RESENT: u16 = 2;
 /// Bytes of a [`Descriptor`].
 pub const DESCRIPTOR: usize = 16;
 
@@ -43,6 +50,10 @@ pub enum Status {
     Rejected = 3,
     /// The server had no buffer for the response (arguments: 0, 0).
     Busy = 4,
+    /// A request sent again after a reconnect reached a server with no record of its slot
+    /// (it restarted, or kept the session less than its resume time): it may have run
+    /// (arguments: 0, 0).
+    Lost = 5,
 }
 
 impl Status {
@@ -53,6 +64,7 @@ impl Status {
             2 => Status::TooLarge,
             3 => Status::Rejected,
             4 => Status::Busy,
+            5 => Status::Lost,
             _ => return None,
         })
     }
@@ -78,6 +90,8 @@ pub struct Header {
     /// The payload is a [`Descriptor`] (flag [`LARGE`]): the message's payload is in the
     /// sender's memory, for the receiver to read.
     pub large: bool,
+    /// A request sent again after a reconnect (flag [`RESENT`]).
+    pub resent: bool,
 }
 
 impl Header {
@@ -93,7 +107,7 @@ impl Header {
         b[12..20].copy_from_slice(&self.seq.to_le_bytes());
         b[20..24].copy_from_slice(&self.len.to_le_bytes());
         b[24..26].copy_from_slice(&(self.status as u16).to_le_bytes());
-        let flags = if self.large { LARGE } else { 0 };
+        let flags = if self.large { LARGE } else { 0 } | if self.resent { RESENT } else { 0 };
         b[26..28].copy_from_slice(&flags.to_le_bytes());
         b
     }
@@ -139,6 +153,7 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 ///     len: 2,
 ///     status: Status::Ok,
 ///     large: false,
+///     resent: false,
 /// };
 /// let mut msg = h.encode().to_vec();
 /// msg.extend_from_slice(b"hi");
@@ -163,10 +178,11 @@ pub fn decode(msg: &[u8]) -> Result<(Header, &[u8]), Malformed> {
         k => return Err(Malformed::Kind(k)),
     };
     let flags = u16_at(head, 26);
-    if flags & !LARGE != 0 {
+    if flags & !(LARGE | RESENT) != 0 || (flags & RESENT != 0 && kind != Kind::Request) {
         return Err(Malformed::Flags(flags));
     }
     let large = flags & LARGE != 0;
+    let resent = flags & RESENT != 0;
     let len = u32_at(head, 20);
     if len as usize != payload.len() {
         return Err(Malformed::Length { said: len, got: payload.len() });
@@ -204,6 +220,7 @@ pub fn decode(msg: &[u8]) -> Result<(Header, &[u8]), Malformed> {
         len,
         status,
         large,
+        resent,
     };
     Ok((header, payload))
 }
@@ -249,32 +266,60 @@ pub fn error_args(payload: &[u8]) -> (u32, u32) {
 }
 
 /// The hello a session's connect carries (in the connection's private data): the magic, the
-/// version, and the credits (slots) the client will use; a server with fewer receives per
-/// connection refuses the session.
-pub fn hello(credits: u16) -> [u8; HELLO] {
-    let mut b = [0u8; HELLO];
-    b[0..2].copy_from_slice(&MAGIC.to_le_bytes());
-    b[2] = VERSION;
-    b[3..5].copy_from_slice(&credits.to_le_bytes());
-    b
+/// version, the credits (slots) the client will use (a server with fewer receives per
+/// connection refuses the session), a flags byte, and a resumable session's key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// The client's slots.
+    pub credits: u16,
+    /// A resumable session's key (flag [`RESUME`]): the same on each of its connections, so
+    /// that the server carries the session's record (its slots' last sequence numbers and
+    /// responses) over to the new connection.
+    pub resume: Option<u64>,
 }
 
-/// The credits of a hello, or what is wrong with it.
-pub fn decode_hello(data: &[u8]) -> Result<u16, Malformed> {
-    let Some(b) = data.first_chunk::<HELLO>() else {
-        return Err(Malformed::Truncated { len: data.len() });
-    };
-    let magic = u16::from_le_bytes([b[0], b[1]]);
-    if magic != MAGIC {
-        return Err(Malformed::Magic(magic));
+impl Hello {
+    /// Its bytes: [`HELLO`] of them, or [`HELLO_RESUME`] with a key.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(HELLO_RESUME);
+        b.extend_from_slice(&MAGIC.to_le_bytes());
+        b.push(VERSION);
+        b.extend_from_slice(&self.credits.to_le_bytes());
+        match self.resume {
+            Some(key) => {
+                b.push(RESUME);
+                b.extend_from_slice(&key.to_le_bytes());
+            }
+            None => b.push(0),
+        }
+        b
     }
-    if b[2] != VERSION {
-        return Err(Malformed::Version(b[2]));
+
+    /// The hello in `data`, or what is wrong with it.
+    pub fn decode(data: &[u8]) -> Result<Hello, Malformed> {
+        let Some(b) = data.first_chunk::<HELLO>() else {
+            return Err(Malformed::Truncated { len: data.len() });
+        };
+        let magic = u16::from_le_bytes([b[0], b[1]]);
+        if magic != MAGIC {
+            return Err(Malformed::Magic(magic));
+        }
+        if b[2] != VERSION {
+            return Err(Malformed::Version(b[2]));
+        }
+        let credits = u16::from_le_bytes([b[3], b[4]]);
+        let resume = match (b[5], &data[HELLO..]) {
+            (0, []) => None,
+            (RESUME, key) => {
+                let key: [u8; 8] =
+                    key.try_into().map_err(|_| Malformed::Length { said: 8, got: key.len() })?;
+                Some(u64::from_le_bytes(key))
+            }
+            (0, rest) => return Err(Malformed::Length { said: 0, got: rest.len() }),
+            (flags, _) => return Err(Malformed::Reserved(u16::from(flags))),
+        };
+        Ok(Hello { credits, resume })
     }
-    if b[5] != 0 || data.len() != HELLO {
-        return Err(Malformed::Reserved(u16::from(b[5])));
-    }
-    Ok(u16::from_le_bytes([b[3], b[4]]))
 }
 
 #[cfg(test)]
@@ -291,6 +336,7 @@ mod tests {
             len,
             status,
             large: false,
+            resent: false,
         }
     }
 
@@ -309,6 +355,8 @@ mod tests {
             sample(Kind::Error, Status::TooLarge, 8),
             sample(Kind::Error, Status::Rejected, 8),
             sample(Kind::Error, Status::Busy, 8),
+            sample(Kind::Error, Status::Lost, 8),
+            Header { resent: true, ..sample(Kind::Request, Status::Ok, 3) },
         ] {
             let m = message(&h);
             let (got, payload) = decode(&m).unwrap();
@@ -363,7 +411,10 @@ mod tests {
         for k in [0u8, 4, 255] {
             assert_eq!(with(3, &[k]), Err(Malformed::Kind(k)));
         }
-        assert_eq!(with(26, &[2, 0]), Err(Malformed::Flags(2)));
+        assert_eq!(with(26, &[4, 0]), Err(Malformed::Flags(4)));
+        // Only a request is ever sent again.
+        let resent_response = Header { resent: true, ..sample(Kind::Response, Status::Ok, 4) };
+        assert_eq!(decode(&message(&resent_response)), Err(Malformed::Flags(RESENT)));
         assert_eq!(with(27, &[0x80]), Err(Malformed::Flags(0x8000)));
         // Large: the payload must be a descriptor, and an error is never large.
         assert_eq!(with(26, &[1, 0]), Err(Malformed::Length { said: 4, got: 4 }));
@@ -377,6 +428,7 @@ mod tests {
         // A request with an error's status, an unknown status, an error without one.
         assert_eq!(with(24, &[1, 0]), Err(Malformed::Status(1)));
         assert_eq!(with(24, &[5, 0]), Err(Malformed::Status(5)));
+        assert_eq!(with(24, &[6, 0]), Err(Malformed::Status(6)));
         assert_eq!(with(3, &[3]), Err(Malformed::Status(0)));
         assert_eq!(with(12, &[0; 8]), Err(Malformed::Sequence));
         // An error message whose payload is not its two arguments.
@@ -420,15 +472,31 @@ mod tests {
 
     #[test]
     fn hellos_round_trip_and_others_are_refused() {
-        assert_eq!(decode_hello(&hello(32)), Ok(32));
-        assert_eq!(decode_hello(b""), Err(Malformed::Truncated { len: 0 }));
-        assert_eq!(decode_hello(b"hello!"), Err(Malformed::Magic(u16::from_le_bytes(*b"he"))));
-        let mut long = hello(1).to_vec();
+        let plain = Hello { credits: 32, resume: None };
+        assert_eq!(plain.encode().len(), HELLO);
+        assert_eq!(Hello::decode(&plain.encode()), Ok(plain));
+        let resumable = Hello { credits: 8, resume: Some(0x0102_0304_0506_0708) };
+        assert_eq!(resumable.encode().len(), HELLO_RESUME);
+        assert_eq!(Hello::decode(&resumable.encode()), Ok(resumable));
+        assert_eq!(Hello::decode(b""), Err(Malformed::Truncated { len: 0 }));
+        assert_eq!(Hello::decode(b"hello!"), Err(Malformed::Magic(u16::from_le_bytes(*b"he"))));
+        let mut long = plain.encode();
         long.push(0);
-        assert!(decode_hello(&long).is_err());
-        let mut v2 = hello(1);
+        assert_eq!(Hello::decode(&long), Err(Malformed::Length { said: 0, got: 1 }));
+        // A resumable hello without its whole key, or with more.
+        let key = resumable.encode();
+        for cut in HELLO..key.len() {
+            assert!(Hello::decode(&key[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = key.clone();
+        longer.push(0);
+        assert!(Hello::decode(&longer).is_err());
+        let mut flags = plain.encode();
+        flags[5] = 2;
+        assert_eq!(Hello::decode(&flags), Err(Malformed::Reserved(2)));
+        let mut v2 = plain.encode();
         v2[2] = 2;
-        assert_eq!(decode_hello(&v2), Err(Malformed::Version(2)));
+        assert_eq!(Hello::decode(&v2), Err(Malformed::Version(2)));
     }
 
     #[test]

@@ -21,3 +21,10 @@ fn a_connection_without_a_hello_or_with_too_many_credits_is_refused() {
         &Site::soft("10.98.14.2"),
     );
 }
+
+#[test]
+fn a_resumable_sessions_record_survives_its_connection() {
+    at_most_once::a_resumable_sessions_record_survives_its_connection::<Soft>(&Site::soft(
+        "10.98.14.3",
+    ));
+}

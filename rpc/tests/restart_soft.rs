@@ -22,7 +22,7 @@ use corelink_engine::verbs::soft::Soft;
 use corelink_engine::{Engine, Placement};
 use corelink_rpc::{
     Endpoint, EndpointConfig, Reject, ReqType, Rpc, RpcError, RpcHandler, Serve, Service,
-    SessionEvent, SessionId,
+    SessionEnd, SessionEvent, SessionId,
 };
 
 /// Records that it ran for the request id in its request (a little-endian `u64`), and echoes.
@@ -155,12 +155,15 @@ fn across_a_server_restart_every_call_ends_once_and_none_runs_twice() {
 
 /// A session opened under a reconnect policy (`Rpc::connect_with`) makes `N` calls at once;
 /// the answer to call `CUT_AT` fails its connection's QPs (both ends). The session is
-/// suspended (`Reconnecting`: its calls in flight end with `SessionClosed`), the engine
-/// connects again, and the session carries on (`Connected`): the calls that were waiting for
-/// a credit are answered on the new connection. The session is in a group: out of it while
+/// suspended (`Reconnecting`), the engine connects again, and the session carries on
+/// (`Connected`): the calls that were in flight go again (the server, which kept the
+/// session's record, answers those it ran from it and runs the others), and those waiting
+/// for a credit follow, so that every call is answered and none runs twice. The session is in a group: out of it while
 /// suspended, in it again once reconnected (each event comes with whether it is a member).
 struct Redialer {
     at: SocketAddr,
+    /// The wire dies at `CUT_AT` without a word (`faults::cut`), rather than the QPs failing.
+    cut: bool,
     started: bool,
     group: Option<corelink_rpc::GroupId>,
     events: Sender<(SessionEvent, bool)>,
@@ -171,7 +174,7 @@ impl Service<Soft> for Redialer {
     fn poll(&mut self, rpc: &mut Rpc<'_, Soft>) {
         if !std::mem::replace(&mut self.started, true) {
             let policy = corelink_engine::Reconnect {
-                attempts: 20,
+                attempts: 200,
                 backoff: Duration::from_millis(2),
                 max_backoff: Duration::from_millis(20),
             };
@@ -180,9 +183,12 @@ impl Service<Soft> for Redialer {
             // Made at once: they wait for the connection, then for credits.
             for id in 1000..1000 + N {
                 let (tx, fail) = (self.tx.clone(), (id == 1000 + CUT_AT).then_some(self.at));
+                let cut = self.cut;
                 rpc.call(s, EXEC, &id.to_le_bytes(), LONG, move |_, r| {
-                    if let Some(at) = fail {
-                        assert!(faults::fail_qps(at) >= 1, "the session's QPs fail");
+                    match fail {
+                        Some(at) if cut => assert_eq!(faults::cut(at), 1, "the wire is cut"),
+                        Some(at) => assert!(faults::fail_qps(at) >= 1, "the session's QPs fail"),
+                        None => {}
                     }
                     let _ = tx.send((id, r.map(<[u8]>::to_vec)));
                 })
@@ -209,6 +215,7 @@ fn a_session_under_a_reconnect_policy_carries_its_waiting_calls_to_the_new_conne
     let listen = at.listen;
     let client = client(&from, move || Redialer {
         at: listen,
+        cut: false,
         started: false,
         group: None,
         events: etx.clone(),
@@ -225,18 +232,117 @@ fn a_session_under_a_reconnect_policy_carries_its_waiting_calls_to_the_new_conne
         ],
         "suspended once (out of its group), then open again (back in it)"
     );
-    let closed = got.iter().filter(|(_, r)| matches!(r, Err(RpcError::SessionClosed))).count();
     let answered = got.iter().filter(|(id, r)| r.as_deref().ok() == Some(&id.to_le_bytes()[..]));
-    let answered = answered.count();
-    assert_eq!(answered + closed, N as usize, "each call answered or closed: {got:?}");
-    let credits = usize::from(EndpointConfig::for_worker(&from.map("").map.worker).credits);
-    assert!(closed >= 1 && closed <= credits, "only calls in flight end: {closed} closed");
-    // The calls made after those in flight at the failure went on the new connection.
-    let last = got.iter().filter(|(_, r)| r.is_ok()).map(|(id, _)| *id).max();
-    assert_eq!(last, Some(1000 + N - 1), "the last call was answered");
+    assert_eq!(answered.count(), N as usize, "every call answered, none lost: {got:?}");
     assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "no call ends twice");
     let runs = runs.lock().unwrap().clone();
     assert!(runs.values().all(|&n| n == 1), "a request ran twice: {runs:?}");
     client.shutdown().unwrap();
+    srv.shutdown().unwrap();
+}
+
+/// As above, but the server's host dies at `CUT_AT` (the wire cut without a word, then its
+/// engine gone) and a new server comes up on the same address: the session reconnects to it
+/// and sends its calls in flight again, which the new server, with no record of the session,
+/// answers `OutcomeUnknown` without running them; the calls that were waiting are answered.
+/// Every call ends once, and no request runs twice across the two servers.
+#[test]
+fn a_resumable_sessions_calls_in_flight_at_a_server_restart_end_unknown_and_never_run_twice() {
+    let at = Site::soft("10.98.33.5");
+    let from = Site::soft("10.98.33.6");
+    let runs = Runs::default();
+    let first = server(&at, &runs);
+    let (tx, rx) = outcomes();
+    let (etx, erx) = std::sync::mpsc::channel();
+    let listen = at.listen;
+    let client = client(&from, move || Redialer {
+        at: listen,
+        cut: true,
+        started: false,
+        group: None,
+        events: etx.clone(),
+        tx: tx.clone(),
+    });
+    assert_eq!(erx.recv_timeout(LONG).unwrap(), (SessionEvent::Connected, true));
+    assert_eq!(erx.recv_timeout(LONG).unwrap(), (SessionEvent::Reconnecting, false));
+    first.shutdown().unwrap();
+    let second = server(&at, &runs);
+    let got = take(&rx, N as usize);
+    assert_eq!(erx.recv_timeout(LONG).unwrap(), (SessionEvent::Connected, true));
+    let unknown = got.iter().filter(|(_, r)| matches!(r, Err(RpcError::OutcomeUnknown))).count();
+    let answered = got.iter().filter(|(id, r)| r.as_deref().ok() == Some(&id.to_le_bytes()[..]));
+    let answered = answered.count();
+    assert_eq!(answered + unknown, N as usize, "each call answered or unknown: {got:?}");
+    let credits = usize::from(EndpointConfig::for_worker(&from.map("").map.worker).credits);
+    assert!(unknown >= 1 && unknown <= credits, "only calls in flight: {unknown} unknown");
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "no call ends twice");
+    let runs = runs.lock().unwrap().clone();
+    assert!(runs.values().all(|&n| n == 1), "a request ran twice: {runs:?}");
+    for (id, r) in &got {
+        if r.is_ok() {
+            assert_eq!(runs.get(id), Some(&1), "answered call {id} ran once");
+        }
+    }
+    client.shutdown().unwrap();
+    second.shutdown().unwrap();
+}
+
+/// A server's session events and, after `Closed`, why it ended.
+struct Watch {
+    tx: Sender<(SessionEvent, Option<String>)>,
+}
+
+impl Service<Soft> for Watch {
+    fn on_session(&mut self, _: &mut Rpc<'_, Soft>, _: SessionId, event: SessionEvent) {
+        let _ = self.tx.send((event, None));
+    }
+
+    fn on_session_end(&mut self, _: &mut Rpc<'_, Soft>, _: SessionId, end: SessionEnd<'_>) {
+        let _ = self.tx.send((SessionEvent::Closed, Some(end.to_string())));
+    }
+}
+
+/// A resumable session's client goes away for good (its engine shuts down): its server
+/// keeps the session's record for `EndpointConfig::resume` (`Reconnecting`), then ends it
+/// (`Closed`, naming how the connection was lost).
+#[test]
+fn a_resumable_sessions_record_ends_when_its_client_does_not_come_back_in_time() {
+    let at = Site::soft("10.98.33.8");
+    let from = Site::soft("10.98.33.9");
+    let (etx, erx) = std::sync::mpsc::channel();
+    let map = at.map("");
+    let res = map.map.worker.clone();
+    let srv = Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| {
+        let cfg = EndpointConfig::for_worker(&res).with_resume(Duration::from_millis(30));
+        let mut ep = Endpoint::new(cfg, &res).unwrap();
+        ep.register(EXEC, |req, resp| resp.write(req.data).map_err(|_| Reject(1))).unwrap();
+        RpcHandler::new(ep, Watch { tx: etx.clone() })
+    })
+    .unwrap();
+    let (tx, rx) = outcomes();
+    let (ctx, _crx) = std::sync::mpsc::channel();
+    let listen = at.listen;
+    let client = client(&from, move || Redialer {
+        at: listen,
+        cut: false,
+        started: false,
+        group: None,
+        events: ctx.clone(),
+        tx: tx.clone(),
+    });
+    // (its calls' answers; the answer to `CUT_AT` fails the QPs once, and it reconnects)
+    take(&rx, N as usize);
+    client.shutdown().unwrap();
+    let events: Vec<_> = (0..6).map(|_| erx.recv_timeout(LONG).unwrap()).collect();
+    let kinds: Vec<SessionEvent> = events.iter().map(|(e, _)| *e).collect();
+    use SessionEvent::{Accepted, Closed, Reconnecting};
+    assert_eq!(
+        kinds,
+        [Accepted, Reconnecting, Accepted, Reconnecting, Closed, Closed],
+        "resumed once, then ended when its time was up: {events:?}"
+    );
+    let why = events[5].1.as_deref().unwrap_or_default();
+    assert!(why.contains("connection closed"), "{why}");
+    assert!(erx.recv_timeout(Duration::from_millis(100)).is_err(), "nothing more");
     srv.shutdown().unwrap();
 }

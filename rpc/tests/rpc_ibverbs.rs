@@ -132,6 +132,12 @@ fn a_connection_without_a_hello_or_with_too_many_credits_is_refused() {
 }
 
 #[test]
+fn a_resumable_sessions_record_survives_its_connection() {
+    let Some(s) = site(7130) else { return };
+    at_most_once::a_resumable_sessions_record_survives_its_connection::<Ibverbs>(&s);
+}
+
+#[test]
 fn large_requests_and_responses_arrive_byte_for_byte() {
     let Some(s) = site(7116) else { return };
     large::large_requests_and_responses_arrive_byte_for_byte::<Ibverbs>(&s);

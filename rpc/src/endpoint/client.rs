@@ -4,7 +4,7 @@ use std::cmp::Reverse;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::{Duration, Instant};
 
-use corelink_engine::verbs::{Provider, RemoteAddr};
+use corelink_engine::verbs::{Provider, RemoteAddr, RemoteRegion};
 use corelink_engine::{Buf, Cx, Done, EngineError};
 
 use super::{
@@ -118,6 +118,7 @@ impl<P: Provider> Endpoint<P> {
             len: if large { DESCRIPTOR as u32 } else { len as u32 },
             status: Status::Ok,
             large,
+            resent: false,
         };
         header.write_to(buf.as_mut_slice());
         let len = len as u32;
@@ -234,22 +235,16 @@ impl<P: Provider> Endpoint<P> {
         let Some((mut buf, arena_slot, len, ty)) = taken else { return self.missed() };
         let Some(region) = self.session(session).map(|s| s.region) else { return };
         if let Some(a) = &arena_slot {
-            // A large request: its descriptor, where this session's peer reads the payload.
-            let (Some(region), Some(arena)) = (region, &self.arena) else {
+            if !self.describe(region, a, len, &mut buf) {
                 if let Some(call) = self.take_call(id) {
                     let why = RpcError::NoLargeBuffers { len: len as usize };
                     self.finish(cx, call, Err(why));
                 }
                 return;
-            };
-            let addr = region.addr + arena.offset(a) as u64;
-            let d = Descriptor { addr, rkey: region.rkey, len };
-            buf.as_mut_slice()[HEADER..HEADER + DESCRIPTOR].copy_from_slice(&d.encode());
+            }
         }
         let Some(s) = self.session_mut(session) else { return };
-        let (Some(conn), Some(slot)) = (s.conn, s.free_slots.pop()) else {
-            return self.missed();
-        };
+        let Some(slot) = s.free_slots.pop() else { return self.missed() };
         let cs = &mut s.slots[usize::from(slot)];
         cs.seq += 1;
         cs.used = SlotUse::Call(id);
@@ -262,6 +257,39 @@ impl<P: Provider> Endpoint<P> {
         // The slot and sequence number, now known (header bytes 6..8 and 12..20).
         m[6..8].copy_from_slice(&slot.to_le_bytes());
         m[12..20].copy_from_slice(&seq.to_le_bytes());
+        self.post_request(cx, session, slot, id, ty, buf);
+    }
+
+    /// Writes into a large request's buffer its descriptor: where `session`'s peer (granted
+    /// `region`) reads the payload of `len` bytes in arena slot `a`. False without a region.
+    pub(super) fn describe(
+        &self,
+        region: Option<RemoteRegion>,
+        a: &ArenaSlot,
+        len: u32,
+        buf: &mut Buf<P>,
+    ) -> bool {
+        let (Some(region), Some(arena)) = (region, &self.arena) else { return false };
+        let addr = region.addr + arena.offset(a) as u64;
+        let d = Descriptor { addr, rkey: region.rkey, len };
+        buf.as_mut_slice()[HEADER..HEADER + DESCRIPTOR].copy_from_slice(&d.encode());
+        true
+    }
+
+    /// Sends call `id`'s request `buf` (its header complete) on `slot` of open session
+    /// `session`; a refusal ends the call with why (and frees the slot).
+    pub(super) fn post_request(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        slot: u16,
+        id: CallId,
+        ty: ReqType,
+        buf: Buf<P>,
+    ) {
+        let Some(conn) = self.session(session).and_then(|s| s.conn) else {
+            return self.missed();
+        };
         if let Err((_, e)) = self.send_typed(cx, conn, ty, buf, id.0) {
             let down =
                 matches!(e, EngineError::ConnectionClosing(_) | EngineError::NoSuchConnection(_));
@@ -286,7 +314,7 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
-    fn free_slot(&mut self, session: SessionId, slot: u16) {
+    pub(super) fn free_slot(&mut self, session: SessionId, slot: u16) {
         if let Some(s) = self.session_mut(session) {
             if let Some(cs) = s.slots.get_mut(usize::from(slot)) {
                 if cs.used != SlotUse::Free {
@@ -319,7 +347,7 @@ impl<P: Provider> Endpoint<P> {
     /// Ends the calls whose deadline passed (looked at every [`EXPIRE_EVERY`] loop
     /// iterations: it reads the clock, which the loop otherwise reads only when it needs to).
     pub(crate) fn expire(&mut self, cx: &mut Cx<P>) {
-        if self.deadlines.is_empty() && self.fresh.is_empty() {
+        if self.deadlines.is_empty() && self.fresh.is_empty() && self.parked.is_empty() {
             return;
         }
         if self.expire_in > 0 {
@@ -328,6 +356,7 @@ impl<P: Provider> Endpoint<P> {
         }
         self.expire_in = EXPIRE_EVERY - 1;
         let now = cx.now();
+        self.expire_parked(now);
         self.settle(now);
         while let Some(&Reverse((due, id))) = self.deadlines.peek() {
             if due > now {
@@ -460,6 +489,7 @@ fn error_of(status: Status, payload: &[u8]) -> RpcError {
         Status::NoSuchType => RpcError::NoSuchType(ReqType(a as u16)),
         Status::TooLarge => RpcError::TooLarge { len: a as usize, max: b as usize },
         Status::Rejected => RpcError::Rejected { code: a },
+        Status::Lost => RpcError::OutcomeUnknown,
         Status::Busy | Status::Ok => RpcError::PeerBusy,
     }
 }

@@ -5,6 +5,7 @@
 
 mod client;
 mod group;
+mod resume;
 mod server;
 
 use std::cmp::Reverse;
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use corelink_config::WorkerResources;
 use corelink_engine::verbs::{Provider, RemoteRegion};
-use corelink_engine::{Buf, ConnId, ConnInfo, Cx, Done, Op};
+use corelink_engine::{Buf, CloseReason, ConnId, ConnInfo, Cx, Done, Op};
 
 use crate::balance::Group;
 use crate::config::{recvs_per_session, EndpointConfig};
@@ -95,12 +96,17 @@ impl<P: Provider> Rpc<'_, P> {
     /// again under `policy` ([`corelink_engine::Cx::connect_with`]) and the session carries
     /// on there. The service hears [`SessionEvent::Reconnecting`] at the close, then
     /// [`SessionEvent::Connected`] again, or [`SessionEvent::Closed`] once the policy's tries
-    /// are spent. At the close the calls in flight end with [`RpcError::SessionClosed`]
-    /// (their outcome unknown: none is sent again, so none runs twice); the calls waiting for
-    /// a credit, and those made meanwhile, wait for the new connection (or their deadline).
-    /// A reconnected session is a new session to the server (a new one of its sessions,
-    /// with fresh slots); it leaves its groups while suspended and joins them again when it
-    /// reconnects.
+    /// are spent. The session is resumable: its hello carries a key, the same on every
+    /// connection, by which the server keeps the session's record (each slot's last sequence
+    /// number and response) for [`EndpointConfig::resume`] after a connection is lost. On
+    /// the new connection the calls that were in flight are sent again, on their slots with
+    /// their sequence numbers: a request that already ran is answered from the record, one
+    /// that did not runs, so each runs at most once; a server with no record of the session
+    /// (restarted, or past its resume time) answers them [`RpcError::OutcomeUnknown`]. The
+    /// calls waiting for a credit, and those made meanwhile, wait for the new connection (or
+    /// their deadline). The record is the worker's that served the session: a reconnection
+    /// the server's engine places on another worker finds none. The session leaves its
+    /// groups while suspended and joins them again when it reconnects.
     pub fn connect_with(
         &mut self,
         addr: SocketAddr,
@@ -312,6 +318,14 @@ pub struct Endpoint<P: Provider> {
     /// Groups of client sessions that calls are balanced across, by `GroupId` (never
     /// removed; at most `max_sessions`).
     groups: Vec<Group>,
+    /// Server sessions by their resumable key (their clients' hellos).
+    by_key: HashMap<u64, SessionId>,
+    /// Server sessions whose connection was lost, with when, oldest first: each ends once
+    /// `EndpointConfig::resume` has passed unless its client came back (entries of sessions
+    /// that did are skipped).
+    parked: VecDeque<(Instant, SessionId)>,
+    /// Parked sessions whose record expired, for the service to hear (`take_ended`).
+    ended: Vec<(SessionId, CloseReason)>,
     metrics: RpcMetrics,
     _thread_bound: PhantomData<Rc<()>>,
 }
@@ -364,6 +378,11 @@ struct Session<P: Provider> {
     redial: bool,
     /// The groups it left when it was suspended, joined again when it reconnects.
     rejoin: Vec<GroupId>,
+    /// A resumable session's key: a client's, sent in each connect's hello (with a
+    /// reconnect policy); a server's, from its client's hello (when records are kept).
+    key: Option<u64>,
+    /// A server session whose connection was lost: when, and why (it waits for its client).
+    lost: Option<(Instant, CloseReason)>,
 }
 
 impl<P: Provider> Session<P> {
@@ -412,6 +431,9 @@ struct ServedSlot<P: Provider> {
     arena: Option<ArenaSlot>,
     /// A large request whose payload is being read: its type and the client's session id.
     pending: Option<(ReqType, SessionId)>,
+    /// The session has seen a request on the slot: it knows what ran there (a request sent
+    /// again after a reconnect to a slot it does not know may have run: `Status::Lost`).
+    known: bool,
 }
 
 /// What a call asks, before it is made: its session, type, payload length and timeout.
@@ -488,6 +510,9 @@ impl<P: Provider> Endpoint<P> {
             merges: HashMap::new(),
             arena: None,
             groups: Vec::new(),
+            by_key: HashMap::new(),
+            parked: VecDeque::new(),
+            ended: Vec::new(),
             metrics: RpcMetrics::default(),
             cfg,
             _thread_bound: PhantomData,
@@ -666,6 +691,11 @@ impl<P: Provider> Endpoint<P> {
         if let Some(conn) = s.conn {
             self.by_conn.remove(&conn);
         }
+        if let Some(key) = s.key.filter(|_| !s.served.is_empty()) {
+            if self.by_key.get(&key) == Some(&id) {
+                self.by_key.remove(&key);
+            }
+        }
         Some(s)
     }
 
@@ -757,9 +787,16 @@ impl<P: Provider> Endpoint<P> {
             served: Vec::new(),
             redial: policy.is_some(),
             rejoin: Vec::new(),
+            key: None,
+            lost: None,
         };
         let id = self.new_session(s)?;
-        let (hello, token) = (wire::hello(credits), u64::from(id.to_wire()));
+        let key = policy.is_some().then(|| resume::fresh_key(id));
+        if let Some(s) = self.session_mut(id) {
+            s.key = key;
+        }
+        let hello = wire::Hello { credits, resume: key }.encode();
+        let token = u64::from(id.to_wire());
         let asked = match policy {
             Some(p) => cx.connect_with(addr, &hello, token, p),
             None => cx.connect(addr, &hello, token),
@@ -858,17 +895,24 @@ impl<P: Provider> Endpoint<P> {
             let rejoin = std::mem::take(&mut s.rejoin);
             self.by_conn.insert(conn, id);
             self.rejoin_groups(id, &rejoin);
+            // The calls in flight when the last connection was lost go first, as they were.
+            self.resend_in_flight(cx, id);
             self.dispatch_waiting(cx, id);
             return Some((id, SessionEvent::Connected));
         }
-        let credits = match wire::decode_hello(&info.private_data) {
-            Ok(c) if c >= 1 && u32::from(c) <= self.recvs => c,
+        let hello = match wire::Hello::decode(&info.private_data) {
+            Ok(h) if h.credits >= 1 && u32::from(h.credits) <= self.recvs => h,
             _ => {
                 self.metrics.refused += 1;
                 let _ = cx.close(conn);
                 return None;
             }
         };
+        let (credits, key) = (hello.credits, hello.resume.filter(|_| !self.cfg.resume.is_zero()));
+        if let Some(id) = key.and_then(|k| self.resumable(k, credits)) {
+            self.resume(cx, id, conn, peer_max, region);
+            return Some((id, SessionEvent::Accepted));
+        }
         let s = Session {
             conn: Some(conn),
             phase: Phase::Open,
@@ -885,14 +929,20 @@ impl<P: Provider> Endpoint<P> {
                     resend: false,
                     arena: None,
                     pending: None,
+                    known: false,
                 })
                 .collect(),
             redial: false,
             rejoin: Vec::new(),
+            key,
+            lost: None,
         };
         match self.new_session(s) {
             Ok(id) => {
                 self.by_conn.insert(conn, id);
+                if let Some(key) = key {
+                    self.by_key.insert(key, id);
+                }
                 Some((id, SessionEvent::Accepted))
             }
             Err(_) => {
@@ -924,20 +974,26 @@ impl<P: Provider> Endpoint<P> {
         conn: ConnId,
         reason: &corelink_engine::CloseReason,
     ) -> Option<(SessionId, SessionEvent)> {
-        use corelink_engine::CloseReason;
         let id = self.by_conn.remove(&conn)?;
         let final_close = matches!(reason, CloseReason::Local | CloseReason::Shutdown);
         if !final_close && self.session(id).is_some_and(|s| s.redial) {
             self.suspend(cx, id);
             return Some((id, SessionEvent::Reconnecting));
         }
+        if !final_close && self.session(id).is_some_and(|s| s.key.is_some() && s.conn == Some(conn))
+        {
+            self.park(cx, id, *reason);
+            return Some((id, SessionEvent::Reconnecting));
+        }
         self.end_session(cx, id);
         Some((id, SessionEvent::Closed))
     }
 
-    /// Session `id`'s connection is gone and will be made again: its calls in flight end
-    /// with `SessionClosed` and its slots are free; its waiting calls stay.
-    fn suspend(&mut self, cx: &mut Cx<P>, id: SessionId) {
+    /// Session `id`'s connection is gone and will be made again: its calls in flight stay on
+    /// their slots, to go again on the new connection (`resend_in_flight`); a slot whose call
+    /// timed out is free (its answer, if any, was lost with the connection); its waiting
+    /// calls stay.
+    fn suspend(&mut self, _cx: &mut Cx<P>, id: SessionId) {
         let rejoin = self.groups_of(id);
         self.leave_groups(id);
         let Some(s) = self.session_mut(id) else { return };
@@ -945,14 +1001,15 @@ impl<P: Provider> Endpoint<P> {
         s.conn = None;
         s.phase = Phase::Connecting;
         s.region = None;
-        let in_flight: Vec<CallId> = s.in_flight().collect();
         for cs in &mut s.slots {
-            cs.used = SlotUse::Free;
-            cs.arena = None;
             cs.reading = false;
+            if cs.used == SlotUse::Abandoned {
+                cs.used = SlotUse::Free;
+                cs.arena = None;
+            }
         }
-        s.free_slots = all_free(s.slots.len());
-        self.close_calls(cx, in_flight);
+        let free = (0..s.slots.len() as u16).rev();
+        s.free_slots = free.filter(|&i| s.slots[usize::from(i)].used == SlotUse::Free).collect();
     }
 
     /// Takes session `id` out and ends every call of it with `SessionClosed`.
@@ -992,16 +1049,18 @@ impl<P: Provider> Endpoint<P> {
     }
 
     fn own_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
-        if !done.status.is_success() {
-            // The connection closes, and its calls end then.
-            return;
-        }
         match done.token & TOKEN_KIND {
+            // (kept for a resend even when it failed: the connection is going down)
             RESPONSE_TOKEN => self.answer_sent(cx, done),
+            // A request went: a resumable session's is kept until its answer (sent again
+            // if the connection is lost first); others' go back to the pool.
+            0 => self.request_sent(done),
+            // A failed read: the connection closes, and its calls end then (or, on a
+            // resumable session, the request comes again).
+            SERVER_READ if !done.status.is_success() => self.request_unread(done),
+            _ if !done.status.is_success() => {}
             SERVER_READ => self.request_read(cx, done),
-            CLIENT_READ => self.response_read(cx, done),
-            // A request went (its buffer goes back to the pool).
-            _ => {}
+            _ => self.response_read(cx, done),
         }
     }
 

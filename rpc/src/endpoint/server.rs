@@ -74,6 +74,21 @@ impl<P: Provider> Endpoint<P> {
         let conn = s.conn;
         let ss = s.served.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
         let Some(conn) = conn else { return Ok(()) };
+        if h.resent && !ss.known {
+            // Sent before, to a server that kept no record of the session (a restart, or its
+            // resume time passed): it may have run. Answered so, from now on.
+            ss.known = true;
+            ss.seq = h.seq;
+            ss.stored = None;
+            ss.resend = false;
+            ss.arena = None;
+            ss.pending = None;
+            self.metrics.lost += 1;
+            let reply = error_reply(cx, Status::Lost, 0, 0);
+            self.send_answer(cx, session, Asked::of(h), reply);
+            return Ok(());
+        }
+        ss.known = true;
         if h.seq < ss.seq {
             self.metrics.stale += 1;
             return Ok(());
@@ -155,13 +170,18 @@ impl<P: Provider> Endpoint<P> {
         let kind = if status == Status::Ok { Kind::Response } else { Kind::Error };
         let len = (buf.len() - HEADER) as u32;
         let large = arena.is_some();
-        let header = Header { kind, ty, slot, session: client, seq, len, status, large };
+        let header =
+            Header { kind, ty, slot, session: client, seq, len, status, large, resent: false };
         header.write_to(buf.as_mut_slice());
         let Some(s) = self.session_mut(session) else { return };
-        let Some(conn) = s.conn else { return };
-        if let Some(ss) = s.served.get_mut(usize::from(slot)) {
-            ss.arena = arena;
-        }
+        let Some(ss) = s.served.get_mut(usize::from(slot)) else { return };
+        ss.arena = arena;
+        let Some(conn) = s.conn else {
+            // Its connection was lost meanwhile (a large request's read was its last): the
+            // answer is kept for the request to come again.
+            ss.stored = Some(buf);
+            return;
+        };
         let token = slot_token(RESPONSE_TOKEN, session, slot, seq);
         if self.send_typed(cx, conn, ty, buf, token).is_err() {
             // The connection is closing (the client's calls end with it), or the worker's
