@@ -156,6 +156,30 @@ impl<T> Slab<T> {
         unsafe { slot.value.assume_init_read() }
     }
 
+    /// Takes the value of `id` out, if `id` is current and `take` (reading what it needs of
+    /// the value where it lies) returns something; the value is then forgotten, not dropped.
+    /// When `take` returns `None` the value stays.
+    ///
+    /// # Safety
+    /// When it returns `Some`, `take` must have moved out (`std::ptr::read`) every part of the
+    /// value that needs dropping (the slot is marked empty without running its destructor);
+    /// when it returns `None`, it must have moved nothing out.
+    #[inline(always)]
+    pub unsafe fn take_read<R>(&mut self, id: Id, take: impl FnOnce(&T) -> Option<R>) -> Option<R> {
+        let i = id.slot();
+        let slot = self.slots.get_mut(i)?;
+        if u64::from(slot.generation) != id.generation() {
+            return None;
+        }
+        // SAFETY: a current slot is full; the caller's contract covers what `take` moves out,
+        // and the new even generation marks the slot empty, so the value is never read or
+        // dropped again.
+        let r = take(unsafe { slot.value.assume_init_ref() })?;
+        slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK;
+        self.free.push(i as u32);
+        Some(r)
+    }
+
     /// The value of `id`, if `id` is current.
     #[inline(always)]
     pub fn get(&self, id: Id) -> Option<&T> {
@@ -209,8 +233,7 @@ impl<T> Drop for Slab<T> {
 
 /// A first-in first-out queue of values in a [`Slab`], linked through the slab's slots: it
 /// never allocates and has no capacity of its own. A value is in one `Fifo` at most, and
-/// stays in the slab while it is in one (it is taken out of the slab only after `pop`, or by
-/// `pop_take`).
+/// stays in the slab while it is in one (it is taken out of the slab only after `pop`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Fifo {
     head: u32,
@@ -225,7 +248,7 @@ impl Fifo {
     }
 
     /// Members.
-    #[inline]
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len as usize
     }
@@ -286,30 +309,6 @@ impl Fifo {
         Some(Id::new(slot.generation, head))
     }
 
-    /// Takes the first member out of the queue and out of the slab, in one visit of its slot,
-    /// and gives it to `take` (inlined: what `take` leaves of the value is never copied).
-    #[inline(always)]
-    pub fn pop_take<T, R>(
-        &mut self,
-        slab: &mut Slab<T>,
-        take: impl FnOnce(Id, T) -> R,
-    ) -> Option<R> {
-        if self.len == 0 {
-            return None;
-        }
-        let i = self.head;
-        let Some(slot) = slab.slots.get_mut(i as usize).filter(|s| s.full()) else {
-            self.lost(slab);
-            return None;
-        };
-        let id = Id::new(slot.generation, i);
-        self.head = slot.link;
-        self.len -= 1;
-        let v = Slab::empty(slot);
-        slab.free.push(i);
-        Some(take(id, v))
-    }
-
     /// A member left the slab while queued (a bug): the rest of the chain is unreachable.
     /// Counted in the slab's misses (the worker's metrics), and a debug assertion.
     #[cold]
@@ -343,10 +342,31 @@ mod tests {
         assert_eq!(b.pop(&s), None);
         assert!(b.is_empty());
         assert_eq!(s.remove(ids[2]).map(|v| v.0), Some('y'));
-        assert_eq!(a.pop_take(&mut s, |id, v| (id, v)), Some((ids[3], ('z', 0))));
-        assert_eq!(s.get(ids[3]), None, "taken out of the slab too");
+        assert_eq!(a.pop(&s), Some(ids[3]));
         assert_eq!(a.pop(&s), None);
-        assert_eq!(a.pop_take(&mut s, |id, v| (id, v)), None);
+    }
+
+    #[test]
+    fn take_read_takes_only_what_it_is_given_and_forgets_the_rest() {
+        use std::rc::Rc;
+        let mut s = Slab::new(2);
+        let held = Rc::new(());
+        let id = s.insert((Rc::clone(&held), 7u32)).unwrap();
+        // `None`: nothing moved out, the value stays.
+        // SAFETY: the closure moves nothing out when it returns `None`.
+        let kept = unsafe { s.take_read(id, |v: &(Rc<()>, u32)| (v.1 == 8).then_some(())) };
+        assert_eq!(kept, None);
+        assert_eq!(s.get(id).map(|v| v.1), Some(7));
+        // `Some`: the one part that needs dropping moved out, the record forgotten.
+        // SAFETY: the `Rc`, the only part with drop glue, is read out exactly once.
+        let taken = unsafe { s.take_read(id, |v: &(Rc<()>, u32)| Some(std::ptr::read(&v.0))) };
+        assert_eq!(Rc::strong_count(&held), 2, "moved, not cloned nor dropped");
+        drop(taken);
+        assert_eq!(Rc::strong_count(&held), 1);
+        assert_eq!(s.get(id), None, "the slot is free");
+        assert_eq!(s.len(), 0);
+        // SAFETY: as above (and a stale id finds nothing).
+        assert_eq!(unsafe { s.take_read(id, |_: &(Rc<()>, u32)| Some(())) }, None);
     }
 
     #[test]

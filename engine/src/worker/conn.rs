@@ -4,6 +4,7 @@
 use arrayvec::ArrayVec;
 use corelink_verbs::{Provider, Qp, QpAttr, QpState, RemoteAddr, WcStatus};
 
+use super::ReqId;
 use crate::handoff::Origin;
 use crate::memory::Exposed;
 use crate::pool::Buf;
@@ -91,12 +92,70 @@ pub(crate) enum Phase {
     Closing,
 }
 
+/// The work requests a lane has on the device, in post order: a ring of request ids as deep
+/// as the send queue (the scheduler never posts more), so that a post appends and a
+/// completion takes the oldest without visiting any other record.
+#[derive(Debug)]
+pub(crate) struct Posted {
+    ids: Box<[ReqId]>,
+    /// `ids.len() - 1` (a power of two less one).
+    mask: usize,
+    head: usize,
+    len: usize,
+}
+
+impl Posted {
+    /// Room for `depth` work requests.
+    pub(crate) fn new(depth: u32) -> Self {
+        let n = (depth.max(1) as usize).next_power_of_two();
+        Posted { ids: vec![ReqId::from_raw(0); n].into_boxed_slice(), mask: n - 1, head: 0, len: 0 }
+    }
+
+    /// Work requests in it.
+    #[inline(always)]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has none.
+    #[inline(always)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends request `id`; false (nothing kept) when it is full, which the scheduler rules
+    /// out (it posts at most the send queue's depth).
+    #[inline(always)]
+    pub(crate) fn push(&mut self, id: ReqId) -> bool {
+        if self.len > self.mask {
+            return false;
+        }
+        if let Some(slot) = self.ids.get_mut((self.head + self.len) & self.mask) {
+            *slot = id;
+        }
+        self.len += 1;
+        true
+    }
+
+    /// Takes the oldest out.
+    #[inline(always)]
+    pub(crate) fn pop(&mut self) -> Option<ReqId> {
+        if self.len == 0 {
+            return None;
+        }
+        let id = self.ids.get(self.head).copied();
+        self.head = (self.head + 1) & self.mask;
+        self.len -= 1;
+        id
+    }
+}
+
 /// A lane's send queue as the scheduler keeps it: what is on the device, in post order.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SendQueue {
     /// Work requests on the device, signalled or not, in post order: a completion retires
     /// every one before it (the device completes a QP's requests in order).
-    pub(crate) posted: Fifo,
+    pub(crate) posted: Posted,
     /// Of those, reads and atomics.
     pub(crate) rd_outstanding: u32,
     /// Unsignalled work requests posted since the last signalled one.
@@ -104,6 +163,11 @@ pub(crate) struct SendQueue {
 }
 
 impl SendQueue {
+    /// An empty one, `depth` deep.
+    pub(crate) fn new(depth: u32) -> Self {
+        SendQueue { posted: Posted::new(depth), rd_outstanding: 0, unsignalled: 0 }
+    }
+
     /// Work requests on the device.
     #[inline(always)]
     pub(crate) fn outstanding(&self) -> u32 {
@@ -218,5 +282,29 @@ impl<P: Provider> Conn<P> {
             self.reason = Some(crate::request::CloseReason::Error(status));
         }
         self.phase = Phase::Closing;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn posted_keeps_post_order_across_its_wrap_and_refuses_beyond_its_depth() {
+        let id = |n: u64| ReqId::from_raw(n);
+        let mut p = Posted::new(3); // (room for 4: a power of two)
+        for n in 1..=4 {
+            assert!(p.push(id(n)));
+        }
+        assert!(!p.push(id(5)), "full");
+        assert_eq!(p.len(), 4);
+        assert_eq!((p.pop(), p.pop()), (Some(id(1)), Some(id(2))));
+        for n in 6..=7 {
+            assert!(p.push(id(n)));
+        }
+        let rest: Vec<_> = std::iter::from_fn(|| p.pop()).collect();
+        assert_eq!(rest, [id(3), id(4), id(6), id(7)]);
+        assert!(p.is_empty());
+        assert_eq!(p.pop(), None);
     }
 }

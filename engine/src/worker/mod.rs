@@ -655,7 +655,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let mut lanes = ArrayVec::new();
         for (NewLane { qp, cm_key }, primed) in new.into_iter().zip(opened.lanes) {
             let (recvs, recvs_posted) = (primed.recvs, primed.posted);
-            lanes.push(Lane { qp, cm_key, recvs, recvs_posted, sq: conn::SendQueue::default() });
+            let sq = conn::SendQueue::new(self.cx.cfg.max_outstanding);
+            lanes.push(Lane { qp, cm_key, recvs, recvs_posted, sq });
         }
         if !self.cx.conns.fill(id, Conn::new(id, info.clone(), origin, lanes)) {
             // (never: `open` found it primed, so its slot is kept)

@@ -15,10 +15,21 @@ use super::conn::{MergeKey, Req};
 use super::notice::Notice;
 use super::outbox::Outbox;
 use crate::handoff::Origin;
-use crate::slab::{Fifo, Id, Slab};
+use crate::slab::{Id, Slab};
 
 /// A request's id: its slot in the worker's slab and the slot's generation.
 pub(crate) type ReqId = Id;
+
+/// Of a request's fields only its buffer needs dropping, so that a completion can take the
+/// buffer out and forget the record where it lies (`Requests::take_plain`).
+const NO_DROP_BUT_BUF: () = {
+    use corelink_verbs::RemoteAddr;
+    use std::mem::needs_drop;
+    assert!(!needs_drop::<(ConnId, u8, OpKind, RemoteAddr, u32, Option<u32>, u64, u64)>());
+    assert!(!needs_drop::<(u64, Origin, Option<ReqId>, Option<u32>)>());
+};
+#[allow(clippy::let_unit_value)]
+const _: () = NO_DROP_BUT_BUF;
 
 /// A request as its completion takes it out of the slab: what telling its issuer needs.
 #[derive(Debug)]
@@ -71,6 +82,10 @@ impl<P: Provider> Retired<P> {
         Done { conn, token, kind, status, buf, old_value, closed_by }
     }
 }
+
+/// A plain request taken out for its completion (`Requests::take_plain`): its connection,
+/// token, kind, buffer and the bytes it moved.
+pub(crate) type Plain<P> = (ConnId, u64, OpKind, Buf<P>, u32);
 
 /// What a request carries beside its record until it completes: nothing (the handler's
 /// requests, at no cost), or an external client's vector (kept by slot, given back in its
@@ -176,19 +191,45 @@ impl<P: Provider> Requests<P> {
         Some(r)
     }
 
-    /// Takes the first request of a lane's `posted` queue out (one visit of its slot), as the
-    /// parts its completion needs (the record is destructured where it lies, not moved whole),
-    /// leaving its vector as [`Requests::take`] does.
+    /// Takes request `id` out, if it is a plain request of the handler (a send, write or read,
+    /// with nothing riding on it and in no merge table), as what its completion needs: its
+    /// connection, token, kind, buffer and the bytes it moved, read where the record lies
+    /// (never moved whole). Any other request stays (and `None`): its completion goes the
+    /// general way.
     #[inline(always)]
-    pub(crate) fn pop_posted(&mut self, posted: &mut Fifo) -> Option<Retired<P>> {
-        let merges = &mut self.merges;
-        posted.pop_take(&mut self.slab, |id, r| {
-            if let Some(epoch) = r.merge_epoch {
-                unmerge(merges, &r, epoch, id);
+    pub(crate) fn take_plain(&mut self, id: ReqId) -> Option<Plain<P>> {
+        let read = |r: &Req<P>| {
+            // Every field named (a new one must be looked at here): the buffer is moved out,
+            // the others are copied (`NO_DROP_BUT_BUF`).
+            let Req {
+                conn,
+                lane: _,
+                kind,
+                buf,
+                remote: _,
+                len,
+                imm: _,
+                arg: _,
+                swap: _,
+                token,
+                origin,
+                next,
+                merge_epoch,
+            } = r;
+            let plain = *origin == Origin::Handler
+                && next.is_none()
+                && merge_epoch.is_none()
+                && !matches!(kind, OpKind::FetchAdd | OpKind::CompareSwap);
+            if !plain {
+                return None;
             }
-            let Req { conn, kind, buf, len, token, origin, next, .. } = r;
-            Retired { id, conn, kind, buf, len, token, origin, next }
-        })
+            // SAFETY: the buffer is read out once, here, and the record forgotten after.
+            let buf = unsafe { std::ptr::read(buf) };
+            Some((*conn, *token, *kind, buf, *len))
+        };
+        // SAFETY: of a request's fields only its buffer needs dropping (`NO_DROP_BUT_BUF`);
+        // `read` moves it out exactly when it returns `Some`.
+        unsafe { self.slab.take_read(id, read) }
     }
 
     /// The vector of request `id` (taken out, from `origin`): an external client's, or none.

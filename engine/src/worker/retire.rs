@@ -20,12 +20,30 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         loop {
             let Some(c) = self.cx.conns.at_mut(slot) else { return self.cx.invariant_missed() };
             let Some(lane) = c.lanes.get_mut(l) else { return self.cx.invariant_missed() };
-            let Some(r) = self.cx.reqs.pop_posted(&mut lane.sq.posted) else {
+            c.live.heard = true;
+            let Some(id) = lane.sq.posted.pop() else {
                 return self.cx.invariant_missed();
             };
-            let mine = r.id == done;
+            let mine = id == done;
             let status = if mine { wc.status } else { WcStatus::Success };
-            c.live.heard = true;
+            // The common case first: a plain request of the handler, succeeded.
+            let plain =
+                if status == WcStatus::Success { self.cx.reqs.take_plain(id) } else { None };
+            if let Some((conn, token, kind, buf, len)) = plain {
+                if kind == OpKind::Read {
+                    lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
+                }
+                self.cx.metrics.completion(wc_opcode(kind), status, len);
+                let buf = Some(buf);
+                let d = Done { conn, token, kind, status, buf, old_value: None, closed_by: None };
+                self.handler.on_completion(&mut self.cx, d);
+                if mine {
+                    return;
+                }
+                continue;
+            }
+            let Some(r) = self.cx.reqs.take(id) else { return self.cx.invariant_missed() };
+            let r = Retired::of(id, r);
             if r.is_rd_atomic() {
                 lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
             }
@@ -62,10 +80,14 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let mut ended = Vec::new();
         let Worker { cx, .. } = self;
         let mut slots = Vec::new();
+        let mut missed = 0;
         for c in cx.conns.iter_mut().filter(|c| c.untrusted && c.phase == Phase::Closing) {
             for lane in c.lanes.iter_mut() {
-                while let Some(r) = cx.reqs.pop_posted(&mut lane.sq.posted) {
-                    ended.push(r);
+                while let Some(id) = lane.sq.posted.pop() {
+                    match cx.reqs.take(id) {
+                        Some(r) => ended.push(Retired::of(id, r)),
+                        None => missed += 1,
+                    }
                 }
                 lane.sq.rd_outstanding = 0;
                 cx.metrics.completions_made_up += lane.recvs_posted as u64;
@@ -75,6 +97,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
         for slot in slots {
             self.cx.conns.mark(slot);
+        }
+        for _ in 0..missed {
+            self.cx.invariant_missed();
         }
         self.cx.metrics.completions_made_up += ended.len() as u64;
         for r in ended {
