@@ -331,15 +331,27 @@ impl<P: Provider> ClientPart<P> {
     #[inline(always)]
     fn reissue(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
         let Some(s) = &self.steady else { return };
-        let op = match (s.verb, buf) {
-            (Verb::Write, Some(buf)) => Op::Write { buf, remote: s.remote, imm: None },
-            (Verb::Send, Some(buf)) => Op::Send { buf, imm: None },
-            (Verb::Read, Some(buf)) => Op::Read { buf, remote: s.remote },
-            (Verb::Atomic, _) => Op::FetchAdd { remote: s.remote, add: 1 },
-            (_, None) => return self.fail(cx, "no buffer for the request".into()),
+        let (conn, remote, token) = (s.conn, s.remote, s.token);
+        let r = match (s.flat, s.verb, buf) {
+            (_, Verb::Write | Verb::Send | Verb::Read, None) => {
+                return self.fail(cx, "no buffer for the request".into())
+            }
+            (true, verb, buf) => {
+                let op = match (verb, buf) {
+                    (Verb::Write, Some(buf)) => Op::Write { buf, remote, imm: None },
+                    (Verb::Send, Some(buf)) => Op::Send { buf, imm: None },
+                    (Verb::Read, Some(buf)) => Op::Read { buf, remote },
+                    _ => Op::FetchAdd { remote, add: 1 },
+                };
+                cx.post_now(conn, op, token)
+            }
+            // Scheduled: each verb's own call, so that the request's kind is known where its
+            // record is built (a runtime `Op` costs a match and a copy of it per request).
+            (false, Verb::Write, Some(buf)) => cx.write(conn, buf, remote, None, token),
+            (false, Verb::Send, Some(buf)) => cx.send(conn, buf, None, token),
+            (false, Verb::Read, Some(buf)) => cx.read(conn, buf, remote, token),
+            (false, Verb::Atomic, _) => cx.fetch_add(conn, remote, 1, token),
         };
-        let r =
-            if s.flat { cx.post_now(s.conn, op, s.token) } else { cx.submit(s.conn, op, s.token) };
         match r {
             Ok(()) => self.posted += 1,
             Err((op, EngineError::QueueFull(_))) => self.retry.push(op_buf(op)),
