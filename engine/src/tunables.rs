@@ -16,10 +16,6 @@ pub const MAX_QPS_PER_CONN: usize = corelink_config::limits::MAX_QPS_PER_CONN as
 /// Request classes (class 0 goes first).
 pub const CLASSES: usize = corelink_config::limits::CLASSES as usize;
 
-/// Requests one send completion retires per pass at most (its lane's work requests up to it,
-/// taken off the lane together, then told to their issuers; a longer run takes several).
-pub const RETIRE_BATCH: usize = 64;
-
 /// Scatter/gather entries one work request carries at most (a coalesced write gathers its
 /// requests' buffers).
 pub const MAX_SGE: usize = 8;

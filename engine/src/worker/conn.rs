@@ -92,14 +92,12 @@ pub(crate) enum Phase {
     Closing,
 }
 
-/// The work requests a lane has on the device, in post order: a ring of request ids, each with
-/// whether it is a read or an atomic, as deep as the send queue (the scheduler never posts
-/// more), so that a post appends and a completion takes the oldest without visiting any other
-/// record.
+/// The work requests a lane has on the device, in post order: a ring of request ids as deep
+/// as the send queue (the scheduler never posts more), so that a post appends and a
+/// completion takes the oldest without visiting any other record.
 #[derive(Debug)]
 pub(crate) struct Posted {
-    /// Each a request id's bits, with bit 63 set for a read or atomic (an id is below 2^63).
-    ids: Box<[u64]>,
+    ids: Box<[ReqId]>,
     /// `ids.len() - 1` (a power of two less one).
     mask: usize,
     head: usize,
@@ -110,7 +108,7 @@ impl Posted {
     /// Room for `depth` work requests.
     pub(crate) fn new(depth: u32) -> Self {
         let n = (depth.max(1) as usize).next_power_of_two();
-        Posted { ids: vec![0; n].into_boxed_slice(), mask: n - 1, head: 0, len: 0 }
+        Posted { ids: vec![ReqId::from_raw(0); n].into_boxed_slice(), mask: n - 1, head: 0, len: 0 }
     }
 
     /// Work requests in it.
@@ -125,37 +123,32 @@ impl Posted {
         self.len == 0
     }
 
-    /// Appends request `id` (`rd_atomic`: a read or an atomic); false (nothing kept) when it
-    /// is full, which the scheduler rules out (it posts at most the send queue's depth).
+    /// Appends request `id`; false (nothing kept) when it is full, which the scheduler rules
+    /// out (it posts at most the send queue's depth).
     #[inline(always)]
-    pub(crate) fn push(&mut self, id: ReqId, rd_atomic: bool) -> bool {
+    pub(crate) fn push(&mut self, id: ReqId) -> bool {
         if self.len > self.mask {
             return false;
         }
         if let Some(slot) = self.ids.get_mut((self.head + self.len) & self.mask) {
-            *slot = id.raw() | u64::from(rd_atomic) << RD_ATOMIC_BIT;
+            *slot = id;
         }
         self.len += 1;
         true
     }
 
-    /// Takes the oldest out: its id, and whether it is a read or an atomic.
+    /// Takes the oldest out.
     #[inline(always)]
-    pub(crate) fn pop(&mut self) -> Option<(ReqId, bool)> {
+    pub(crate) fn pop(&mut self) -> Option<ReqId> {
         if self.len == 0 {
             return None;
         }
-        let raw = self.ids.get(self.head).copied();
+        let id = self.ids.get(self.head).copied();
         self.head = (self.head + 1) & self.mask;
         self.len -= 1;
-        raw.map(|v| (ReqId::from_raw(v & !(1 << RD_ATOMIC_BIT)), v >> RD_ATOMIC_BIT == 1))
+        id
     }
 }
-
-/// The bit of a [`Posted`] entry that marks a read or an atomic.
-const RD_ATOMIC_BIT: u32 = 63;
-// (a request id leaves it clear: its generation has 31 bits above the slot's)
-const _: () = assert!(crate::tunables::SLOT_BITS + 31 <= RD_ATOMIC_BIT);
 
 /// A lane's send queue as the scheduler keeps it: what is on the device, in post order.
 #[derive(Debug)]
@@ -298,19 +291,19 @@ mod tests {
 
     #[test]
     fn posted_keeps_post_order_across_its_wrap_and_refuses_beyond_its_depth() {
-        let id = |n: u64| ReqId::from_raw(n << 40 | n);
+        let id = |n: u64| ReqId::from_raw(n);
         let mut p = Posted::new(3); // (room for 4: a power of two)
         for n in 1..=4 {
-            assert!(p.push(id(n), n == 2));
+            assert!(p.push(id(n)));
         }
-        assert!(!p.push(id(5), false), "full");
+        assert!(!p.push(id(5)), "full");
         assert_eq!(p.len(), 4);
-        assert_eq!((p.pop(), p.pop()), (Some((id(1), false)), Some((id(2), true))));
+        assert_eq!((p.pop(), p.pop()), (Some(id(1)), Some(id(2))));
         for n in 6..=7 {
-            assert!(p.push(id(n), n == 7));
+            assert!(p.push(id(n)));
         }
         let rest: Vec<_> = std::iter::from_fn(|| p.pop()).collect();
-        assert_eq!(rest, [(id(3), false), (id(4), false), (id(6), false), (id(7), true)]);
+        assert_eq!(rest, [id(3), id(4), id(6), id(7)]);
         assert!(p.is_empty());
         assert_eq!(p.pop(), None);
     }

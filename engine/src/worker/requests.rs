@@ -54,6 +54,12 @@ impl<P: Provider> Retired<P> {
         Retired { id, conn, kind, buf, len, token, origin, next }
     }
 
+    /// Whether it counted against the QP's outstanding reads and atomics.
+    #[inline(always)]
+    pub(crate) fn is_rd_atomic(&self) -> bool {
+        self.kind.is_rd_atomic()
+    }
+
     /// The outcome an external client hears (`data` is its vector: a read's gets the bytes
     /// read, within the capacity the client gave).
     pub(crate) fn client_done(

@@ -3,7 +3,6 @@
 //! tells its issuer — and the requests riding on it (merged reads get a copy of the bytes
 //! read; coalesced writes share the outcome).
 
-use arrayvec::ArrayVec;
 use corelink_verbs::{Provider, Wc, WcOpcode, WcStatus};
 
 use super::conn::Phase;
@@ -11,7 +10,6 @@ use super::requests::{ReqId, Retired};
 use super::{Handler, Worker};
 use crate::handoff::Origin;
 use crate::request::{CloseReason, Done, OpKind};
-use crate::tunables::RETIRE_BATCH;
 
 impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// A send-queue completion of request `done` (every request completes once, so each
@@ -20,60 +18,47 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let Some(r) = self.cx.reqs.get(done) else { return self.gone() };
         let (slot, l) = (r.conn.slot, r.lane as usize);
         loop {
-            // The lane's work requests up to `done`, taken off it together (one lookup of the
-            // connection and lane), then told one by one.
-            let mut retired = ArrayVec::<ReqId, RETIRE_BATCH>::new();
-            {
-                let Some(c) = self.cx.conns.at_mut(slot) else {
-                    return self.cx.invariant_missed();
-                };
-                let Some(lane) = c.lanes.get_mut(l) else { return self.cx.invariant_missed() };
-                c.live.heard = true;
-                while !retired.is_full() && retired.last() != Some(&done) {
-                    let Some((id, rd_atomic)) = lane.sq.posted.pop() else { break };
-                    lane.sq.rd_outstanding =
-                        lane.sq.rd_outstanding.saturating_sub(u32::from(rd_atomic));
-                    retired.push(id);
-                }
-            }
-            let (last, full) = (retired.last() == Some(&done), retired.is_full());
-            for id in retired {
-                self.retire(id, if id == done { wc.status } else { WcStatus::Success }, slot);
-            }
-            if last {
-                return;
-            }
-            if !full {
-                // (`done` was not on its lane: what was before it is told, and this counted)
+            let Some(c) = self.cx.conns.at_mut(slot) else { return self.cx.invariant_missed() };
+            let Some(lane) = c.lanes.get_mut(l) else { return self.cx.invariant_missed() };
+            c.live.heard = true;
+            let Some(id) = lane.sq.posted.pop() else {
                 return self.cx.invariant_missed();
+            };
+            let mine = id == done;
+            let status = if mine { wc.status } else { WcStatus::Success };
+            // The common case first: a plain request of the handler, succeeded.
+            let plain =
+                if status == WcStatus::Success { self.cx.reqs.take_plain(id) } else { None };
+            if let Some((conn, token, kind, buf, len)) = plain {
+                if kind == OpKind::Read {
+                    lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
+                }
+                self.cx.metrics.completion(wc_opcode(kind), status, len);
+                let buf = Some(buf);
+                let d = Done { conn, token, kind, status, buf, old_value: None, closed_by: None };
+                self.handler.on_completion(&mut self.cx, d);
+                if mine {
+                    return;
+                }
+                continue;
             }
-        }
-    }
-
-    /// Tells the issuer of request `id` (just taken off its lane, on connection slot `slot`)
-    /// that it ended with `status`.
-    #[inline(always)]
-    fn retire(&mut self, id: ReqId, status: WcStatus, slot: u16) {
-        // The common case first: a plain request of the handler, succeeded.
-        let plain = if status == WcStatus::Success { self.cx.reqs.take_plain(id) } else { None };
-        if let Some((conn, token, kind, buf, len)) = plain {
-            self.cx.metrics.completion(wc_opcode(kind), status, len);
-            let buf = Some(buf);
-            let d = Done { conn, token, kind, status, buf, old_value: None, closed_by: None };
-            return self.handler.on_completion(&mut self.cx, d);
-        }
-        let Some(r) = self.cx.reqs.take(id) else { return self.cx.invariant_missed() };
-        let r = Retired::of(id, r);
-        if status != WcStatus::Success {
-            if let Some(c) = self.cx.conns.at_mut(slot).filter(|c| c.phase == Phase::Open) {
+            let Some(r) = self.cx.reqs.take(id) else { return self.cx.invariant_missed() };
+            let r = Retired::of(id, r);
+            if r.is_rd_atomic() {
+                lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
+            }
+            if status != WcStatus::Success && c.phase == Phase::Open {
                 if r.origin == Origin::Keepalive {
                     c.reason = Some(CloseReason::Unanswered(status));
                 }
                 c.note_error(status);
                 self.cx.conns.mark(slot);
             }
+            self.finish(r, status);
+            if mine {
+                return;
+            }
         }
-        self.finish(r, status);
     }
 
     /// A completion whose request or receive is gone: one the worker ended already (its
@@ -98,7 +83,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         let mut missed = 0;
         for c in cx.conns.iter_mut().filter(|c| c.untrusted && c.phase == Phase::Closing) {
             for lane in c.lanes.iter_mut() {
-                while let Some((id, _)) = lane.sq.posted.pop() {
+                while let Some(id) = lane.sq.posted.pop() {
                     match cx.reqs.take(id) {
                         Some(r) => ended.push(Retired::of(id, r)),
                         None => missed += 1,

@@ -412,7 +412,7 @@ pub(crate) fn post<P: Provider>(
     drop(wrs);
     let mut signalled = 0;
     for st in &batch.staged[..k] {
-        if !lane.sq.posted.push(st.id, st.rd_atomic) {
+        if !lane.sq.posted.push(st.id) {
             metrics.invariant_misses += 1; // (never: a batch fits the lane's room)
         }
         lane.sq.rd_outstanding += u32::from(st.rd_atomic);
@@ -540,7 +540,7 @@ mod tests {
             let id = b.queue(Write, a, 8);
             b.w.queues[2].pop(b.reqs.slab());
             b.w.len -= 1;
-            b.sq.posted.push(id, false);
+            b.sq.posted.push(id);
         }
         for a in [1, 2] {
             b.queue(Write, a, 8);
