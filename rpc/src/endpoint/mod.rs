@@ -320,6 +320,9 @@ pub struct Endpoint<P: Provider> {
     groups: Vec<Group>,
     /// Server sessions by their resumable key (their clients' hellos).
     by_key: HashMap<u64, SessionId>,
+    /// Client sessions that are resumable (their requests' buffers are kept until answered:
+    /// with none, a request's completion looks nothing up).
+    resumable: usize,
     /// Server sessions whose connection was lost, with when, oldest first: each ends once
     /// `EndpointConfig::resume` has passed unless its client came back (entries of sessions
     /// that did are skipped).
@@ -511,6 +514,7 @@ impl<P: Provider> Endpoint<P> {
             arena: None,
             groups: Vec::new(),
             by_key: HashMap::new(),
+            resumable: 0,
             parked: VecDeque::new(),
             ended: Vec::new(),
             metrics: RpcMetrics::default(),
@@ -691,8 +695,10 @@ impl<P: Provider> Endpoint<P> {
         if let Some(conn) = s.conn {
             self.by_conn.remove(&conn);
         }
-        if let Some(key) = s.key.filter(|_| !s.served.is_empty()) {
-            if self.by_key.get(&key) == Some(&id) {
+        if let Some(key) = s.key {
+            if s.served.is_empty() {
+                self.resumable -= 1; // (a client's)
+            } else if self.by_key.get(&key) == Some(&id) {
                 self.by_key.remove(&key);
             }
         }
@@ -795,6 +801,7 @@ impl<P: Provider> Endpoint<P> {
         if let Some(s) = self.session_mut(id) {
             s.key = key;
         }
+        self.resumable += usize::from(key.is_some());
         let hello = wire::Hello { credits, resume: key }.encode();
         let token = u64::from(id.to_wire());
         let asked = match policy {

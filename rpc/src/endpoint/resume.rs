@@ -134,7 +134,11 @@ impl<P: Provider> Endpoint<P> {
 
     /// A call's request went (or failed, its connection going down): on a resumable session,
     /// while the call waits for its answer, its buffer is kept to send again.
+    #[inline]
     pub(super) fn request_sent(&mut self, done: Done<Buf<P>>) {
+        if self.resumable == 0 {
+            return; // (the buffer goes back to the pool)
+        }
         let id = CallId(done.token);
         let Some(e) = self.calls.get(id.index()) else { return };
         let Some(c) = e.call.as_ref().filter(|_| e.generation == id.generation()) else {
