@@ -75,6 +75,11 @@ fn flush_waiting<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
 
 /// Posts batches on the connection's lanes in turn until nothing more can go.
 fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
+    if c.waiting.len == 1 && c.lanes.len() == 1 {
+        if let Some(posted) = flush_one(c, x) {
+            return posted;
+        }
+    }
     let mut served = [false; CLASSES];
     let mut any = false;
     let mut idle = 0;
@@ -111,6 +116,40 @@ fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
         w.most_passed = most;
     }
     any
+}
+
+/// The one request waiting on a one-lane connection, posted alone as [`plan`] would post it
+/// (signalled: it is its batch's last and nothing follows), without planning: the latency
+/// path, where each iteration has one request to send. `None` (nothing done) when it needs
+/// the planner: a read that may ride on one in flight, or no room on the lane.
+#[inline]
+fn flush_one<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> Option<bool> {
+    let w = &mut c.waiting;
+    let lane = c.lanes.first_mut()?;
+    let k = w.queues.iter().position(|q| !q.is_empty())?;
+    let id = w.queues[k].front(x.reqs.slab())?;
+    let r = x.reqs.get_mut(id)?;
+    let rd_atomic = r.is_rd_atomic();
+    let full = lane.sq.outstanding() >= x.cfg.max_outstanding
+        || (rd_atomic && lane.sq.rd_outstanding >= x.cfg.max_rd_atomic);
+    if full || (r.kind == OpKind::Read && x.cfg.merge_reads) {
+        return None;
+    }
+    r.lane = 0;
+    if r.kind != OpKind::Read {
+        w.write_epoch = w.write_epoch.wrapping_add(1);
+    }
+    let mut batch = Batch::new();
+    batch.single(id, r, x.cfg);
+    w.queues[k].pop(x.reqs.slab());
+    w.len = 0;
+    // (aging: nothing waits any more)
+    w.passed = [0; CLASSES];
+    w.most_passed = 0;
+    if post(&batch, lane, x.reqs, x.metrics, x.outbox) == 0 {
+        c.note_error(WcStatus::GeneralErr);
+    }
+    Some(true)
 }
 
 /// The class whose head goes next on a lane with `rd_room` reads/atomics to spare, if any.
