@@ -116,10 +116,12 @@ impl<P: Provider> fmt::Debug for Buf<P> {
 }
 
 impl<P: Provider> Buf<P> {
+    #[inline(always)]
     fn class(&self) -> &Class<P> {
         &self.pool.classes[self.class as usize]
     }
 
+    #[inline(always)]
     fn ptr(&self) -> *mut u8 {
         let c = self.class();
         // SAFETY: index < count and the region holds size * count bytes.
@@ -127,6 +129,7 @@ impl<P: Provider> Buf<P> {
     }
 
     /// Bytes in use.
+    #[inline(always)]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -137,6 +140,7 @@ impl<P: Provider> Buf<P> {
     }
 
     /// Bytes the buffer can hold.
+    #[inline(always)]
     pub fn capacity(&self) -> usize {
         self.class().size
     }
@@ -158,6 +162,7 @@ impl<P: Provider> Buf<P> {
     }
 
     /// The bytes in use.
+    #[inline(always)]
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the range lies in the pool's region, which lives as long as `self.pool`; no
         // peer may write it (registered without remote rights) and the device writes it only
@@ -172,6 +177,7 @@ impl<P: Provider> Buf<P> {
     }
 
     /// The scatter/gather entry of the bytes in use (`len`) or of the whole buffer.
+    #[inline(always)]
     pub fn sge(&self, whole: bool) -> Sge {
         let length = if whole { self.capacity() } else { self.len } as u32;
         Sge { addr: self.ptr() as u64, length, lkey: self.class().mr.lkey() }

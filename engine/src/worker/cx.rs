@@ -12,7 +12,7 @@ use corelink_verbs::{AccessFlags, Provider, RemoteAddr, WcStatus};
 use super::cfg::WorkerCfg;
 use super::conn::{Conn, Phase, Req};
 use super::requests::{Carried, ReqId, Requests};
-use super::sched::{self, Batch};
+use super::sched;
 use super::{Conns, Outbox, Timers};
 use crate::error::{EngineError, Result};
 use crate::handoff::{Origin, ToControl};
@@ -284,9 +284,8 @@ impl<P: Provider> Cx<P> {
         };
         c.next_lane = (l + 1) % c.lanes.len();
         r.lane = l as u8;
-        let mut batch = Batch::new();
-        batch.single(id, r, cfg);
-        if sched::post(&batch, &mut c.lanes[l], reqs, metrics, outbox) == 0 {
+        let one = sched::single(id, r, cfg);
+        if !sched::post_one(one, &mut c.lanes[l], reqs, metrics, outbox) {
             c.note_error(WcStatus::GeneralErr);
             conns.mark(conn.slot);
         }
@@ -740,10 +739,21 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Posts what the connections have waiting (the scheduler); returns whether anything was.
+    #[inline(always)]
     pub(crate) fn flush(&mut self) -> bool {
         if self.stopping {
             self.close_for_shutdown();
         }
+        // (most idle iterations: nothing to post, and the scheduler's frame is kilobytes)
+        if !self.conns.any_dirty() {
+            return false;
+        }
+        self.flush_dirty()
+    }
+
+    /// [`Cx::flush`] of the connections with work.
+    #[inline(never)]
+    fn flush_dirty(&mut self) -> bool {
         let Cx { conns, reqs, outbox, metrics, cfg, .. } = self;
         sched::flush(conns, reqs, outbox, metrics, cfg)
     }

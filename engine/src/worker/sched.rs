@@ -139,14 +139,13 @@ fn flush_one<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> Option<bool> {
     if r.kind != OpKind::Read {
         w.write_epoch = w.write_epoch.wrapping_add(1);
     }
-    let mut batch = Batch::new();
-    batch.single(id, r, x.cfg);
+    let wr = single(id, r, x.cfg);
     w.queues[k].pop(x.reqs.slab());
     w.len = 0;
     // (aging: nothing waits any more)
     w.passed = [0; CLASSES];
     w.most_passed = 0;
-    if post(&batch, lane, x.reqs, x.metrics, x.outbox) == 0 {
+    if !post_one(wr, lane, x.reqs, x.metrics, x.outbox) {
         c.note_error(WcStatus::GeneralErr);
     }
     Some(true)
@@ -227,19 +226,6 @@ impl<P: Provider> Batch<P> {
     pub(crate) fn sgl(&self, i: usize) -> &[Sge] {
         let start = if i == 0 { 0 } else { self.staged[i - 1].end };
         &self.sges[start..self.staged[i].end]
-    }
-
-    /// Makes this the batch of request `id` alone, signalled (the flat path).
-    pub(crate) fn single(&mut self, id: ReqId, r: &Req<P>, cfg: &WorkerCfg) {
-        self.clear();
-        let b = self;
-        let sge = sge_of(r);
-        let mut flags = SendFlags::SIGNALED;
-        if matches!(r.kind, OpKind::Send | OpKind::Write) && sge.length <= cfg.max_inline {
-            flags |= SendFlags::INLINE;
-        }
-        b.sges.push(sge);
-        b.staged.push(Staged { id, end: 1, op: send_op(r), rd_atomic: r.is_rd_atomic(), flags });
     }
 }
 
@@ -421,6 +407,63 @@ fn coalesce_after<P: Provider>(
         n += 1;
         metrics.coalesced_writes += 1;
     }
+}
+
+/// A request posted alone (the flat path, and one request waiting on a one-lane connection):
+/// its work request, signalled, inline when it fits, with its gather entry.
+pub(crate) struct Single<P: Provider> {
+    id: ReqId,
+    op: SendOp<'static, P>,
+    sge: Sge,
+    flags: SendFlags,
+    rd_atomic: bool,
+}
+
+/// The work request of request `id` (record `r`) posted alone.
+#[inline(always)]
+pub(crate) fn single<P: Provider>(id: ReqId, r: &Req<P>, cfg: &WorkerCfg) -> Single<P> {
+    let sge = sge_of(r);
+    let mut flags = SendFlags::SIGNALED;
+    if matches!(r.kind, OpKind::Send | OpKind::Write) && sge.length <= cfg.max_inline {
+        flags |= SendFlags::INLINE;
+    }
+    Single { id, op: send_op(r), sge, flags, rd_atomic: r.is_rd_atomic() }
+}
+
+/// Posts `one` on `lane` with its own doorbell; false when the device refused it (it, and the
+/// requests riding on it, fail with `GeneralErr`: the caller closes the connection).
+#[inline(always)]
+pub(crate) fn post_one<P: Provider>(
+    one: Single<P>,
+    lane: &mut Lane<P>,
+    reqs: &mut Requests<P>,
+    metrics: &mut Metrics,
+    outbox: &mut Outbox<P>,
+) -> bool {
+    let wr_id = WrId::Req(one.id).encode();
+    let wr = SendWr {
+        wr_id,
+        op: one.op,
+        sgl: std::slice::from_ref(&one.sge),
+        flags: one.flags,
+        ud: None,
+    };
+    // SAFETY: as in `post`: the buffer is held by its request in the slab until the request's
+    // completion is dispatched.
+    if unsafe { lane.qp.post_send(std::slice::from_ref(&wr)) }.is_err() {
+        metrics.doorbells += 1;
+        reqs.fail_chain(one.id, WcStatus::GeneralErr, outbox);
+        return false;
+    }
+    if !lane.sq.posted.push(one.id) {
+        metrics.invariant_misses += 1; // (never: the caller checked the lane's room)
+    }
+    lane.sq.rd_outstanding += u32::from(one.rd_atomic);
+    lane.sq.unsignalled = 0;
+    metrics.posted += 1;
+    metrics.signalled += 1;
+    metrics.doorbells += 1;
+    true
 }
 
 /// Posts `batch` on `lane` with one doorbell; returns how many work requests the device took
