@@ -743,7 +743,11 @@ impl<P: Provider> Endpoint<P> {
     /// merge group, the continuations of the calls merged with it (still live), with the same
     /// outcome.
     fn finish(&mut self, cx: &mut Cx<P>, call: Call<P>, outcome: Result<&[u8], RpcError>) {
-        let group = call.group.and_then(|h| self.merges.remove(&(call.session, call.ty, h)));
+        let Some(h) = call.group else {
+            // (most calls: no merge group to end with it)
+            return self.run(cx, call.then, outcome);
+        };
+        let group = self.merges.remove(&(call.session, call.ty, h));
         let followers: Vec<Call<P>> = match group {
             Some(g) => g.followers.into_iter().filter_map(|id| self.take_call(id)).collect(),
             None => Vec::new(),
