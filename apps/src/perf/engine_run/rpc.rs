@@ -73,7 +73,7 @@ pub(super) fn handler<P: Provider>(
     }
     let max = opts.max_size();
     STATE.with(|s| *s.borrow_mut() = connect.then(|| State::new(shared.clone(), opts)));
-    PAYLOAD.with(|p| *p.borrow_mut() = vec![0x5a; max]);
+    payload_of(max);
     RpcHandler::new(ep, Bench { shared, asked: !connect })
 }
 
@@ -89,9 +89,25 @@ pub(super) struct Bench {
 thread_local! {
     /// The client part's state on this worker (none: it only serves).
     static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
-    /// The requests' bytes (apart from `STATE`: a refused call's continuation runs inside
-    /// `Rpc::call`, while these are borrowed).
-    static PAYLOAD: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The requests' bytes (0x5a), as many as the largest size asked for so far: apart from
+/// `STATE` (a refused call's continuation runs inside `Rpc::call`, while these are
+/// borrowed), and read with one uncontended lock per call rather than a thread-local's.
+static PAYLOAD: std::sync::RwLock<&'static [u8]> = std::sync::RwLock::new(&[]);
+
+/// The requests' bytes, at least `len` of them (made once per larger size and kept: a run's
+/// sizes are few).
+fn payload_of(len: usize) -> &'static [u8] {
+    let have = *PAYLOAD.read().unwrap_or_else(|e| e.into_inner());
+    if have.len() >= len {
+        return have;
+    }
+    let mut w = PAYLOAD.write().unwrap_or_else(|e| e.into_inner());
+    if w.len() < len {
+        *w = Vec::leak(vec![0x5a; len]);
+    }
+    *w
 }
 
 #[derive(Debug)]
@@ -337,11 +353,8 @@ fn call<P: Provider>(rpc: &mut Rpc<'_, P>) {
         Some((session, st.ty(), st.size))
     });
     let Some((session, ty, size)) = target else { return };
-    let made = PAYLOAD.with(|p| {
-        let p = p.borrow();
-        let request = &p[..size.min(p.len())];
-        rpc.call(session, ty, request, CALL_TIMEOUT, ended::<P>).map(|_| ())
-    });
+    let p = payload_of(size);
+    let made = rpc.call(session, ty, &p[..size], CALL_TIMEOUT, ended::<P>).map(|_| ());
     if let Err(e) = made {
         let next = STATE.with(|s| match s.borrow_mut().as_mut() {
             Some(st) => st.fail(format!("a call of {size} B: {e}")),
