@@ -378,9 +378,16 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
         // An overrun's completions are gone and a failed device may flush nothing: what their
         // connections have posted is ended after a wait (`untrusted`).
-        let lost = matches!(ev.kind, K::CqErr | K::DeviceFatal) && !hit.is_empty();
+        let wide = match (ev.kind, ev.element) {
+            (K::CqErr, AsyncElement::Cq(h)) => h == self.cx.cq.handle(),
+            (K::CqErr | K::DeviceFatal, _) => true,
+            _ => false,
+        };
+        let lost = wide && (!hit.is_empty() || self.primes.any());
         if lost {
             self.untrusted.struck(self.cx.now());
+            // (connections coming up may have lost their receives' completions too)
+            self.primes.strike(reason);
         }
         for id in hit {
             if let Ok(c) = self.cx.conns.get_mut(id) {
@@ -678,7 +685,16 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         for wc in &opened.early {
             self.dispatch(wc);
         }
-        if opened.post_failed {
+        if let Some(reason) = opened.lost {
+            // Its receives' completions may be gone: it closes, and what it still has posted
+            // is made up for after the wait.
+            if let Ok(c) = self.cx.conns.get_mut(id) {
+                c.error_lanes();
+                c.untrusted = true;
+            }
+            self.untrusted.struck(self.cx.now());
+            let _ = self.cx.begin_close(id, reason);
+        } else if opened.post_failed {
             let _ = self.cx.begin_close(id, CloseReason::RecvPostFailed);
         }
     }

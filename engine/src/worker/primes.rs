@@ -16,7 +16,7 @@ use super::ids::{RecvId, WrId};
 use crate::error::{EngineError, Limit};
 use crate::handoff::Qps;
 use crate::pool::{Buf, Pool};
-use crate::request::ConnId;
+use crate::request::{CloseReason, ConnId};
 use crate::tunables::MAX_QPS_PER_CONN;
 
 /// One lane's receives, posted before its connection came up.
@@ -37,6 +37,9 @@ struct Primed<P: Provider> {
     post_failed: bool,
     /// Its QPs, back and in ERR, once it did not come up: it waits for its receives to flush.
     draining: Option<Qps<P>>,
+    /// The worker's completions were lost while it was primed (a CQ overrun, a failed
+    /// device), for this reason: its receives' may be among them.
+    lost: Option<CloseReason>,
 }
 
 /// What a connection's prime leaves for its opening.
@@ -45,6 +48,9 @@ pub(crate) struct Opened<P: Provider> {
     /// Completions to play back once it is open, in order.
     pub(crate) early: Vec<Wc>,
     pub(crate) post_failed: bool,
+    /// Completions were lost while it was coming up, for this reason: it closes at once, its
+    /// receives made up for by the worker (`worker/untrusted.rs`).
+    pub(crate) lost: Option<CloseReason>,
 }
 
 /// What a completion for a slot that holds no connection was.
@@ -115,7 +121,8 @@ impl<P: Provider> Primes<P> {
             }
             lanes.push(PrimedLane { recvs, posted });
         }
-        let primed = Primed { id, lanes, early: Vec::new(), post_failed, draining: None };
+        let primed =
+            Primed { id, lanes, early: Vec::new(), post_failed, draining: None, lost: None };
         self.by_slot.insert(id.slot, primed);
         Ok((id, misses))
     }
@@ -146,7 +153,40 @@ impl<P: Provider> Primes<P> {
             _ => return None,
         }
         let p = self.by_slot.remove(&id.slot)?;
-        Some(Opened { lanes: p.lanes, early: p.early, post_failed: p.post_failed })
+        Some(Opened { lanes: p.lanes, early: p.early, post_failed: p.post_failed, lost: p.lost })
+    }
+
+    /// Whether any connection is coming up (or draining).
+    pub(crate) fn any(&self) -> bool {
+        !self.by_slot.is_empty()
+    }
+
+    /// The worker's completions were lost (for `reason`): every connection coming up or
+    /// draining may have lost its receives' too.
+    pub(crate) fn strike(&mut self, reason: CloseReason) {
+        for p in self.by_slot.values_mut() {
+            p.lost = Some(reason);
+        }
+    }
+
+    /// Ends the draining connections whose completions were lost: their receives still posted
+    /// are taken as flushed (how many, for the metrics), their slots can be freed and their
+    /// QPs go back. Those coming up stay (they close when they open).
+    pub(crate) fn make_up(&mut self) -> Vec<(ConnId, Qps<P>, u64)> {
+        let ended: Vec<u16> = self
+            .by_slot
+            .iter()
+            .filter(|(_, p)| p.lost.is_some() && p.draining.is_some())
+            .map(|(&slot, _)| slot)
+            .collect();
+        ended
+            .into_iter()
+            .filter_map(|slot| {
+                let p = self.by_slot.remove(&slot)?;
+                let posted = p.lanes.iter().map(|l| l.posted as u64).sum();
+                Some((p.id, p.draining?, posted))
+            })
+            .collect()
     }
 
     /// Connection `id` did not come up: its QPs go to ERR to flush what is posted. Returns them
@@ -192,5 +232,71 @@ impl<P: Provider> Primed<P> {
 
     fn flushed(&self) -> bool {
         self.lanes.iter().all(|l| l.posted == 0)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use corelink_verbs::soft::Soft;
+    use corelink_verbs::{Context, Pd, QpCap, QpInitAttr, QpType};
+
+    /// A prime of one lane with 4 receives on a soft QP in INIT; its conns, pool and CQ.
+    fn primed() -> (Primes<Soft>, Conns<Soft>, Pool<Soft>, ConnId, Qps<Soft>) {
+        let ctx = Soft::open("soft0").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let cap = QpCap {
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let attr = QpInitAttr::<Soft> {
+            qp_type: QpType::Rc,
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            cap,
+            sq_sig_all: false,
+        };
+        let mut qp = pd.create_qp(&attr).unwrap();
+        qp.modify(&QpAttr { state: QpState::Init, ..QpAttr::default() }).unwrap();
+        let mut qps = Qps::<Soft>::new();
+        qps.push(qp);
+        let pool = Pool::new(&pd, &[(64, 8)]).unwrap();
+        let (mut primes, mut conns) = (Primes::new(), Conns::new(0, 2));
+        let mut errors = 0;
+        let (id, misses) = primes.prime(&mut conns, &pool, (4, 64), &mut qps, &mut errors).unwrap();
+        assert_eq!((misses, errors), (0, 0));
+        (primes, conns, pool, id, qps)
+    }
+
+    #[test]
+    fn a_draining_prime_whose_flushes_were_lost_is_made_up_for() {
+        let (mut primes, _conns, pool, id, qps) = primed();
+        // It did not come up: its QPs go to ERR and it waits for its 4 receives' flushes,
+        // which (the CQ overran) never come.
+        assert!(matches!(primes.unprime(id, qps), Ok(None)));
+        assert!(primes.make_up().is_empty(), "nothing was lost yet");
+        primes.strike(CloseReason::Device(corelink_verbs::AsyncEventKind::CqErr));
+        let ended = primes.make_up();
+        assert_eq!(
+            ended.iter().map(|(c, q, n)| (*c, q.len(), *n)).collect::<Vec<_>>(),
+            [(id, 1, 4)]
+        );
+        assert!(!primes.any(), "its slot is no longer kept");
+        drop(ended);
+        assert_eq!(pool.occupancy().next().map(|(_, free, _)| free), Some(8), "buffers back");
+    }
+
+    #[test]
+    fn a_prime_coming_up_when_completions_were_lost_opens_to_close() {
+        let (mut primes, _conns, _pool, id, _qps) = primed();
+        primes.strike(CloseReason::Device(corelink_verbs::AsyncEventKind::CqErr));
+        assert!(primes.make_up().is_empty(), "one coming up stays until it opens");
+        let opened = primes.open(id).unwrap();
+        assert!(opened.lost.is_some());
     }
 }

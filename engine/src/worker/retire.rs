@@ -101,6 +101,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         for _ in 0..missed {
             self.cx.invariant_missed();
         }
+        // Connections that did not come up, whose receives' flushes were lost.
+        for (conn, qps, posted) in self.primes.make_up() {
+            self.cx.metrics.completions_made_up += posted;
+            self.unprimed(conn, qps);
+        }
         self.cx.metrics.completions_made_up += ended.len() as u64;
         for r in ended {
             self.finish(r, WcStatus::WrFlushErr);
