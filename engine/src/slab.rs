@@ -309,6 +309,26 @@ impl Fifo {
         Some(Id::new(slot.generation, head))
     }
 
+    /// Takes the first member out of the queue (it stays in the slab); returns its id and its
+    /// value, mutably, from the one visit of its slot.
+    #[inline(always)]
+    pub fn pop_mut<'a, T>(&mut self, slab: &'a mut Slab<T>) -> Option<(Id, &'a mut T)> {
+        if self.len == 0 {
+            return None;
+        }
+        let head = self.head;
+        if !slab.slots.get(head as usize).is_some_and(|s| s.full()) {
+            self.lost(slab);
+            return None;
+        }
+        let slot = slab.slots.get_mut(head as usize)?;
+        self.head = slot.link;
+        self.len -= 1;
+        let id = Id::new(slot.generation, head);
+        // SAFETY: the slot is full (its generation is odd), so its value is initialised.
+        Some((id, unsafe { slot.value.assume_init_mut() }))
+    }
+
     /// A member left the slab while queued (a bug): the rest of the chain is unreachable.
     /// Counted in the slab's misses (the worker's metrics), and a debug assertion.
     #[cold]
@@ -342,8 +362,12 @@ mod tests {
         assert_eq!(b.pop(&s), None);
         assert!(b.is_empty());
         assert_eq!(s.remove(ids[2]).map(|v| v.0), Some('y'));
-        assert_eq!(a.pop(&s), Some(ids[3]));
+        let (id, v) = a.pop_mut(&mut s).unwrap();
+        assert_eq!((id, v.0), (ids[3], 'z'));
+        v.1 = 9;
+        assert_eq!(s.get(ids[3]), Some(&('z', 9)), "still in the slab, changed in place");
         assert_eq!(a.pop(&s), None);
+        assert!(a.pop_mut(&mut s).is_none());
     }
 
     #[test]

@@ -258,9 +258,7 @@ pub(crate) fn plan<P: Provider>(
         // Class `k` stays the one to serve while it has requests and reads and atomics have
         // room (queues only shrink during a flush, so no class above it fills up): take its
         // requests without choosing again. Without that room, each head is admitted alone.
-        while let Some(id) = w.queues[k].pop(reqs.slab()) {
-            w.len -= 1;
-            stage(w, k, l, id, reqs, cfg, metrics, b, &mut rd);
+        while stage(w, k, l, reqs, cfg, metrics, b, &mut rd) {
             if b.staged.len() >= limit || !rd_room || rd >= cfg.max_rd_atomic {
                 break;
             }
@@ -283,30 +281,32 @@ pub(crate) fn plan<P: Provider>(
 }
 
 /// Stages request `id` (just taken from class `k`) for lane `l`: it rides on an identical read
-/// in flight, or becomes a work request (with the writes it coalesces).
+/// in flight, or becomes a work request (with the writes it coalesces). False when class `k`
+/// had none.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn stage<P: Provider>(
     w: &mut Waiting,
     k: usize,
     l: usize,
-    id: ReqId,
     reqs: &mut Requests<P>,
     cfg: &WorkerCfg,
     metrics: &mut Metrics,
     b: &mut Batch<P>,
     rd: &mut u32,
-) {
-    let Some(r) = reqs.get_mut(id) else { return };
+) -> bool {
+    // (one visit of its slot: out of the queue, and its record)
+    let Some((id, r)) = w.queues[k].pop_mut(reqs.slab_mut()) else { return false };
+    w.len -= 1;
     let key = (r.kind == OpKind::Read && cfg.merge_reads).then(|| r.merge_key(w.write_epoch));
     let r = match key {
         None => r,
         Some(key) => {
             if reqs.ride_or_register(key, id) {
                 metrics.merged_reads += 1;
-                return;
+                return true;
             }
-            let Some(r) = reqs.get_mut(id) else { return };
+            let Some(r) = reqs.get_mut(id) else { return true };
             r
         }
     };
@@ -342,6 +342,7 @@ fn stage<P: Provider>(
         b.unsignalled_after = 0;
     }
     b.staged.push(Staged { id, end: b.sges.len(), op, rd_atomic, flags });
+    true
 }
 
 /// The verbs operation of a request.
