@@ -73,16 +73,17 @@ impl<P: Provider> Pool<P> {
 
     /// A buffer of at least `len` bytes from the smallest class that has one free, with its
     /// length set to `len`.
+    #[inline]
     pub fn get(&self, len: usize) -> Result<Buf<P>> {
         let classes = &self.inner.classes;
-        let mut fitting = classes.iter().enumerate().filter(|(_, c)| c.size >= len).peekable();
-        let Some(&(first, _)) = fitting.peek() else {
+        // (sizes increase: the first class that fits is the smallest)
+        let Some(first) = classes.iter().position(|c| c.size >= len) else {
             let largest = classes.last().map_or(0, |c| c.size);
             return Err(EngineError::BufferTooLarge { len, largest });
         };
-        for (i, c) in fitting {
+        for (i, c) in classes.iter().enumerate().skip(first) {
             if let Some(index) = c.free.borrow_mut().pop() {
-                return Ok(Buf { pool: self.inner.clone(), class: i as u8, index, len });
+                return Ok(Buf { pool: Rc::clone(&self.inner), class: i as u8, index, len });
             }
         }
         Err(EngineError::PoolExhausted { size: classes[first].size, count: classes[first].count })

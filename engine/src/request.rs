@@ -15,6 +15,14 @@ pub struct ConnId {
 }
 
 impl ConnId {
+    /// Its slot on its worker, below the worker's `worker.max_conns`: for tables indexed by
+    /// connection (a slot is reused by later connections, which have other generations: keep
+    /// the whole id beside the entry to tell them apart).
+    #[inline(always)]
+    pub fn index(self) -> usize {
+        usize::from(self.slot)
+    }
+
     /// All three fields in one word (its memory layout, so that a comparison is one load).
     #[inline(always)]
     fn word(self) -> u64 {

@@ -1,8 +1,8 @@
 //! Identifiers: each kind its own newtype.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
+
+use corelink_engine::ConnId;
 
 /// A request type: the number a service registers a handler under and a call names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -97,63 +97,72 @@ impl fmt::Display for CallId {
     }
 }
 
-/// A map keyed by ids the engine or the endpoint hands out (connection ids): hashed with
-/// [`IdHasher`], a multiply-rotate hash (Fx's), not SipHash, whose cost showed in every
-/// message's session look-up. Its keys are numbers this worker assigns, not a peer's bytes,
-/// so there is no flooding to defend against.
-pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+/// An id with a small index of its own (a connection's slot on its worker), the key of a
+/// [`SlotMap`].
+pub(crate) trait Slotted: Copy + PartialEq {
+    /// Its index (reused by later ids, which compare unequal).
+    fn index(&self) -> usize;
+}
 
-/// The hash of [`IdMap`]: each word folded in with a rotate, a xor and a multiply.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct IdHasher(u64);
-
-impl IdHasher {
-    const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+impl Slotted for ConnId {
+    #[inline(always)]
+    fn index(&self) -> usize {
+        ConnId::index(*self)
     }
 }
 
-impl Hasher for IdHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
+/// Values by [`Slotted`] key (the sessions of a worker's connections, by connection slot):
+/// one indexed load and a comparison per look-up, where a hash map cost a hash and a probe
+/// on every message. Each entry keeps its whole key, so that a slot's next id finds nothing
+/// of the last one's.
+#[derive(Debug)]
+pub(crate) struct SlotMap<K, V> {
+    slots: Vec<Option<(K, V)>>,
+    len: usize,
+}
+
+impl<K: Slotted, V: Copy> SlotMap<K, V> {
+    /// Room for keys of index below `n` (grown on demand beyond).
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        SlotMap { slots: Vec::with_capacity(n), len: 0 }
     }
 
+    /// The value of `key`, if it has one.
     #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(w));
+    pub(crate) fn get(&self, key: &K) -> Option<&V> {
+        match self.slots.get(key.index()) {
+            Some(Some((k, v))) if k == key => Some(v),
+            _ => None,
         }
     }
 
-    #[inline]
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
+    /// `key`'s value is `value` (replacing what its index held).
+    pub(crate) fn insert(&mut self, key: K, value: V) {
+        let i = key.index();
+        if self.slots.len() <= i {
+            self.slots.resize(i + 1, None);
+        }
+        if self.slots[i].replace((key, value)).is_none() {
+            self.len += 1;
+        }
     }
 
-    #[inline]
-    fn write_u16(&mut self, n: u16) {
-        self.add(u64::from(n));
+    /// Takes `key`'s entry out; its value.
+    pub(crate) fn remove(&mut self, key: &K) -> Option<V> {
+        let e = self.slots.get_mut(key.index())?;
+        match *e {
+            Some((k, v)) if k == *key => {
+                *e = None;
+                self.len -= 1;
+                Some(v)
+            }
+            _ => None,
+        }
     }
 
-    #[inline]
-    fn write_u32(&mut self, n: u32) {
-        self.add(u64::from(n));
-    }
-
-    #[inline]
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-
-    #[inline]
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
+    /// Entries in it.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 }
 
@@ -172,12 +181,26 @@ mod tests {
     }
 
     #[test]
-    fn id_maps_tell_keys_apart() {
-        let mut m: IdMap<(u16, u32), u32> = IdMap::default();
-        for i in 0..1000u32 {
-            m.insert((i as u16, i >> 3), i);
+    fn a_slot_map_tells_a_slots_ids_apart() {
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        struct Key(u16, u32);
+        impl Slotted for Key {
+            fn index(&self) -> usize {
+                usize::from(self.0)
+            }
         }
-        assert_eq!(m.len(), 1000);
-        assert!((0..1000u32).all(|i| m.get(&(i as u16, i >> 3)) == Some(&i)));
+        let mut m: SlotMap<Key, u32> = SlotMap::with_capacity(2);
+        for i in 0..100u16 {
+            m.insert(Key(i, 1), u32::from(i));
+        }
+        assert_eq!(m.len(), 100);
+        assert!((0..100u16).all(|i| m.get(&Key(i, 1)) == Some(&u32::from(i))));
+        // A slot's next id: the old one finds nothing, and removing it takes nothing.
+        m.insert(Key(7, 2), 70);
+        assert_eq!((m.get(&Key(7, 1)), m.get(&Key(7, 2)), m.len()), (None, Some(&70), 100));
+        assert_eq!(m.remove(&Key(7, 1)), None);
+        assert_eq!(m.remove(&Key(7, 2)), Some(70));
+        assert_eq!((m.get(&Key(7, 2)), m.len()), (None, 99));
+        assert_eq!(m.remove(&Key(500, 1)), None, "beyond the table");
     }
 }

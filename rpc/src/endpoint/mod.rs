@@ -22,7 +22,7 @@ use corelink_engine::{Buf, CloseReason, ConnId, ConnInfo, Cx, Done, Op};
 use crate::balance::Group;
 use crate::config::{recvs_per_session, EndpointConfig};
 use crate::error::{Malformed, Result, RpcError};
-use crate::ids::{CallId, GroupId, IdMap, ReqType, SessionId};
+use crate::ids::{CallId, GroupId, ReqType, SessionId, SlotMap};
 use crate::large::{Arena, ArenaSlot};
 use crate::metrics::RpcMetrics;
 use crate::service::{Reject, Request, Response, SessionEvent};
@@ -292,7 +292,7 @@ pub struct Endpoint<P: Provider> {
     recvs: u32,
     sessions: Vec<SessionEntry<P>>,
     free_sessions: Vec<u16>,
-    by_conn: IdMap<ConnId, SessionId>,
+    by_conn: SlotMap<ConnId, SessionId>,
     calls: Vec<CallEntry<P>>,
     free_calls: Vec<u32>,
     live_calls: usize,
@@ -500,7 +500,7 @@ impl<P: Provider> Endpoint<P> {
             recvs: recvs_per_session(res),
             sessions: Vec::with_capacity(sessions),
             free_sessions: Vec::with_capacity(sessions),
-            by_conn: IdMap::with_capacity_and_hasher(sessions, Default::default()),
+            by_conn: SlotMap::with_capacity(sessions),
             calls: Vec::with_capacity(calls),
             free_calls: Vec::with_capacity(calls),
             live_calls: 0,
