@@ -173,10 +173,12 @@ struct Redialer {
 impl Service<Soft> for Redialer {
     fn poll(&mut self, rpc: &mut Rpc<'_, Soft>) {
         if !std::mem::replace(&mut self.started, true) {
+            // (a dead server's restart takes a while: its tries wait longer)
+            let backoff = Duration::from_millis(if self.cut { 100 } else { 2 });
             let policy = corelink_engine::Reconnect {
                 attempts: 200,
-                backoff: Duration::from_millis(2),
-                max_backoff: Duration::from_millis(20),
+                backoff,
+                max_backoff: backoff.max(Duration::from_millis(20)),
             };
             let s = rpc.connect_with(self.at, policy).unwrap();
             self.group = Some(rpc.group(&[s]).unwrap());
@@ -268,13 +270,19 @@ fn a_resumable_sessions_calls_in_flight_at_a_server_restart_end_unknown_and_neve
     first.shutdown().unwrap();
     let second = server(&at, &runs);
     let got = take(&rx, N as usize);
-    assert_eq!(erx.recv_timeout(LONG).unwrap(), (SessionEvent::Connected, true));
+    // (Connected on the new server; had a try reached the first one before it went, the
+    // session was resumed there first: Connected, Reconnecting, then the new server's)
+    let events: Vec<(SessionEvent, bool)> = erx.try_iter().collect();
+    assert_eq!(events.last(), Some(&(SessionEvent::Connected, true)), "{events:?}");
     let unknown = got.iter().filter(|(_, r)| matches!(r, Err(RpcError::OutcomeUnknown))).count();
     let answered = got.iter().filter(|(id, r)| r.as_deref().ok() == Some(&id.to_le_bytes()[..]));
     let answered = answered.count();
     assert_eq!(answered + unknown, N as usize, "each call answered or unknown: {got:?}");
     let credits = usize::from(EndpointConfig::for_worker(&from.map("").map.worker).credits);
-    assert!(unknown >= 1 && unknown <= credits, "only calls in flight: {unknown} unknown");
+    assert!(unknown <= credits, "only calls in flight: {unknown} unknown");
+    if events.len() == 1 {
+        assert!(unknown >= 1, "the new server knew nothing of the calls in flight");
+    }
     assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "no call ends twice");
     let runs = runs.lock().unwrap().clone();
     assert!(runs.values().all(|&n| n == 1), "a request ran twice: {runs:?}");
@@ -333,15 +341,19 @@ fn a_resumable_sessions_record_ends_when_its_client_does_not_come_back_in_time()
     // (its calls' answers; the answer to `CUT_AT` fails the QPs once, and it reconnects)
     take(&rx, N as usize);
     client.shutdown().unwrap();
-    let events: Vec<_> = (0..6).map(|_| erx.recv_timeout(LONG).unwrap()).collect();
+    // Until the session's end is told (its `Closed`, then why).
+    let mut events = Vec::new();
+    while events.last().is_none_or(|(_, why): &(SessionEvent, Option<String>)| why.is_none()) {
+        events.push(erx.recv_timeout(LONG).unwrap());
+    }
     let kinds: Vec<SessionEvent> = events.iter().map(|(e, _)| *e).collect();
     use SessionEvent::{Accepted, Closed, Reconnecting};
-    assert_eq!(
-        kinds,
-        [Accepted, Reconnecting, Accepted, Reconnecting, Closed, Closed],
-        "resumed once, then ended when its time was up: {events:?}"
-    );
-    let why = events[5].1.as_deref().unwrap_or_default();
+    // (the second `Accepted` may come before the first connection's loss is seen here: the
+    // new connection then takes the session over at once)
+    assert_eq!(kinds.iter().filter(|&&k| k == Accepted).count(), 2, "resumed once: {events:?}");
+    assert_eq!(kinds.first(), Some(&Accepted));
+    assert_eq!(kinds[kinds.len() - 3..], [Reconnecting, Closed, Closed], "{events:?}");
+    let why = events[events.len() - 1].1.as_deref().unwrap_or_default();
     assert!(why.contains("connection closed"), "{why}");
     assert!(erx.recv_timeout(Duration::from_millis(100)).is_err(), "nothing more");
     srv.shutdown().unwrap();
