@@ -12,6 +12,9 @@
 # in MiB (2^20 bytes); corelink's MB/s (10^6 bytes) are converted to MiB for the ratio.
 # Bandwidth ratio = corelink / perftest (higher is better); latency ratio = corelink t_typical /
 # perftest t_typical (lower is better). The guest is emulated (TCG): for comparison only.
+# Both run with perftest's defaults: its bandwidth tests ask for one completion in 100
+# (`--cq-mod`, 100 by default), so corelink's do too (`-Q ${CQ_MOD:-100}`; its own default
+# is 1, one completion per request); both keep 128 requests in flight.
 set -u
 : "${CORELINK_IBV_DEVICE:?run this inside tests/rxe-guest/run}" "${CORELINK_IP:?}"
 dev=$CORELINK_IBV_DEVICE gid=${CORELINK_IBV_GID_INDEX:-1} ip=$CORELINK_IP
@@ -49,13 +52,14 @@ run_perftest() {
 }
 # corelink-perf TEST SIZE -> its JSON line
 run_corelink() {
-  local test=$1 size=$2
+  local test=$1 size=$2 like=()
+  [[ $test == *_bw ]] && like=(-Q "${CQ_MOD:-100}")
   port=$((port + 1))
   timeout 120 "$perf" "$test" --config "$work/server.toml" --bind "$ip" -p $port -s "$size" -n "$iters" > "$work/csrv.log" 2>&1 &
   local srv=$!
   for _ in $(seq 100); do grep -q listening "$work/csrv.log" && break; sleep 0.1; done
   # shellcheck disable=SC2086
-  timeout 120 "$perf" "$test" --config "$work/client.toml" -p $port -s "$size" -n "$iters" ${CORELINK_ARGS:-} --json "$ip" 2>/dev/null | head -1
+  timeout 120 "$perf" "$test" --config "$work/client.toml" -p $port -s "$size" -n "$iters" "${like[@]}" ${CORELINK_ARGS:-} --json "$ip" 2>/dev/null | head -1
   wait $srv
 }
 json() { python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('$1', 'nan'))"; }
