@@ -12,7 +12,7 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -206,23 +206,33 @@ impl Service<Soft> for Redialer {
     }
 }
 
+/// A client engine on `from` whose `Redialer` calls `at` (`cut`: the wire dies at `CUT_AT`);
+/// the calls' outcomes and the session's events (with whether it was in its group).
+fn redialer(
+    from: &Site,
+    at: SocketAddr,
+    cut: bool,
+) -> (Engine<Soft>, Receiver<Outcome>, Receiver<(SessionEvent, bool)>) {
+    let (tx, rx) = outcomes();
+    let (etx, erx) = std::sync::mpsc::channel();
+    let client = client(from, move || Redialer {
+        at,
+        cut,
+        started: false,
+        group: None,
+        events: etx.clone(),
+        tx: tx.clone(),
+    });
+    (client, rx, erx)
+}
+
 #[test]
 fn a_session_under_a_reconnect_policy_carries_its_waiting_calls_to_the_new_connection() {
     let at = Site::soft("10.98.33.1");
     let from = Site::soft("10.98.33.2");
     let runs = Runs::default();
     let srv = server(&at, &runs);
-    let (tx, rx) = outcomes();
-    let (etx, erx) = std::sync::mpsc::channel();
-    let listen = at.listen;
-    let client = client(&from, move || Redialer {
-        at: listen,
-        cut: false,
-        started: false,
-        group: None,
-        events: etx.clone(),
-        tx: tx.clone(),
-    });
+    let (client, rx, erx) = redialer(&from, at.listen, false);
     let got = take(&rx, N as usize);
     let events: Vec<(SessionEvent, bool)> = erx.try_iter().collect();
     assert_eq!(
@@ -254,17 +264,7 @@ fn a_resumable_sessions_calls_in_flight_at_a_server_restart_end_unknown_and_neve
     let from = Site::soft("10.98.33.6");
     let runs = Runs::default();
     let first = server(&at, &runs);
-    let (tx, rx) = outcomes();
-    let (etx, erx) = std::sync::mpsc::channel();
-    let listen = at.listen;
-    let client = client(&from, move || Redialer {
-        at: listen,
-        cut: true,
-        started: false,
-        group: None,
-        events: etx.clone(),
-        tx: tx.clone(),
-    });
+    let (client, rx, erx) = redialer(&from, at.listen, true);
     assert_eq!(erx.recv_timeout(LONG).unwrap(), (SessionEvent::Connected, true));
     assert_eq!(erx.recv_timeout(LONG).unwrap(), (SessionEvent::Reconnecting, false));
     first.shutdown().unwrap();
@@ -327,17 +327,7 @@ fn a_resumable_sessions_record_ends_when_its_client_does_not_come_back_in_time()
         RpcHandler::new(ep, Watch { tx: etx.clone() })
     })
     .unwrap();
-    let (tx, rx) = outcomes();
-    let (ctx, _crx) = std::sync::mpsc::channel();
-    let listen = at.listen;
-    let client = client(&from, move || Redialer {
-        at: listen,
-        cut: false,
-        started: false,
-        group: None,
-        events: ctx.clone(),
-        tx: tx.clone(),
-    });
+    let (client, rx, _crx) = redialer(&from, at.listen, false);
     // (its calls' answers; the answer to `CUT_AT` fails the QPs once, and it reconnects)
     take(&rx, N as usize);
     client.shutdown().unwrap();
