@@ -988,12 +988,12 @@ impl<P: Provider> Endpoint<P> {
         let id = self.by_conn.remove(&conn)?;
         let final_close = matches!(reason, CloseReason::Local | CloseReason::Shutdown);
         if !final_close && self.session(id).is_some_and(|s| s.redial) {
-            self.suspend(cx, id);
+            self.suspend(id);
             return Some((id, SessionEvent::Reconnecting));
         }
         if !final_close && self.session(id).is_some_and(|s| s.key.is_some() && s.conn == Some(conn))
         {
-            self.park(cx, id, *reason);
+            self.park(id, *reason);
             return Some((id, SessionEvent::Reconnecting));
         }
         self.end_session(cx, id);
@@ -1004,7 +1004,7 @@ impl<P: Provider> Endpoint<P> {
     /// their slots, to go again on the new connection (`resend_in_flight`); a slot whose call
     /// timed out is free (its answer, if any, was lost with the connection); its waiting
     /// calls stay.
-    fn suspend(&mut self, _cx: &mut Cx<P>, id: SessionId) {
+    fn suspend(&mut self, id: SessionId) {
         let rejoin = self.groups_of(id);
         self.leave_groups(id);
         let Some(s) = self.session_mut(id) else { return };

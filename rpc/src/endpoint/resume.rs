@@ -97,7 +97,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// Server session `id` lost its connection (for `reason`): it keeps its record and waits
     /// `EndpointConfig::resume` for its client.
-    pub(super) fn park(&mut self, _cx: &mut Cx<P>, id: SessionId, reason: CloseReason) {
+    pub(super) fn park(&mut self, id: SessionId, reason: CloseReason) {
         let now = Instant::now();
         let Some(s) = self.session_mut(id) else { return };
         s.conn = None;
