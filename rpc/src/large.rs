@@ -14,6 +14,7 @@ use corelink_engine::verbs::{AccessFlags, Provider, RemoteRegion};
 use corelink_engine::{ConnId, Cx, Memory};
 
 use crate::error::{Result, RpcError};
+use crate::wire::Descriptor;
 
 /// The arena: `slots` slots of `size` bytes.
 pub(crate) struct Arena<P: Provider> {
@@ -64,6 +65,18 @@ impl<P: Provider> Arena<P> {
     /// Where `slot` starts in the arena.
     pub(crate) fn offset(&self, slot: &ArenaSlot) -> usize {
         usize::from(slot.index) * self.size
+    }
+
+    /// Where a peer granted `region` (this arena, [`Arena::grant`]) reads the first `len`
+    /// bytes of `slot`.
+    pub(crate) fn descriptor(
+        &self,
+        slot: &ArenaSlot,
+        region: RemoteRegion,
+        len: u32,
+    ) -> Descriptor {
+        let addr = region.addr + self.offset(slot) as u64;
+        Descriptor { addr, rkey: region.rkey, len }
     }
 
     /// The first `len` bytes of `slot`, to write in place.

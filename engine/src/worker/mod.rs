@@ -354,6 +354,13 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         use corelink_verbs::{AsyncElement, AsyncEventKind as K, Cq as _, Qp as _};
         self.cx.metrics.async_events += 1;
         let reason = CloseReason::Device(ev.kind);
+        // An overrun of this worker's CQ, or a failed device: every connection's completions
+        // are in doubt (those coming up included).
+        let wide = match (ev.kind, ev.element) {
+            (K::CqErr, AsyncElement::Cq(h)) => h == self.cx.cq.handle(),
+            (K::CqErr | K::DeviceFatal, _) => true,
+            _ => false,
+        };
         let hit: Vec<ConnId> = match (ev.kind, ev.element) {
             (K::QpFatal | K::QpReqErr | K::QpAccessErr, AsyncElement::Qp(qpn)) => self
                 .cx
@@ -362,8 +369,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 .filter(|c| c.lanes.iter().any(|l| l.qp.qp_num() == qpn))
                 .map(|c| c.id)
                 .collect(),
-            (K::CqErr, AsyncElement::Cq(h)) if h != self.cx.cq.handle() => Vec::new(),
-            (K::CqErr | K::DeviceFatal, _) => self.cx.conns.iter().map(|c| c.id).collect(),
+            _ if wide => self.cx.conns.iter().map(|c| c.id).collect(),
             _ => Vec::new(),
         };
         let mine = !hit.is_empty() || matches!(ev.kind, K::DeviceFatal | K::PortErr);
@@ -378,11 +384,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
         // An overrun's completions are gone and a failed device may flush nothing: what their
         // connections have posted is ended after a wait (`untrusted`).
-        let wide = match (ev.kind, ev.element) {
-            (K::CqErr, AsyncElement::Cq(h)) => h == self.cx.cq.handle(),
-            (K::CqErr | K::DeviceFatal, _) => true,
-            _ => false,
-        };
         let lost = wide && (!hit.is_empty() || self.primes.any());
         if lost {
             self.untrusted.struck(self.cx.now());

@@ -270,8 +270,7 @@ impl<P: Provider> Endpoint<P> {
         buf: &mut Buf<P>,
     ) -> bool {
         let (Some(region), Some(arena)) = (region, &self.arena) else { return false };
-        let addr = region.addr + arena.offset(a) as u64;
-        let d = Descriptor { addr, rkey: region.rkey, len };
+        let d = arena.descriptor(a, region, len);
         buf.as_mut_slice()[HEADER..HEADER + DESCRIPTOR].copy_from_slice(&d.encode());
         true
     }

@@ -327,7 +327,9 @@ pub struct Endpoint<P: Provider> {
     /// `EndpointConfig::resume` has passed unless its client came back (entries of sessions
     /// that did are skipped).
     parked: VecDeque<(Instant, SessionId)>,
-    /// Parked sessions whose record expired, for the service to hear (`take_ended`).
+    /// Server sessions that ended with no connection to close (a parked one's record
+    /// expired, or a new session with its key superseded it), for the service to hear
+    /// (`take_ended`).
     ended: Vec<(SessionId, CloseReason)>,
     metrics: RpcMetrics,
     _thread_bound: PhantomData<Rc<()>>,
@@ -437,6 +439,18 @@ struct ServedSlot<P: Provider> {
     /// The session has seen a request on the slot: it knows what ran there (a request sent
     /// again after a reconnect to a slot it does not know may have run: `Status::Lost`).
     known: bool,
+}
+
+impl<P: Provider> ServedSlot<P> {
+    /// A new request, sequence number `seq`, is the slot's (it acknowledges the last one's
+    /// response: nothing of it is kept).
+    fn begin(&mut self, seq: u64) {
+        self.seq = seq;
+        self.stored = None;
+        self.resend = false;
+        self.arena = None;
+        self.pending = None;
+    }
 }
 
 /// What a call asks, before it is made: its session, type, payload length and timeout.
@@ -920,7 +934,7 @@ impl<P: Provider> Endpoint<P> {
             }
         };
         let (credits, key) = (hello.credits, hello.resume.filter(|_| !self.cfg.resume.is_zero()));
-        if let Some(id) = key.and_then(|k| self.resumable(k, credits)) {
+        if let Some(id) = key.and_then(|k| self.resumable(cx, k, credits)) {
             self.resume(cx, id, conn, peer_max, region);
             return Some((id, SessionEvent::Accepted));
         }

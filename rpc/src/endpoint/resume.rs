@@ -34,20 +34,28 @@ pub(super) fn fresh_key(id: SessionId) -> u64 {
 
 impl<P: Provider> Endpoint<P> {
     /// The server session a hello with `key` and `credits` resumes, if this endpoint has it
-    /// (one with other credits is a different session: it ends, and a new one is made).
-    pub(super) fn resumable(&mut self, key: u64, credits: u16) -> Option<SessionId> {
+    /// (one with other credits is a different session: it ends, its connection closed and
+    /// its `Closed` told as an expired one's, and a new one is made).
+    pub(super) fn resumable(
+        &mut self,
+        cx: &mut Cx<P>,
+        key: u64,
+        credits: u16,
+    ) -> Option<SessionId> {
         let id = *self.by_key.get(&key)?;
-        match self.session(id) {
-            Some(s) if s.served.len() == usize::from(credits) => Some(id),
-            Some(_) => {
-                self.remove_session(id);
-                None
-            }
-            None => {
-                self.by_key.remove(&key);
-                None
-            }
+        let Some(s) = self.session(id) else {
+            self.by_key.remove(&key);
+            return None;
+        };
+        if s.served.len() == usize::from(credits) {
+            return Some(id);
         }
+        let reason = s.lost.map_or(CloseReason::Peer, |(_, r)| r);
+        if let Some(conn) = self.remove_session(id).and_then(|s| s.conn) {
+            let _ = cx.close(conn);
+        }
+        self.ended.push((id, reason));
+        None
     }
 
     /// Server session `id` goes on on connection `conn` (its client came back): its record
@@ -87,8 +95,7 @@ impl<P: Provider> Endpoint<P> {
             };
             let m = buf.as_mut_slice();
             let Ok(d) = Descriptor::decode(&m[HEADER..]) else { continue };
-            let addr = region.addr + arena.offset(slot) as u64;
-            let d = Descriptor { addr, rkey: region.rkey, ..d };
+            let d = arena.descriptor(slot, region, d.len);
             m[HEADER..HEADER + DESCRIPTOR].copy_from_slice(&d.encode());
         }
         by_conn.insert(conn, id);

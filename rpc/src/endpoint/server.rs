@@ -74,26 +74,15 @@ impl<P: Provider> Endpoint<P> {
         let conn = s.conn;
         let ss = s.served.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
         let Some(conn) = conn else { return Ok(()) };
-        if h.resent && !ss.known {
-            // Sent before, to a server that kept no record of the session (a restart, or its
-            // resume time passed): it may have run. Answered so, from now on.
-            ss.known = true;
-            ss.seq = h.seq;
-            ss.stored = None;
-            ss.resend = false;
-            ss.arena = None;
-            ss.pending = None;
-            self.metrics.lost += 1;
-            let reply = error_reply(cx, Status::Lost, 0, 0);
-            self.send_answer(cx, session, Asked::of(h), reply);
-            return Ok(());
-        }
+        // Sent before, to a server that kept no record of the session (a restart, or its
+        // resume time passed): it may have run. Answered so, as a new request would be.
+        let lost = h.resent && !ss.known;
         ss.known = true;
-        if h.seq < ss.seq {
+        if !lost && h.seq < ss.seq {
             self.metrics.stale += 1;
             return Ok(());
         }
-        if h.seq == ss.seq {
+        if !lost && h.seq == ss.seq {
             // Seen before: answered again from the stored response (once it is back, if its
             // first send is still on the device or its request is still being read).
             let stored = ss.stored.take();
@@ -109,11 +98,13 @@ impl<P: Provider> Endpoint<P> {
             return Ok(());
         }
         // A new request acknowledges the slot's last response.
-        ss.stored = None;
-        ss.resend = false;
-        ss.arena = None;
-        ss.pending = None;
-        ss.seq = h.seq;
+        ss.begin(h.seq);
+        if lost {
+            self.metrics.lost += 1;
+            let reply = error_reply(cx, Status::Lost, 0, 0);
+            self.send_answer(cx, session, Asked::of(h), reply);
+            return Ok(());
+        }
         if !h.large {
             self.answer(cx, session, Asked::of(h), payload);
             return Ok(());
@@ -224,8 +215,7 @@ impl<P: Provider> Endpoint<P> {
                     let Ok(mut buf) = cx.alloc(HEADER + DESCRIPTOR) else {
                         return error_reply(cx, Status::Busy, 0, 0);
                     };
-                    let addr = region.addr + arena.offset(&slot) as u64;
-                    let d = Descriptor { addr, rkey: region.rkey, len: len as u32 };
+                    let d = arena.descriptor(&slot, region, len as u32);
                     buf.as_mut_slice()[HEADER..].copy_from_slice(&d.encode());
                     Some((buf, Status::Ok, Some(slot)))
                 }
