@@ -23,6 +23,17 @@ pub const EXPIRE_EVERY: u32 = 32;
 /// configured otherwise ([`EndpointConfig::resume`]).
 pub const DEFAULT_RESUME: Duration = Duration::from_secs(10);
 
+/// Bytes a message may have to travel packed with others, unless configured otherwise
+/// ([`EndpointConfig::pack_max`]).
+pub const DEFAULT_PACK_MAX: usize = 1024;
+
+/// Connections whose messages one pass packs at most ([`EndpointConfig::pack_max`]): a
+/// message to one more sends the packs open so far first.
+pub const PACK_CONNS: usize = 64;
+
+// (A full poll's receives, each from another peer, answered in one pass, pack.)
+const _: () = assert!(PACK_CONNS >= corelink_engine::tunables::MAX_POLL_BATCH);
+
 /// An endpoint's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointConfig {
@@ -53,6 +64,14 @@ pub struct EndpointConfig {
     /// [`RpcError::OutcomeUnknown`]. Zero: no record is kept. The record holds a response
     /// buffer per slot and the session's place in `max_sessions` meanwhile.
     pub resume: Duration,
+    /// Messages (header included) of at most this many bytes that an endpoint sends to one
+    /// peer in one pass of its worker's loop travel in one send, copied into it back to back
+    /// (a packed receive, [`crate::wire::unpack`]), up to the peer's receive size: a window
+    /// of small calls then costs one send and one receive each way, not one per call. A
+    /// message alone in its pass, or longer, goes from its own buffer (no copy). Messages of
+    /// request types with a class ([`crate::Endpoint::set_class`]) are never packed. Zero:
+    /// every message goes alone.
+    pub pack_max: usize,
 }
 
 impl EndpointConfig {
@@ -69,6 +88,7 @@ impl EndpointConfig {
             large_max: 0,
             large_slots: 0,
             resume: DEFAULT_RESUME,
+            pack_max: DEFAULT_PACK_MAX,
         }
     }
 
@@ -80,6 +100,12 @@ impl EndpointConfig {
     /// The same keeping resumable sessions' records for `resume` ([`EndpointConfig::resume`]).
     pub fn with_resume(self, resume: Duration) -> Self {
         EndpointConfig { resume, ..self }
+    }
+
+    /// The same packing messages of at most `max` bytes ([`EndpointConfig::pack_max`]; 0:
+    /// none).
+    pub fn with_pack(self, max: usize) -> Self {
+        EndpointConfig { pack_max: max, ..self }
     }
 
     /// The same with `credits` credits per session.

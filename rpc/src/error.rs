@@ -228,6 +228,13 @@ pub enum Malformed {
     Direction,
     /// The session field names another session.
     Session(u32),
+    /// Bytes after a message that is not flagged [`crate::wire::PACKED`].
+    Trailing {
+        /// Bytes after it.
+        len: usize,
+    },
+    /// A message flagged [`crate::wire::PACKED`] ends its receive: the next is missing.
+    PackedEnd,
 }
 
 impl fmt::Display for Malformed {
@@ -249,6 +256,12 @@ impl fmt::Display for Malformed {
             Malformed::Slot(s) => write!(f, "slot {s} is beyond the session's"),
             Malformed::Direction => f.write_str("a kind this side of the session does not take"),
             Malformed::Session(s) => write!(f, "session field {s:#x} names another session"),
+            Malformed::Trailing { len } => {
+                write!(f, "{len} bytes after a message that is not flagged packed")
+            }
+            Malformed::PackedEnd => {
+                f.write_str("a message flagged packed ends its receive: the next is missing")
+            }
         }
     }
 }

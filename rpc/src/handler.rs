@@ -69,15 +69,21 @@ impl<P: Provider, S: Service<P>> RpcHandler<P, S> {
 }
 
 impl<P: Provider, S: Service<P>> Handler<P> for RpcHandler<P, S> {
+    // Messages sent while the loop dispatches completions (`on_message`, `on_completion`)
+    // wait to go packed at the end of the pass (`poll`, which the loop runs right after);
+    // the other events come elsewhere in the loop and send what they made before returning.
+
     fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
         let event = self.endpoint.on_connected(cx, conn, info);
         self.tell(cx, event);
+        self.endpoint.flush_sends(cx);
     }
 
     fn on_connect_failed(&mut self, cx: &mut Cx<P>, token: u64, error: &EngineError) {
         let event = self.endpoint.on_connect_failed(cx, token);
         self.tell(cx, event);
         self.tell_end(cx, event, SessionEnd::ConnectFailed(error));
+        self.endpoint.flush_sends(cx);
     }
 
     fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
@@ -95,11 +101,13 @@ impl<P: Provider, S: Service<P>> Handler<P> for RpcHandler<P, S> {
         let event = self.endpoint.on_closed(cx, conn, reason);
         self.tell(cx, event);
         self.tell_end(cx, event, SessionEnd::Closed(reason));
+        self.endpoint.flush_sends(cx);
     }
 
     fn on_timer(&mut self, cx: &mut Cx<P>, token: u64) {
         let mut rpc = Rpc { ep: &mut self.endpoint, cx };
         self.service.on_timer(&mut rpc, token);
+        self.endpoint.flush_sends(cx);
     }
 
     fn poll(&mut self, cx: &mut Cx<P>) {
@@ -120,5 +128,6 @@ impl<P: Provider, S: Service<P>> Handler<P> for RpcHandler<P, S> {
             inbox.drain(&mut rpc);
         }
         self.service.poll(&mut rpc);
+        self.endpoint.flush_sends(cx);
     }
 }

@@ -73,10 +73,10 @@ impl fmt::Display for GroupId {
 pub struct CallId(pub(crate) u64);
 
 impl CallId {
-    /// Generations keep to 29 bits: bits 62 and 63 of an engine token tell the other kinds
-    /// of request (a response's send, the reads of large payloads), and bit 61 marks the
-    /// service's own requests (`Rpc::submit`).
-    pub(crate) const GENERATION_MASK: u32 = 0x1fff_ffff;
+    /// Generations keep to 28 bits: bits 62 and 63 of an engine token tell the other kinds
+    /// of request (a response's send, the reads of large payloads), bit 61 marks the
+    /// service's own requests (`Rpc::submit`), and bit 60 a send of packed messages.
+    pub(crate) const GENERATION_MASK: u32 = 0x0fff_ffff;
 
     pub(crate) fn new(index: u32, generation: u32) -> Self {
         CallId(u64::from(generation & Self::GENERATION_MASK) << 32 | u64::from(index))

@@ -46,8 +46,9 @@
 //!   merged call ends right after the identical call it joined.
 //!
 //! # Wire format
-//! Every message is one send: a fixed 28-byte little-endian header ([`wire::Header`]), then
-//! the payload.
+//! Every message is a fixed 28-byte little-endian header ([`wire::Header`]), then the
+//! payload. A send carries one message, or several small ones packed back to back (each but
+//! the last flagged [`wire::PACKED`]; [`EndpointConfig::pack_max`]).
 //!
 //! | offset | bytes | field |
 //! |---|---|---|
@@ -60,12 +61,14 @@
 //! | 12 | 8 | sequence number of the slot, from 1 (a response echoes it) |
 //! | 20 | 4 | payload length: exactly the bytes after the header |
 //! | 24 | 2 | status: 0 in requests and responses; an error's reason ([`wire::Status`]) |
-//! | 26 | 2 | flags: bit 0 ([`wire::LARGE`]) the payload is a [`wire::Descriptor`]; bit 1 ([`wire::RESENT`], requests only) sent again after a reconnect; others 0 |
+//! | 26 | 2 | flags: bit 0 ([`wire::LARGE`]) the payload is a [`wire::Descriptor`]; bit 1 ([`wire::RESENT`], requests only) sent again after a reconnect; bit 2 ([`wire::PACKED`]) another message follows in the same send; others 0 |
 //!
 //! An error message's payload is two `u32` arguments (the unknown type; a response's length
 //! and the most that fits; the handler's code). [`wire::decode`] refuses every message that is
-//! not exactly such a header and payload with a [`Malformed`] reason (never a panic); the
-//! endpoint drops it and counts it ([`RpcMetrics::malformed`]), as it does a message whose
+//! not exactly such a header and payload with a [`Malformed`] reason (never a panic), and
+//! [`wire::unpack`] likewise each message of a receive, in order (the first malformed one
+//! ends the receive: what follows cannot be framed); the endpoint drops it and counts it
+//! ([`RpcMetrics::malformed`]), as it does a message whose
 //! slot or session field is not its session's. The connect's private data carries a hello
 //! ([`wire::Hello`]: magic, version, credits, a flags byte; 6 bytes, or 14 with a resumable
 //! session's key, flag [`wire::RESUME`]).
@@ -231,7 +234,8 @@ pub mod wire;
 
 pub use balance::Member;
 pub use config::{
-    recvs_per_session, EndpointConfig, DEFAULT_CREDITS, DEFAULT_RESUME, EXPIRE_EVERY, HANDLE_BATCH,
+    recvs_per_session, EndpointConfig, DEFAULT_CREDITS, DEFAULT_PACK_MAX, DEFAULT_RESUME,
+    EXPIRE_EVERY, HANDLE_BATCH, PACK_CONNS,
 };
 pub use endpoint::{Continuation, Endpoint, Rpc, MAX_SERVICE_TOKEN};
 pub use error::{Malformed, Result, RpcError};

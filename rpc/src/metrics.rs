@@ -48,6 +48,10 @@ pub struct RpcMetrics {
     /// Server sessions whose client did not come back within `EndpointConfig::resume`: ended,
     /// with their records.
     pub expired: u64,
+    /// Sends that carried several messages packed (`EndpointConfig::pack_max`).
+    pub packs: u64,
+    /// Messages that went in those sends.
+    pub packed: u64,
     /// States the endpoint's bookkeeping rules out, met (0 unless there is a bug).
     pub invariant_misses: u64,
 }

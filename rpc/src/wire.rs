@@ -23,6 +23,9 @@ pub const LARGE: u16 = 1;
 /// Flag (requests only): the request was sent before, on an earlier connection of its
 /// resumable session; a server with no record of its slot answers [`Status::Lost`].
 pub const RESENT: u16 = 2;
+/// Flag: another message follows this one in the same receive (a packed send: see
+/// [`unpack`]); set by the sender's packer, never by [`Header::encode`].
+pub const PACKED: u16 = 4;
 /// Bytes of a [`Descriptor`].
 pub const DESCRIPTOR: usize = 16;
 
@@ -124,10 +127,12 @@ impl Header {
     }
 }
 
+#[inline(always)]
 fn u16_at(b: &[u8; HEADER], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
+#[inline(always)]
 fn u32_at(b: &[u8], at: usize) -> u32 {
     let mut w = [0u8; 4];
     w.copy_from_slice(&b[at..at + 4]);
@@ -161,8 +166,32 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 /// assert_eq!(decode(&msg[..HEADER]), Err(Malformed::Length { said: 2, got: 0 }));
 /// ```
 pub fn decode(msg: &[u8]) -> Result<(Header, &[u8]), Malformed> {
-    let Some((head, payload)) = msg.split_first_chunk::<HEADER>() else {
-        return Err(Malformed::Truncated { len: msg.len() });
+    let (h, payload, rest, packed) = decode_first(msg)?;
+    if !rest.is_empty() {
+        return Err(Malformed::Length { said: h.len, got: msg.len() - HEADER });
+    }
+    if packed {
+        return Err(Malformed::Flags(u16_at(head_of(msg), 26)));
+    }
+    Ok((h, payload))
+}
+
+/// A message's first [`HEADER`] bytes (`msg` is at least that long).
+fn head_of(msg: &[u8]) -> &[u8; HEADER] {
+    msg.first_chunk::<HEADER>().expect("a decoded message holds a header")
+}
+
+/// A receive's first message: its header, its payload, the bytes after it, and whether it is
+/// flagged [`PACKED`].
+pub(crate) type First<'a> = (Header, &'a [u8], &'a [u8], bool);
+
+/// The message at the start of `recv` as [`decode`] checks it, the bytes after it, and whether
+/// it is flagged [`PACKED`] (what [`unpack`] and the endpoint's receive path read a receive
+/// with).
+#[inline(always)]
+pub(crate) fn decode_first(recv: &[u8]) -> Result<First<'_>, Malformed> {
+    let Some((head, after)) = recv.split_first_chunk::<HEADER>() else {
+        return Err(Malformed::Truncated { len: recv.len() });
     };
     let magic = u16_at(head, 0);
     if magic != MAGIC {
@@ -178,15 +207,16 @@ pub fn decode(msg: &[u8]) -> Result<(Header, &[u8]), Malformed> {
         k => return Err(Malformed::Kind(k)),
     };
     let flags = u16_at(head, 26);
-    if flags & !(LARGE | RESENT) != 0 || (flags & RESENT != 0 && kind != Kind::Request) {
+    if flags & !(LARGE | RESENT | PACKED) != 0 || (flags & RESENT != 0 && kind != Kind::Request) {
         return Err(Malformed::Flags(flags));
     }
     let large = flags & LARGE != 0;
     let resent = flags & RESENT != 0;
     let len = u32_at(head, 20);
-    if len as usize != payload.len() {
-        return Err(Malformed::Length { said: len, got: payload.len() });
+    if len as usize > after.len() {
+        return Err(Malformed::Length { said: len, got: after.len() });
     }
+    let (payload, rest) = after.split_at(len as usize);
     let raw_status = u16_at(head, 24);
     let status = Status::from_wire(raw_status).ok_or(Malformed::Status(raw_status))?;
     let fits = match kind {
@@ -222,7 +252,82 @@ pub fn decode(msg: &[u8]) -> Result<(Header, &[u8]), Malformed> {
         large,
         resent,
     };
-    Ok((header, payload))
+    Ok((header, payload, rest, flags & PACKED != 0))
+}
+
+/// The messages of one receive, in order: one, or several packed back to back (each but the
+/// last flagged [`PACKED`]). Each is checked as [`decode`] checks a message; the first
+/// malformed one ends the iteration with its error (what follows it cannot be framed).
+///
+/// # Examples
+///
+/// ```
+/// use corelink_rpc::wire::{unpack, Header, Kind, Status, PACKED};
+/// use corelink_rpc::{ReqType, SessionId};
+///
+/// let h = |slot, len| Header {
+///     kind: Kind::Request,
+///     ty: ReqType(7),
+///     slot,
+///     session: SessionId::from_wire(1),
+///     seq: 1,
+///     len,
+///     status: Status::Ok,
+///     large: false,
+///     resent: false,
+/// };
+/// let mut first = h(0, 2).encode();
+/// first[26..28].copy_from_slice(&PACKED.to_le_bytes());
+/// let mut recv = first.to_vec();
+/// recv.extend_from_slice(b"hi");
+/// recv.extend_from_slice(&h(1, 0).encode());
+/// let got: Vec<_> = unpack(&recv).collect();
+/// assert_eq!(got, vec![Ok((h(0, 2), &b"hi"[..])), Ok((h(1, 0), &b""[..]))]);
+/// // A receive that ends where its last message says another follows is malformed.
+/// assert!(unpack(&recv[..30]).last().unwrap().is_err());
+/// ```
+pub fn unpack(recv: &[u8]) -> Unpack<'_> {
+    Unpack { rest: recv, done: false }
+}
+
+/// The iterator [`unpack`] returns.
+#[derive(Clone, Debug)]
+pub struct Unpack<'a> {
+    rest: &'a [u8],
+    done: bool,
+}
+
+impl<'a> Iterator for Unpack<'a> {
+    type Item = Result<(Header, &'a [u8]), Malformed>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let got = decode_first(self.rest);
+        let Ok((h, payload, rest, packed)) = got else {
+            self.done = true;
+            return got.err().map(Err);
+        };
+        self.rest = rest;
+        match (packed, rest.is_empty()) {
+            (true, false) => Some(Ok((h, payload))),
+            (false, true) => {
+                self.done = true;
+                Some(Ok((h, payload)))
+            }
+            // Said another follows and none does, or bytes after the last.
+            (true, true) => {
+                self.done = true;
+                Some(Err(Malformed::PackedEnd))
+            }
+            (false, false) => {
+                self.done = true;
+                Some(Err(Malformed::Trailing { len: rest.len() }))
+            }
+        }
+    }
 }
 
 /// Where a large message's payload is: `len` bytes at `addr` of the sender's memory, under
@@ -254,6 +359,15 @@ impl Descriptor {
         };
         let addr = u64::from(u32_at(b, 0)) | u64::from(u32_at(b, 4)) << 32;
         Ok(Descriptor { addr, rkey: u32_at(b, 8), len: u32_at(b, 12) })
+    }
+}
+
+/// Flags the message `msg` (its header at the start) [`PACKED`]: another follows it in its
+/// send.
+pub(crate) fn mark_packed(msg: &mut [u8]) {
+    if let Some(f) = msg.get_mut(26..28) {
+        let flags = u16::from_le_bytes([f[0], f[1]]) | PACKED;
+        f.copy_from_slice(&flags.to_le_bytes());
     }
 }
 
@@ -497,6 +611,90 @@ mod tests {
         let mut v2 = plain.encode();
         v2[2] = 2;
         assert_eq!(Hello::decode(&v2), Err(Malformed::Version(2)));
+    }
+
+    /// `msgs` packed as a sender's packer packs them.
+    fn packed(msgs: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (i, m) in msgs.iter().enumerate() {
+            let at = out.len();
+            out.extend_from_slice(m);
+            if i + 1 < msgs.len() {
+                mark_packed(&mut out[at..]);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn packed_messages_unpack_in_order() {
+        let hs = [
+            sample(Kind::Response, Status::Ok, 3),
+            sample(Kind::Error, Status::Busy, 8),
+            Header { large: true, ..sample(Kind::Response, Status::Ok, DESCRIPTOR as u32) },
+            sample(Kind::Response, Status::Ok, 0),
+        ];
+        let msgs: Vec<Vec<u8>> = hs.iter().map(message).collect();
+        let recv = packed(&msgs);
+        let got: Vec<_> = unpack(&recv).map(Result::unwrap).collect();
+        assert_eq!(got.len(), hs.len());
+        for ((h, p), (want, m)) in got.iter().zip(hs.iter().zip(&msgs)) {
+            assert_eq!(h, want);
+            assert_eq!(*p, &m[HEADER..]);
+        }
+        // One message alone unpacks as `decode` reads it; a packed one is not a message alone.
+        assert_eq!(unpack(&msgs[0]).collect::<Vec<_>>(), vec![decode(&msgs[0])]);
+        assert_eq!(decode(&recv[..msgs[0].len()]), Err(Malformed::Flags(PACKED)));
+    }
+
+    #[test]
+    fn every_truncation_of_a_packed_receive_ends_in_an_error() {
+        let msgs = vec![
+            message(&sample(Kind::Request, Status::Ok, 5)),
+            message(&sample(Kind::Request, Status::Ok, 0)),
+            message(&sample(Kind::Request, Status::Ok, 2)),
+        ];
+        let recv = packed(&msgs);
+        for cut in 0..recv.len() {
+            let got: Vec<_> = unpack(&recv[..cut]).collect();
+            let last = got.last().expect("an empty receive is an error too");
+            assert!(last.is_err(), "cut at {cut}: {got:?}");
+            assert!(got[..got.len() - 1].iter().all(Result::is_ok));
+        }
+        // Bytes after the last message, flagged or not.
+        let mut long = recv.clone();
+        long.push(0);
+        assert_eq!(unpack(&long).last(), Some(Err(Malformed::Trailing { len: 1 })));
+        let mut unflagged = packed(&msgs[..1]);
+        unflagged.extend_from_slice(&msgs[1]);
+        let got: Vec<_> = unpack(&unflagged).collect();
+        assert_eq!(got.last(), Some(&Err(Malformed::Trailing { len: msgs[1].len() })));
+        let mut flagged_last = recv.clone();
+        let at = msgs[0].len() + msgs[1].len();
+        mark_packed(&mut flagged_last[at..]);
+        assert_eq!(unpack(&flagged_last).last(), Some(Err(Malformed::PackedEnd)));
+    }
+
+    #[test]
+    fn every_single_byte_corruption_of_a_packed_receive_unpacks_or_is_refused() {
+        let msgs = vec![
+            message(&sample(Kind::Response, Status::Ok, 4)),
+            message(&sample(Kind::Error, Status::Rejected, 8)),
+        ];
+        let recv = packed(&msgs);
+        for at in 0..recv.len() {
+            for v in [0u8, 1, 4, 0x7f, 0xff] {
+                let mut m = recv.clone();
+                m[at] = v;
+                let mut used = 0;
+                for got in unpack(&m) {
+                    let Ok((h, p)) = got else { break };
+                    assert_eq!(h.encode()[..26], m[used..used + 26]);
+                    used += HEADER + p.len();
+                }
+                assert!(used <= m.len());
+            }
+        }
     }
 
     #[test]

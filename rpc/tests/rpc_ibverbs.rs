@@ -93,6 +93,12 @@ fn one_byte_and_four_kib_messages_arrive_byte_for_byte() {
 }
 
 #[test]
+fn small_calls_of_one_pass_go_packed_in_order() {
+    let Some(s) = site(7126) else { return };
+    calls::small_calls_of_one_pass_go_packed_in_order::<Ibverbs>(&s);
+}
+
+#[test]
 fn a_hundred_sessions_on_one_server() {
     let Some(s) = site(7109) else { return };
     calls::a_hundred_sessions_on_one_server::<Ibverbs>(&s);

@@ -51,6 +51,11 @@ fn one_byte_and_four_kib_messages_arrive_byte_for_byte() {
 }
 
 #[test]
+fn small_calls_of_one_pass_go_packed_in_order() {
+    calls::small_calls_of_one_pass_go_packed_in_order::<Soft>(&Site::soft("10.98.13.30"));
+}
+
+#[test]
 fn a_hundred_sessions_on_one_server() {
     calls::a_hundred_sessions_on_one_server::<Soft>(&Site::soft("10.98.13.9"));
 }

@@ -177,6 +177,10 @@ struct Cli {
     /// rpc_lat / rpc_bw: run this many times (with --with-send: send, rpc, send, rpc, ...)
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// rpc_lat / rpc_bw: send every RPC message alone (by default the small messages of one
+    /// pass of the worker's loop to one peer go packed in one send)
+    #[arg(long = "no-pack")]
+    no_pack: bool,
     /// give up after this many seconds (default: 600 for a client; a server waits for ever)
     #[arg(long)]
     timeout: Option<u64>,
@@ -240,6 +244,7 @@ fn perf_opts(
 ) -> Result<(PerfOpts, Vec<String>), PerfError> {
     let mut o = PerfOpts::new(test);
     o.raw_write = raw;
+    o.no_pack = cli.no_pack;
     o.transport = Transport::parse(&cli.connection)
         .ok_or_else(|| PerfError::Usage(format!("-c {}: RC, UC or UD", cli.connection)))?;
     o.sizes = sizes(cli, if raw { 8 } else { o.sizes[0] });
@@ -384,6 +389,16 @@ fn header_block(o: &PerfOpts, info: &RunInfo, notes: &[String]) -> String {
             _ => "full round trip",
         };
         s.push_str(&format!(" Latency         : {how}\n"));
+    }
+    if o.test.is_rpc() {
+        let packing = match o.no_pack {
+            true => "off (--no-pack): every message in a send of its own".to_string(),
+            false => format!(
+                "on: a pass's messages of at most {} B to one peer after its first share sends",
+                corelink_rpc::DEFAULT_PACK_MAX
+            ),
+        };
+        s.push_str(&format!(" RPC packing     : {packing}\n"));
     }
     for n in notes {
         s.push_str(&format!(" Note            : {n}\n"));

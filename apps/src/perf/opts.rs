@@ -305,6 +305,10 @@ pub struct PerfOpts {
     /// no engine), with the same `-s`, `-l`, `-Q` and `-t`: the floor any engine on that
     /// provider can reach. Reported as `baseline_raw_write`.
     pub raw_write: bool,
+    /// `rpc_lat` / `rpc_bw`: every message in a send of its own (`--no-pack`:
+    /// `corelink_rpc::EndpointConfig::pack_max` 0), instead of a pass's small messages to
+    /// one peer packed into one send.
+    pub no_pack: bool,
     /// Which of `-l`, `-Q` and `-q` were given on the command line: with `--config` only those
     /// override the core map's batching and lanes (the others keep the map's values).
     pub explicit: Explicit,
@@ -377,6 +381,7 @@ impl PerfOpts {
             progress: false,
             sched: SchedOpts { bg_size: 4096, ..SchedOpts::default() },
             raw_write: false,
+            no_pack: false,
             explicit: Explicit::default(),
         }
     }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use corelink_engine::verbs::{Provider, RemoteAddr, RemoteRegion};
 use corelink_engine::{Buf, Cx, Done, EngineError};
 
+use super::packer::Outgoing;
 use super::{
     slot_token, token_slot, Ask, Call, Continuation, Endpoint, MergeGroup, Phase, SlotUse,
     CLIENT_READ, TOKEN_SEQ_MASK,
@@ -276,7 +277,8 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// Sends call `id`'s request `buf` (its header complete) on `slot` of open session
-    /// `session`; a refusal ends the call with why (and frees the slot).
+    /// `session` (now, or packed at the end of the pass); a refusal ends the call with why
+    /// (and frees the slot).
     pub(super) fn post_request(
         &mut self,
         cx: &mut Cx<P>,
@@ -286,30 +288,51 @@ impl<P: Provider> Endpoint<P> {
         ty: ReqType,
         buf: Buf<P>,
     ) {
-        let Some(conn) = self.session(session).and_then(|s| s.conn) else {
+        let Some((conn, room)) =
+            self.session(session).and_then(|s| Some((s.conn?, s.peer_max + HEADER)))
+        else {
             return self.missed();
         };
-        if let Err((_, e)) = self.send_typed(cx, conn, ty, buf, id.0) {
-            let down =
-                matches!(e, EngineError::ConnectionClosing(_) | EngineError::NoSuchConnection(_));
-            let why = match e {
-                EngineError::MessageTooLarge { len, max, .. } => {
-                    let (len, max) =
-                        (len.saturating_sub(HEADER), (max as usize).saturating_sub(HEADER));
-                    RpcError::TooLarge { len, max }
-                }
-                EngineError::ConnectionClosing(_) | EngineError::NoSuchConnection(_) => {
-                    RpcError::SessionClosed
-                }
-                e => RpcError::Engine(e),
-            };
+        self.queue_send(cx, Outgoing { conn, ty, token: id.0, room, session, slot, buf });
+    }
+
+    /// The engine refused to send call `id`'s request (on `session`'s `slot`) for `e`: the
+    /// call ends with why, and its slot is free again.
+    pub(super) fn request_refused(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        slot: u16,
+        id: CallId,
+        e: EngineError,
+    ) {
+        let down =
+            matches!(e, EngineError::ConnectionClosing(_) | EngineError::NoSuchConnection(_));
+        let why = match e {
+            EngineError::MessageTooLarge { len, max, .. } => {
+                let (len, max) =
+                    (len.saturating_sub(HEADER), (max as usize).saturating_sub(HEADER));
+                RpcError::TooLarge { len, max }
+            }
+            EngineError::ConnectionClosing(_) | EngineError::NoSuchConnection(_) => {
+                RpcError::SessionClosed
+            }
+            e => RpcError::Engine(e),
+        };
+        // (the call may have timed out while its request waited to be packed: its slot is
+        // abandoned then, and freed all the same, as no answer comes)
+        let held = self
+            .session(session)
+            .and_then(|s| s.slots.get(usize::from(slot)))
+            .is_some_and(|cs| cs.used == SlotUse::Call(id) || cs.used == SlotUse::Abandoned);
+        if held {
             self.free_slot(session, slot);
-            if down {
-                self.going_down(session);
-            }
-            if let Some(call) = self.take_call(id) {
-                self.finish(cx, call, Err(why));
-            }
+        }
+        if down {
+            self.going_down(session);
+        }
+        if let Some(call) = self.take_call(id) {
+            self.finish(cx, call, Err(why));
         }
     }
 

@@ -5,6 +5,7 @@
 
 mod client;
 mod group;
+mod packer;
 mod resume;
 mod server;
 
@@ -20,7 +21,7 @@ use corelink_engine::verbs::{Provider, RemoteRegion};
 use corelink_engine::{Buf, CloseReason, ConnId, ConnInfo, Cx, Done, Op};
 
 use crate::balance::Group;
-use crate::config::{recvs_per_session, EndpointConfig};
+use crate::config::{recvs_per_session, EndpointConfig, PACK_CONNS};
 use crate::error::{Malformed, Result, RpcError};
 use crate::ids::{CallId, GroupId, ReqType, SessionId, SlotMap};
 use crate::large::{Arena, ArenaSlot};
@@ -57,8 +58,11 @@ const SERVICE_TOKEN: u64 = 1 << 61;
 /// The tokens a service's own requests may carry (bits 0..61).
 pub const MAX_SERVICE_TOKEN: u64 = SERVICE_TOKEN - 1;
 
-// (A call's token, its `CallId`, stays below the service's bit.)
-const _: () = assert!((CallId::GENERATION_MASK as u64) << 32 < SERVICE_TOKEN);
+/// Kind 0, bit 60: a send of packed messages (`packer`); its completion frees its buffer.
+const PACKED_TOKEN: u64 = 1 << 60;
+
+// (A call's token, its `CallId`, stays below the packed send's and the service's bits.)
+const _: () = assert!(((CallId::GENERATION_MASK as u64) << 32 | u32::MAX as u64) < PACKED_TOKEN);
 
 /// The token of a request of kind `kind` for `session`'s `slot` at sequence number `seq`.
 fn slot_token(kind: u64, session: SessionId, slot: u16, seq: u64) -> u64 {
@@ -331,6 +335,8 @@ pub struct Endpoint<P: Provider> {
     /// expired, or a new session with its key superseded it), for the service to hear
     /// (`take_ended`).
     ended: Vec<(SessionId, CloseReason)>,
+    /// Small messages waiting for the end of the pass, to go packed.
+    packer: packer::Packer<Buf<P>>,
     metrics: RpcMetrics,
     _thread_bound: PhantomData<Rc<()>>,
 }
@@ -531,6 +537,11 @@ impl<P: Provider> Endpoint<P> {
             resumable: 0,
             parked: VecDeque::new(),
             ended: Vec::new(),
+            packer: packer::Packer::new(
+                cfg.pack_max,
+                PACK_CONNS,
+                res.pools.iter().map(|c| c.size).max().unwrap_or(0),
+            ),
             metrics: RpcMetrics::default(),
             cfg,
             _thread_bound: PhantomData,
@@ -1076,10 +1087,12 @@ impl<P: Provider> Endpoint<P> {
     fn own_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         match done.token & TOKEN_KIND {
             // (kept for a resend even when it failed: the connection is going down)
-            RESPONSE_TOKEN => self.answer_sent(cx, done),
+            RESPONSE_TOKEN => self.answer_sent(cx, done.token, done.buf),
+            // Packed messages went (each was done with when it was packed).
+            0 if done.token == PACKED_TOKEN => {}
             // A request went: a resumable session's is kept until its answer (sent again
             // if the connection is lost first); others' go back to the pool.
-            0 => self.request_sent(done),
+            0 => self.request_sent(done.token, done.buf),
             // A failed read: the connection closes, and its calls end then (or, on a
             // resumable session, the request comes again).
             SERVER_READ if !done.status.is_success() => self.request_unread(done),
@@ -1095,21 +1108,35 @@ impl<P: Provider> Endpoint<P> {
             self.metrics.stale += 1;
             return;
         };
-        let (h, payload) = match wire::decode(data) {
-            Ok(m) => m,
-            Err(_) => {
+        // The receive's messages in order (as `wire::unpack` reads them; the first malformed
+        // one ends the receive).
+        let mut rest = data;
+        loop {
+            let Ok((h, payload, after, packed)) = wire::decode_first(rest) else {
                 self.metrics.malformed += 1;
                 return;
+            };
+            if packed == after.is_empty() {
+                self.metrics.malformed += 1; // (flagged with none after, or bytes after)
+                return;
             }
-        };
-        let client = self.session(session).is_some_and(|s| s.served.is_empty());
-        let checked = match (client, h.kind) {
-            (true, Kind::Response | Kind::Error) => self.on_response(cx, session, &h, payload),
-            (false, Kind::Request) => self.on_request(cx, session, &h, payload),
-            _ => Err(Malformed::Direction),
-        };
-        if checked.is_err() {
-            self.metrics.malformed += 1;
+            // (a message may end its session: those after it are stale)
+            let Some(s) = self.session(session) else {
+                self.metrics.stale += 1;
+                return;
+            };
+            let checked = match (s.served.is_empty(), h.kind) {
+                (true, Kind::Response | Kind::Error) => self.on_response(cx, session, &h, payload),
+                (false, Kind::Request) => self.on_request(cx, session, &h, payload),
+                _ => Err(Malformed::Direction),
+            };
+            if checked.is_err() {
+                self.metrics.malformed += 1;
+            }
+            if !packed {
+                return;
+            }
+            rest = after;
         }
     }
 }

@@ -142,17 +142,17 @@ impl<P: Provider> Endpoint<P> {
     /// A call's request went (or failed, its connection going down): on a resumable session,
     /// while the call waits for its answer, its buffer is kept to send again.
     #[inline]
-    pub(super) fn request_sent(&mut self, done: Done<Buf<P>>) {
+    pub(super) fn request_sent(&mut self, token: u64, buf: Option<Buf<P>>) {
         if self.resumable == 0 {
             return; // (the buffer goes back to the pool)
         }
-        let id = CallId(done.token);
+        let id = CallId(token);
         let Some(e) = self.calls.get(id.index()) else { return };
         let Some(c) = e.call.as_ref().filter(|_| e.generation == id.generation()) else {
             return; // answered already
         };
         let resumable = self.session(c.session).is_some_and(|s| s.key.is_some());
-        if let (true, Some(buf)) = (resumable, done.buf) {
+        if let (true, Some(buf)) = (resumable, buf) {
             if let Some(c) = self.calls[id.index()].call.as_mut() {
                 c.request = Some(buf);
             }

@@ -4,6 +4,7 @@
 use corelink_engine::verbs::{Provider, RemoteAddr, RemoteRegion};
 use corelink_engine::{Buf, Cx, Done};
 
+use super::packer::Outgoing;
 use super::{slot_token, token_slot, Endpoint, Reply, RESPONSE_TOKEN, SERVER_READ, TOKEN_SEQ_MASK};
 use crate::error::{Malformed, RpcError};
 use crate::ids::{ReqType, SessionId};
@@ -28,20 +29,21 @@ impl Asked {
 }
 
 impl<P: Provider> Endpoint<P> {
-    pub(super) fn answer_sent(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
-        let (session, slot, seq) = token_slot(done.token);
+    /// The answer with `token` went (its send completed, or it was packed): its buffer is
+    /// kept for its slot, or sent again when its request came again meanwhile.
+    #[inline]
+    pub(super) fn answer_sent(&mut self, cx: &mut Cx<P>, token: u64, buf: Option<Buf<P>>) {
+        let (session, slot, seq) = token_slot(token);
         let Some(s) = self.session_mut(session) else { return };
-        let conn = s.conn;
+        let (conn, room) = (s.conn, s.peer_max + HEADER);
         let Some(ss) = s.served.get_mut(usize::from(slot)) else { return };
         if ss.seq & TOKEN_SEQ_MASK != seq || ss.stored.is_some() {
             return; // an older response (acknowledged since), or a second copy
         }
-        match (std::mem::take(&mut ss.resend), conn, done.buf) {
+        match (std::mem::take(&mut ss.resend), conn, buf) {
             (true, Some(conn), Some(buf)) => {
                 let ty = header_type(&buf);
-                if self.send_typed(cx, conn, ty, buf, done.token).is_err() {
-                    self.metrics.send_refused += 1;
-                }
+                self.queue_send(cx, Outgoing { conn, ty, token, room, session, slot, buf });
             }
             (_, _, buf) => ss.stored = buf,
         }
@@ -71,7 +73,7 @@ impl<P: Provider> Endpoint<P> {
     ) -> Result<(), Malformed> {
         let large_max = self.cfg.large_max;
         let Some(s) = self.session_mut(session) else { return Ok(()) };
-        let conn = s.conn;
+        let (conn, room) = (s.conn, s.peer_max + HEADER);
         let ss = s.served.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
         let Some(conn) = conn else { return Ok(()) };
         // Sent before, to a server that kept no record of the session (a restart, or its
@@ -90,10 +92,8 @@ impl<P: Provider> Endpoint<P> {
             self.metrics.duplicates += 1;
             let token = slot_token(RESPONSE_TOKEN, session, h.slot, h.seq);
             if let Some(buf) = stored {
-                let ty = header_type(&buf);
-                if self.send_typed(cx, conn, ty, buf, token).is_err() {
-                    self.metrics.send_refused += 1;
-                }
+                let (ty, slot) = (header_type(&buf), h.slot);
+                self.queue_send(cx, Outgoing { conn, ty, token, room, session, slot, buf });
             }
             return Ok(());
         }
@@ -165,6 +165,7 @@ impl<P: Provider> Endpoint<P> {
             Header { kind, ty, slot, session: client, seq, len, status, large, resent: false };
         header.write_to(buf.as_mut_slice());
         let Some(s) = self.session_mut(session) else { return };
+        let room = s.peer_max + HEADER;
         let Some(ss) = s.served.get_mut(usize::from(slot)) else { return };
         ss.arena = arena;
         let Some(conn) = s.conn else {
@@ -174,11 +175,7 @@ impl<P: Provider> Endpoint<P> {
             return;
         };
         let token = slot_token(RESPONSE_TOKEN, session, slot, seq);
-        if self.send_typed(cx, conn, ty, buf, token).is_err() {
-            // The connection is closing (the client's calls end with it), or the worker's
-            // request table is full: the call times out.
-            self.metrics.send_refused += 1;
-        }
+        self.queue_send(cx, Outgoing { conn, ty, token, room, session, slot, buf });
     }
 
     /// The reply to a new request (header room, then the payload or a large one's

@@ -73,12 +73,14 @@ pub fn calls_beyond_the_credits_wait_and_all_succeed<P: Provider>(site: &Site) {
 }
 
 /// An engine handler that accepts connections and never answers, counting what arrives.
+/// Counts the requests it receives (a receive may hold several, packed), and answers none.
 struct BlackHole(Arc<AtomicU64>);
 
 impl<P: Provider> Handler<P> for BlackHole {
     fn on_connected(&mut self, _cx: &mut Cx<P>, _conn: ConnId, _info: &ConnInfo) {}
-    fn on_message(&mut self, _cx: &mut Cx<P>, _conn: ConnId, _msg: &Message<'_>) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+    fn on_message(&mut self, _cx: &mut Cx<P>, _conn: ConnId, msg: &Message<'_>) {
+        let requests = corelink_rpc::wire::unpack(msg.data).filter(Result::is_ok).count();
+        self.0.fetch_add(requests as u64, Ordering::Relaxed);
     }
 }
 
@@ -249,6 +251,55 @@ pub fn one_byte_and_four_kib_messages_arrive_byte_for_byte<P: Provider>(site: &S
         assert!(r.as_ref().is_ok_and(|got| *got == want), "{} B: {r:?}", want.len());
     }
     rig.engine.shutdown().unwrap();
+}
+
+/// Calls made in one pass go packed: the first request alone, the small ones after it in one
+/// send (and their responses likewise), a large one alone after the pack before it (the
+/// session's order); every call ends in order with its bytes. With packing off, none packs.
+pub fn small_calls_of_one_pass_go_packed_in_order<P: Provider>(site: &Site) {
+    let worker = "recv_size = 4096
+                  [[worker.pools]]
+size = 256
+count = 512
+                  [[worker.pools]]
+size = 4096
+count = 256";
+    // 32 calls: 8-byte ones, and at 10 and 20 one of 2,000 bytes (beyond `pack_max`).
+    let size = |i: u64| if i % 10 == 0 && i > 0 { 2000 } else { 8 };
+    for pack_max in [corelink_rpc::DEFAULT_PACK_MAX, 0] {
+        let at = site.listen;
+        let (tx, rx) = outcomes();
+        let map = site.map(worker);
+        let rig = Rig::<P>::start_with(&map, move |c| c.with_credits(32).with_pack(pack_max), {
+            move || {
+                let tx = tx.clone();
+                move |rpc, ev| {
+                    if let Ev::Session(s, SessionEvent::Connected) = ev {
+                        for i in 0..32u64 {
+                            call(rpc, s, ECHO, &pattern(size(i) as usize), i, &tx);
+                        }
+                    }
+                    if let Ev::Start = ev {
+                        rpc.connect(at).unwrap();
+                    }
+                }
+            }
+        });
+        for (i, (tag, r)) in take(&rx, 32).into_iter().enumerate() {
+            assert_eq!(tag, i as u64, "continuations run in call order");
+            let want = pattern(size(tag) as usize);
+            assert!(r.as_ref().is_ok_and(|got| *got == want), "call {tag}: {r:?}");
+        }
+        let m = rig.metrics_when(|m| m.responses == 32);
+        if pack_max == 0 {
+            assert_eq!((m.packs, m.packed), (0, 0), "{m:?}");
+        } else {
+            // The requests: the first alone, then packs around the two large ones (which go
+            // alone): 29 small requests packed at least, in 3 packs at most.
+            assert!(m.packed >= 29 && m.packs >= 3, "{m:?}");
+        }
+        rig.engine.shutdown().unwrap();
+    }
 }
 
 /// A hundred sessions from the worker to itself, three calls each.

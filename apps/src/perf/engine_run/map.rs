@@ -44,6 +44,16 @@ pub fn pools(o: &PerfOpts) -> Vec<PoolClass> {
             None => classes.push(PoolClass { size: c, count }),
         }
     }
+    if o.test.is_rpc() {
+        // Small messages of one pass go packed into one send of up to a receive's bytes
+        // (`corelink_rpc::EndpointConfig::pack_max`): a window's worth, each way.
+        let c = recv_size(o) as usize;
+        let count = o.sizes.iter().map(|&s| o.window(s)).max().unwrap_or(1) * w * 2 + 16;
+        match classes.iter_mut().find(|k| k.size == c) {
+            Some(k) => k.count += count,
+            None => classes.push(PoolClass { size: c, count }),
+        }
+    }
     if o.sched.bg_writes > 0 {
         let c = class_of(o.sched.bg_size);
         let count = o.sched.bg_writes * w + 16;

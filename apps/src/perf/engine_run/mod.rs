@@ -253,7 +253,7 @@ fn run_on<P: Provider>(
         // The RPC tests: an endpoint on each worker that serves, and connects when this
         // process runs the client.
         let res = cfg.map.worker.clone();
-        rpc::check(&res).map_err(|e| PerfError::Run(format!("the RPC endpoint: {e}")))?;
+        rpc::check(&res, o).map_err(|e| PerfError::Run(format!("the RPC endpoint: {e}")))?;
         Engine::<P>::start(cfg, Placement::RoundRobin, move |_| {
             rpc::handler::<P>(&res, s2.clone(), o2.clone(), connect)
         })

@@ -42,9 +42,22 @@ static SESSIONS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::ne
 /// A deadline no call of a healthy run reaches.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The endpoint settings of every worker: the defaults, packing off with `--no-pack`.
+fn config(res: &corelink_config::WorkerResources, opts: &PerfOpts) -> EndpointConfig {
+    let cfg = EndpointConfig::for_worker(res);
+    if opts.no_pack {
+        cfg.with_pack(0)
+    } else {
+        cfg
+    }
+}
+
 /// Checks the endpoint settings every worker will use (before the engine starts).
-pub(super) fn check(res: &corelink_config::WorkerResources) -> Result<(), RpcError> {
-    EndpointConfig::for_worker(res).check(res)
+pub(super) fn check(
+    res: &corelink_config::WorkerResources,
+    opts: &PerfOpts,
+) -> Result<(), RpcError> {
+    config(res, opts).check(res)
 }
 
 /// A worker's handler for the RPC tests: the endpoint with both types, and the client part
@@ -56,7 +69,7 @@ pub(super) fn handler<P: Provider>(
     connect: bool,
 ) -> RpcHandler<P, Bench> {
     // `check` ran on these settings before the engine started (`run_on`).
-    let mut ep = Endpoint::new(EndpointConfig::for_worker(res), res)
+    let mut ep = Endpoint::new(config(res, &opts), res)
         .expect("the endpoint's settings were checked before the engine started");
     let registered = ep
         .register(ECHO, |req, resp| resp.write(req.data).map_err(|_| Reject(1)))
