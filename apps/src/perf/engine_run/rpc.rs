@@ -84,9 +84,8 @@ pub(super) fn handler<P: Provider>(
     if let Err(e) = registered {
         shared.tell(Event::ClientDone(Err(format!("registering the RPC types: {e}"))));
     }
-    let max = opts.max_size();
-    STATE.with(|s| *s.borrow_mut() = connect.then(|| State::new(shared.clone(), opts)));
-    payload_of(max);
+    let payload = payload_of(opts.max_size());
+    STATE.with(|s| *s.borrow_mut() = connect.then(|| State::new(shared.clone(), opts, payload)));
     RpcHandler::new(ep, Bench { shared, asked: !connect })
 }
 
@@ -104,9 +103,8 @@ thread_local! {
     static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
 }
 
-/// The requests' bytes (0x5a), as many as the largest size asked for so far: apart from
-/// `STATE` (a refused call's continuation runs inside `Rpc::call`, while these are
-/// borrowed), and read with one uncontended lock per call rather than a thread-local's.
+/// The requests' bytes (0x5a), as many as the largest size asked for so far (each worker's
+/// state keeps the slice).
 static PAYLOAD: std::sync::RwLock<&'static [u8]> = std::sync::RwLock::new(&[]);
 
 /// The requests' bytes, at least `len` of them (made once per larger size and kept: a run's
@@ -127,6 +125,8 @@ fn payload_of(len: usize) -> &'static [u8] {
 struct State {
     shared: Shared,
     opts: Arc<PerfOpts>,
+    /// The requests' bytes, as many as the largest size ([`payload_of`]).
+    payload: &'static [u8],
     session: Option<SessionId>,
     /// The size being measured (index into `opts.sizes`), and its bytes.
     index: usize,
@@ -138,6 +138,8 @@ struct State {
     started: Instant,
     deadline: Option<Instant>,
     mark: (Instant, u64),
+    /// The loop clock the peak rate was last sampled at.
+    last_now: Instant,
     peak_rate: f64,
     t0: u64,
     clock: Clock,
@@ -166,11 +168,12 @@ enum Next {
 }
 
 impl State {
-    fn new(shared: Shared, opts: Arc<PerfOpts>) -> State {
+    fn new(shared: Shared, opts: Arc<PerfOpts>, payload: &'static [u8]) -> State {
         let now = Instant::now();
         State {
             shared,
             opts,
+            payload,
             session: None,
             index: 0,
             size: 0,
@@ -180,6 +183,7 @@ impl State {
             started: now,
             deadline: None,
             mark: (now, 0),
+            last_now: now,
             peak_rate: 0.0,
             t0: 0,
             clock: Clock::new(),
@@ -201,6 +205,17 @@ impl State {
         } else {
             SINK
         }
+    }
+
+    /// The next call's session, type and request bytes, counted as made (its start stamped,
+    /// for a latency run); none without a session.
+    fn next_call(&mut self) -> Option<(SessionId, ReqType, &'static [u8])> {
+        let session = self.session?;
+        self.posted += 1;
+        if self.lat() {
+            self.t0 = self.clock.ticks();
+        }
+        Some((session, self.ty(), &self.payload[..self.size]))
     }
 
     fn more(&self, now: Instant) -> bool {
@@ -265,7 +280,10 @@ impl State {
         if self.lat() {
             let end = self.clock.ticks();
             self.samples.push(self.clock.ns_between(self.t0, end));
-        } else {
+        } else if now != self.last_now {
+            // The peak rate, sampled once per loop iteration (the calls ended in one share
+            // its clock), as send_bw's client samples it.
+            self.last_now = now;
             let dt = now.saturating_duration_since(self.mark.0);
             if dt >= PEAK_INTERVAL {
                 let rate = (self.completed - self.mark.1) as f64 / dt.as_secs_f64();
@@ -322,9 +340,9 @@ impl State {
 
 /// A call's continuation: counts it and makes the next (it captures nothing).
 fn ended<P: Provider>(rpc: &mut Rpc<'_, P>, out: Result<&[u8], RpcError>) {
-    let next = STATE.with(|s| {
+    let step = STATE.with(|s| {
         let mut s = s.borrow_mut();
-        let Some(st) = s.as_mut() else { return Next::Nothing };
+        let Some(st) = s.as_mut() else { return Err(Next::Nothing) };
         // A latency run of a count of calls reads no clock per call (as send_lat does not):
         // its samples are the time-stamp counter's.
         let now = if st.lat() && st.deadline.is_none() { st.started } else { rpc.cx().now() };
@@ -338,9 +356,16 @@ fn ended<P: Provider>(rpc: &mut Rpc<'_, P>, out: Result<&[u8], RpcError>) {
                 Err((format!("{} of {} B: {e}", st.opts.test.name(), st.size), closed))
             }
         };
-        st.ended(ok, now)
+        // (the next call, most often, taken in the same look at the state)
+        match st.ended(ok, now) {
+            Next::Call(1) => st.next_call().ok_or(Next::Nothing),
+            next => Err(next),
+        }
     });
-    act(rpc, next);
+    match step {
+        Ok(call) => make(rpc, call),
+        Err(next) => act(rpc, next),
+    }
 }
 
 fn act<P: Provider>(rpc: &mut Rpc<'_, P>, next: Next) {
@@ -355,22 +380,18 @@ fn act<P: Provider>(rpc: &mut Rpc<'_, P>, next: Next) {
 
 /// Makes one call of the current size.
 fn call<P: Provider>(rpc: &mut Rpc<'_, P>) {
-    let target = STATE.with(|s| {
-        let mut s = s.borrow_mut();
-        let st = s.as_mut()?;
-        let session = st.session?;
-        st.posted += 1;
-        if st.lat() {
-            st.t0 = st.clock.ticks();
-        }
-        Some((session, st.ty(), st.size))
-    });
-    let Some((session, ty, size)) = target else { return };
-    let p = payload_of(size);
-    let made = rpc.call(session, ty, &p[..size], CALL_TIMEOUT, ended::<P>).map(|_| ());
+    if let Some(c) = STATE.with(|s| s.borrow_mut().as_mut()?.next_call()) {
+        make(rpc, c);
+    }
+}
+
+/// Makes call `c` (its session, type and request bytes).
+fn make<P: Provider>(rpc: &mut Rpc<'_, P>, c: (SessionId, ReqType, &'static [u8])) {
+    let (session, ty, bytes) = c;
+    let made = rpc.call(session, ty, bytes, CALL_TIMEOUT, ended::<P>).map(|_| ());
     if let Err(e) = made {
         let next = STATE.with(|s| match s.borrow_mut().as_mut() {
-            Some(st) => st.fail(format!("a call of {size} B: {e}")),
+            Some(st) => st.fail(format!("a call of {} B: {e}", bytes.len())),
             None => Next::Nothing,
         });
         act(rpc, next);
