@@ -40,10 +40,12 @@
 //!   of the session (restarted) answers them [`RpcError::OutcomeUnknown`] without running
 //!   them ([`RpcMetrics::resent`], [`RpcMetrics::resumed`], [`RpcMetrics::lost`]).
 //! - Per session, responses come in the order of the calls (one connection, one lane, and a
-//!   server that answers in arrival order), and continuations run in that order; a large
-//!   request (below) is answered once its payload is read, so small calls made after it may
-//!   end first; calls of different request classes (below) may overtake each other, and a
-//!   merged call ends right after the identical call it joined.
+//!   server that answers in arrival order; packing keeps it, a connection's pack going before
+//!   anything later on the connection, the service's own requests included), and
+//!   continuations run in that order; a large request (below) is answered once its payload
+//!   is read, so small calls made after it may end first; calls of different request classes
+//!   (below) may overtake each other, and a merged call ends right after the identical call
+//!   it joined.
 //!
 //! # Wire format
 //! Every message is a fixed 28-byte little-endian header ([`wire::Header`]), then the

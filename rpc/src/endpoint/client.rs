@@ -121,8 +121,48 @@ impl<P: Provider> Endpoint<P> {
             large,
             resent: false,
         };
-        header.write_to(buf.as_mut_slice());
         let len = len as u32;
+        // A small call on an open session with a credit free and none waiting (most calls)
+        // takes its slot now and goes: no second look at the call or the session.
+        let s = self.session_mut(session).filter(|s| {
+            !large && s.phase == Phase::Open && s.waiting.is_empty() && s.conn.is_some()
+        });
+        if let Some(slot) = s.and_then(|s| s.free_slots.pop()) {
+            let call = Call {
+                session,
+                ty,
+                group: None,
+                slot: Some(slot),
+                request: None,
+                arena,
+                len,
+                then,
+            };
+            let id = match self.insert_call(call) {
+                Ok(id) => id,
+                Err(e) => {
+                    if let Some(s) = self.session_mut(session) {
+                        s.free_slots.push(slot);
+                    }
+                    return Err(e);
+                }
+            };
+            self.metrics.calls += 1;
+            self.push_deadline(cx, id, timeout);
+            let Some(s) = self.session_mut(session) else { return Ok(id) };
+            let (Some(conn), Some(cs)) = (s.conn, s.slots.get_mut(usize::from(slot))) else {
+                return Ok(id);
+            };
+            cs.seq += 1;
+            cs.used = SlotUse::Call(id);
+            cs.arena = None;
+            let header = Header { slot, seq: cs.seq, ..header };
+            header.write_to(buf.as_mut_slice());
+            let room = s.peer_max + HEADER;
+            self.queue_send(cx, Outgoing { conn, ty, token: id.0, room, session, slot, buf });
+            return Ok(id);
+        }
+        header.write_to(buf.as_mut_slice());
         let call =
             Call { session, ty, group: None, slot: None, request: Some(buf), arena, len, then };
         let id = self.insert_call(call)?;
@@ -338,14 +378,7 @@ impl<P: Provider> Endpoint<P> {
 
     pub(super) fn free_slot(&mut self, session: SessionId, slot: u16) {
         if let Some(s) = self.session_mut(session) {
-            if let Some(cs) = s.slots.get_mut(usize::from(slot)) {
-                if cs.used != SlotUse::Free {
-                    cs.used = SlotUse::Free;
-                    cs.arena = None;
-                    cs.reading = false;
-                    s.free_slots.push(slot);
-                }
-            }
+            s.free_slot(slot);
         }
     }
 
@@ -486,13 +519,12 @@ impl<P: Provider> Endpoint<P> {
         slot: u16,
         outcome: Result<&[u8], RpcError>,
     ) {
-        let used = self
-            .session(session)
-            .and_then(|s| s.slots.get(usize::from(slot)))
-            .map_or(SlotUse::Free, |cs| cs.used);
-        self.free_slot(session, slot);
+        let Some(s) = self.session_mut(session) else { return };
+        let used = s.free_slot(slot);
         // Waiting calls go before anything the continuation calls (the session's order).
-        self.dispatch_waiting(cx, session);
+        if !s.waiting.is_empty() {
+            self.dispatch_waiting(cx, session);
+        }
         let SlotUse::Call(id) = used else {
             // The answer to a call that timed out: its credit is back.
             self.metrics.stale += 1;

@@ -263,6 +263,8 @@ impl<P: Provider> Rpc<'_, P> {
         let Some(conn) = self.conn(session) else {
             return Err((op, RpcError::NoSuchSession(session)));
         };
+        // (after the session's messages of this pass waiting in a pack: the order they came)
+        self.ep.send_pack_of(self.cx, conn);
         self.cx.submit(conn, op, SERVICE_TOKEN | token).map_err(|(op, e)| (op, RpcError::Engine(e)))
     }
 
@@ -397,6 +399,21 @@ struct Session<P: Provider> {
 }
 
 impl<P: Provider> Session<P> {
+    /// Frees client slot `slot` (its credit back): what it was used for (`Free`: nothing,
+    /// or no such slot).
+    fn free_slot(&mut self, slot: u16) -> SlotUse {
+        match self.slots.get_mut(usize::from(slot)) {
+            Some(cs) if cs.used != SlotUse::Free => {
+                let used = std::mem::replace(&mut cs.used, SlotUse::Free);
+                cs.arena = None;
+                cs.reading = false;
+                self.free_slots.push(slot);
+                used
+            }
+            _ => SlotUse::Free,
+        }
+    }
+
     /// Its calls in flight (on a slot), in slot order.
     fn in_flight(&self) -> impl Iterator<Item = CallId> + '_ {
         self.slots.iter().filter_map(|cs| match cs.used {

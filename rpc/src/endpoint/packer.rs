@@ -223,14 +223,20 @@ impl<P: Provider> Endpoint<P> {
     pub(super) fn queue_send(&mut self, cx: &mut Cx<P>, o: Outgoing<P>) {
         let packs = self.packer.takes(o.buf.len(), o.room) && self.class(o.ty).is_none();
         if !packs || self.packer.first_to(o.conn) {
-            if self.packer.open > 0 {
-                if let Some(i) = self.packer.find(o.conn) {
-                    self.send_pack(cx, i);
-                }
-            }
+            self.send_pack_of(cx, o.conn);
             return self.send_alone(cx, o);
         }
         self.pack(cx, o);
+    }
+
+    /// Sends `conn`'s pack, if one is open (before something else goes on the connection).
+    #[inline]
+    pub(super) fn send_pack_of(&mut self, cx: &mut Cx<P>, conn: ConnId) {
+        if self.packer.open > 0 {
+            if let Some(i) = self.packer.find(conn) {
+                self.send_pack(cx, i);
+            }
+        }
     }
 
     /// Copies `o` into its connection's pack (opened, or sent and opened again, when it
