@@ -118,10 +118,12 @@ impl<P: Provider, S: Service<P>> Handler<P> for RpcHandler<P, S> {
             let _ = self.endpoint.prepare(cx);
         }
         self.endpoint.expire(cx);
-        for (session, reason) in self.endpoint.take_ended() {
-            let event = Some((session, SessionEvent::Closed));
-            self.tell(cx, event);
-            self.tell_end(cx, event, SessionEnd::Closed(&reason));
+        if self.endpoint.any_ended() {
+            for (session, reason) in self.endpoint.take_ended() {
+                let event = Some((session, SessionEvent::Closed));
+                self.tell(cx, event);
+                self.tell_end(cx, event, SessionEnd::Closed(&reason));
+            }
         }
         let mut rpc = Rpc { ep: &mut self.endpoint, cx };
         for inbox in &mut self.inboxes {

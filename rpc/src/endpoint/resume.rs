@@ -133,6 +133,12 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
+    /// Whether a server session ended since the last look ([`Endpoint::take_ended`]).
+    #[inline]
+    pub(crate) fn any_ended(&self) -> bool {
+        !self.ended.is_empty()
+    }
+
     /// The server sessions that ended since the last look because their client did not come
     /// back within `EndpointConfig::resume`, with why their connection was lost.
     pub(crate) fn take_ended(&mut self) -> Vec<(SessionId, CloseReason)> {
