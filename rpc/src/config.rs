@@ -65,12 +65,13 @@ pub struct EndpointConfig {
     /// buffer per slot and the session's place in `max_sessions` meanwhile.
     pub resume: Duration,
     /// Messages (header included) of at most this many bytes that an endpoint sends to one
-    /// peer in one pass of its worker's loop travel in one send, copied into it back to back
-    /// (a packed receive, [`crate::wire::unpack`]), up to the peer's receive size: a window
-    /// of small calls then costs one send and one receive each way, not one per call. A
-    /// message alone in its pass, or longer, goes from its own buffer (no copy). Messages of
-    /// request types with a class ([`crate::Endpoint::set_class`]) are never packed. Zero:
-    /// every message goes alone.
+    /// peer in one pass of its worker's loop, after the pass's first to that peer (which goes
+    /// at once from its own buffer), travel together: copied back to back into one send (a
+    /// packed receive, [`crate::wire::unpack`]) of up to the peer's receive size and the
+    /// largest pool buffer, sent at the end of the pass. A window of small calls then costs
+    /// two sends and two receives each way per pass, not one per call. Longer messages, and
+    /// those of request types with a class ([`crate::Endpoint::set_class`]), go alone from
+    /// their own buffers. Zero: every message goes alone.
     pub pack_max: usize,
 }
 
