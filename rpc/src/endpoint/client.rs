@@ -124,10 +124,14 @@ impl<P: Provider> Endpoint<P> {
         let len = len as u32;
         // A small call on an open session with a credit free and none waiting (most calls)
         // takes its slot now and goes: no second look at the call or the session.
-        let s = self.session_mut(session).filter(|s| {
-            !large && s.phase == Phase::Open && s.waiting.is_empty() && s.conn.is_some()
+        let open = self
+            .session_mut(session)
+            .filter(|s| !large && s.phase == Phase::Open && s.waiting.is_empty());
+        let ready = open.and_then(|s| {
+            let conn = s.conn?;
+            Some((s.free_slots.pop()?, conn, s.peer_max + HEADER))
         });
-        if let Some(slot) = s.and_then(|s| s.free_slots.pop()) {
+        if let Some((slot, conn, room)) = ready {
             let call = Call {
                 session,
                 ty,
@@ -149,8 +153,10 @@ impl<P: Provider> Endpoint<P> {
             };
             self.metrics.calls += 1;
             self.push_deadline(cx, id, timeout);
-            let Some(s) = self.session_mut(session) else { return Ok(id) };
-            let (Some(conn), Some(cs)) = (s.conn, s.slots.get_mut(usize::from(slot))) else {
+            let Some(cs) =
+                self.session_mut(session).and_then(|s| s.slots.get_mut(usize::from(slot)))
+            else {
+                self.missed(); // (the session was looked at above, on this thread)
                 return Ok(id);
             };
             cs.seq += 1;
@@ -158,7 +164,6 @@ impl<P: Provider> Endpoint<P> {
             cs.arena = None;
             let header = Header { slot, seq: cs.seq, ..header };
             header.write_to(buf.as_mut_slice());
-            let room = s.peer_max + HEADER;
             self.queue_send(cx, Outgoing { conn, ty, token: id.0, room, session, slot, buf });
             return Ok(id);
         }
