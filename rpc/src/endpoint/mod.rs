@@ -869,7 +869,9 @@ impl<P: Provider> Endpoint<P> {
         self.leave_groups(id);
         match conn {
             Some(conn) => {
-                // Its calls end when the connection is down (`on_closed`).
+                // Its calls end when the connection is down (`on_closed`); what waits in its
+                // pack goes first, as it would have gone unpacked.
+                self.send_pack_of(cx, conn);
                 let _ = cx.close(conn);
             }
             // Still connecting: its calls end now; the connection, when it comes, is closed
