@@ -186,10 +186,9 @@ fn head_of(msg: &[u8]) -> &[u8; HEADER] {
 pub(crate) type First<'a> = (Header, &'a [u8], &'a [u8], bool);
 
 /// The message at the start of `recv` as [`decode`] checks it, the bytes after it, and whether
-/// it is flagged [`PACKED`] (what [`unpack`] and the endpoint's receive path read a receive
-/// with).
+/// it is flagged [`PACKED`].
 #[inline(always)]
-pub(crate) fn decode_first(recv: &[u8]) -> Result<First<'_>, Malformed> {
+fn decode_first(recv: &[u8]) -> Result<First<'_>, Malformed> {
     let Some((head, after)) = recv.split_first_chunk::<HEADER>() else {
         return Err(Malformed::Truncated { len: recv.len() });
     };
@@ -305,28 +304,30 @@ impl<'a> Iterator for Unpack<'a> {
         if self.done {
             return None;
         }
-        let got = decode_first(self.rest);
-        let Ok((h, payload, rest, packed)) = got else {
-            self.done = true;
-            return got.err().map(Err);
-        };
-        self.rest = rest;
-        match (packed, rest.is_empty()) {
-            (true, false) => Some(Ok((h, payload))),
-            (false, true) => {
-                self.done = true;
+        let got = split_first(self.rest);
+        match got {
+            Ok((h, payload, rest)) => {
+                (self.rest, self.done) = (rest, rest.is_empty());
                 Some(Ok((h, payload)))
             }
-            // Said another follows and none does, or bytes after the last.
-            (true, true) => {
+            Err(e) => {
                 self.done = true;
-                Some(Err(Malformed::PackedEnd))
-            }
-            (false, false) => {
-                self.done = true;
-                Some(Err(Malformed::Trailing { len: rest.len() }))
+                Some(Err(e))
             }
         }
+    }
+}
+
+/// The first message of a receive, checked as [`unpack`] checks each, and the bytes after
+/// it: the next messages when it is flagged [`PACKED`], none when it is not (a checked
+/// message is flagged exactly when bytes follow it).
+#[inline(always)]
+pub(crate) fn split_first(recv: &[u8]) -> Result<(Header, &[u8], &[u8]), Malformed> {
+    let (h, payload, rest, packed) = decode_first(recv)?;
+    match (packed, rest.is_empty()) {
+        (true, false) | (false, true) => Ok((h, payload, rest)),
+        (true, true) => Err(Malformed::PackedEnd),
+        (false, false) => Err(Malformed::Trailing { len: rest.len() }),
     }
 }
 

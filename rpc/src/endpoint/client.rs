@@ -129,7 +129,7 @@ impl<P: Provider> Endpoint<P> {
             .filter(|s| !large && s.phase == Phase::Open && s.waiting.is_empty());
         let ready = open.and_then(|s| {
             let conn = s.conn?;
-            Some((s.free_slots.pop()?, conn, s.peer_max + HEADER))
+            Some((s.free_slots.pop()?, conn, s.room()))
         });
         if let Some((slot, conn, room)) = ready {
             let call = Call {
@@ -159,10 +159,7 @@ impl<P: Provider> Endpoint<P> {
                 self.missed(); // (the session was looked at above, on this thread)
                 return Ok(id);
             };
-            cs.seq += 1;
-            cs.used = SlotUse::Call(id);
-            cs.arena = None;
-            let header = Header { slot, seq: cs.seq, ..header };
+            let header = Header { slot, seq: cs.occupy(id, None), ..header };
             header.write_to(buf.as_mut_slice());
             self.queue_send(cx, Outgoing { conn, ty, token: id.0, room, session, slot, buf });
             return Ok(id);
@@ -291,11 +288,7 @@ impl<P: Provider> Endpoint<P> {
         }
         let Some(s) = self.session_mut(session) else { return };
         let Some(slot) = s.free_slots.pop() else { return self.missed() };
-        let cs = &mut s.slots[usize::from(slot)];
-        cs.seq += 1;
-        cs.used = SlotUse::Call(id);
-        cs.arena = arena_slot;
-        let seq = cs.seq;
+        let seq = s.slots[usize::from(slot)].occupy(id, arena_slot);
         if let Some(call) = self.calls.get_mut(id.index()).and_then(|e| e.call.as_mut()) {
             call.slot = Some(slot);
         }
@@ -333,8 +326,7 @@ impl<P: Provider> Endpoint<P> {
         ty: ReqType,
         buf: Buf<P>,
     ) {
-        let Some((conn, room)) =
-            self.session(session).and_then(|s| Some((s.conn?, s.peer_max + HEADER)))
+        let Some((conn, room)) = self.session(session).and_then(|s| Some((s.conn?, s.room())))
         else {
             return self.missed();
         };

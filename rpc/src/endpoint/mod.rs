@@ -399,6 +399,12 @@ struct Session<P: Provider> {
 }
 
 impl<P: Provider> Session<P> {
+    /// Bytes one send to the peer may carry: its receive (the header and `peer_max`).
+    #[inline]
+    fn room(&self) -> usize {
+        self.peer_max + HEADER
+    }
+
     /// Frees client slot `slot` (its credit back): what it was used for (`Free`: nothing,
     /// or no such slot).
     fn free_slot(&mut self, slot: u16) -> SlotUse {
@@ -444,6 +450,17 @@ struct ClientSlot {
     arena: Option<ArenaSlot>,
     /// A large response's payload is being read.
     reading: bool,
+}
+
+impl ClientSlot {
+    /// Call `id` takes the slot (with a large request's payload): its next sequence number.
+    #[inline]
+    fn occupy(&mut self, id: CallId, arena: Option<ArenaSlot>) -> u64 {
+        self.seq += 1;
+        self.used = SlotUse::Call(id);
+        self.arena = arena;
+        self.seq
+    }
 }
 
 struct ServedSlot<P: Provider> {
@@ -1127,18 +1144,14 @@ impl<P: Provider> Endpoint<P> {
             self.metrics.stale += 1;
             return;
         };
-        // The receive's messages in order (as `wire::unpack` reads them; the first malformed
-        // one ends the receive).
+        // The receive's messages in order (as `wire::unpack` reads them, without an
+        // iterator's state: the first malformed one ends the receive).
         let mut rest = data;
         loop {
-            let Ok((h, payload, after, packed)) = wire::decode_first(rest) else {
+            let Ok((h, payload, after)) = wire::split_first(rest) else {
                 self.metrics.malformed += 1;
                 return;
             };
-            if packed == after.is_empty() {
-                self.metrics.malformed += 1; // (flagged with none after, or bytes after)
-                return;
-            }
             // (a message may end its session: those after it are stale)
             let Some(s) = self.session(session) else {
                 self.metrics.stale += 1;
@@ -1152,7 +1165,7 @@ impl<P: Provider> Endpoint<P> {
             if checked.is_err() {
                 self.metrics.malformed += 1;
             }
-            if !packed {
+            if after.is_empty() {
                 return;
             }
             rest = after;

@@ -173,7 +173,7 @@ impl<B: PackBuf, K: Copy + PartialEq> Packer<B, K> {
             return false;
         };
         let last = (!p.parts.is_empty()).then_some(p.last_at);
-        append(buf.bytes_mut(), p.len, last, msg);
+        copy_in(buf.bytes_mut(), p.len, last, msg);
         p.last_at = p.len;
         p.len += msg.len();
         p.parts.push(part);
@@ -193,7 +193,7 @@ impl<B: PackBuf, K: Copy + PartialEq> Packer<B, K> {
 
 /// Copies `msg` into `out` at `at`, flagging the message at `last` (the one before it) packed
 /// when there is one.
-fn append(out: &mut [u8], at: usize, last: Option<usize>, msg: &[u8]) {
+fn copy_in(out: &mut [u8], at: usize, last: Option<usize>, msg: &[u8]) {
     out[at..at + msg.len()].copy_from_slice(msg);
     if let Some(last) = last {
         wire::mark_packed(&mut out[last..]);
@@ -449,7 +449,7 @@ mod tests {
         let mut out = vec![0u8; total];
         let (mut at, mut last) = (0, None);
         for (_, m) in &msgs {
-            append(&mut out, at, last, m);
+            copy_in(&mut out, at, last, m);
             last = Some(at);
             at += m.len();
         }
@@ -457,7 +457,7 @@ mod tests {
         assert_eq!(got.len(), 3);
         // The first message alone is itself, unflagged.
         let mut alone = vec![0u8; msgs[0].1.len()];
-        append(&mut alone, 0, None, &msgs[0].1);
+        copy_in(&mut alone, 0, None, &msgs[0].1);
         assert_eq!(alone, msgs[0].1);
     }
 }

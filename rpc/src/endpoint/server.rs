@@ -35,7 +35,7 @@ impl<P: Provider> Endpoint<P> {
     pub(super) fn answer_sent(&mut self, cx: &mut Cx<P>, token: u64, buf: Option<Buf<P>>) {
         let (session, slot, seq) = token_slot(token);
         let Some(s) = self.session_mut(session) else { return };
-        let (conn, room) = (s.conn, s.peer_max + HEADER);
+        let (conn, room) = (s.conn, s.room());
         let Some(ss) = s.served.get_mut(usize::from(slot)) else { return };
         if ss.seq & TOKEN_SEQ_MASK != seq || ss.stored.is_some() {
             return; // an older response (acknowledged since), or a second copy
@@ -73,7 +73,7 @@ impl<P: Provider> Endpoint<P> {
     ) -> Result<(), Malformed> {
         let large_max = self.cfg.large_max;
         let Some(s) = self.session_mut(session) else { return Ok(()) };
-        let (conn, room) = (s.conn, s.peer_max + HEADER);
+        let (conn, room) = (s.conn, s.room());
         let ss = s.served.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
         let Some(conn) = conn else { return Ok(()) };
         // Sent before, to a server that kept no record of the session (a restart, or its
@@ -165,7 +165,7 @@ impl<P: Provider> Endpoint<P> {
             Header { kind, ty, slot, session: client, seq, len, status, large, resent: false };
         header.write_to(buf.as_mut_slice());
         let Some(s) = self.session_mut(session) else { return };
-        let room = s.peer_max + HEADER;
+        let room = s.room();
         let Some(ss) = s.served.get_mut(usize::from(slot)) else { return };
         ss.arena = arena;
         let Some(conn) = s.conn else {
