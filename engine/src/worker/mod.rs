@@ -60,6 +60,10 @@ pub(crate) use timers::Timers;
 /// It lives and runs on its worker's thread only, so it need not be `Send`.
 #[allow(unused_variables)]
 pub trait Handler<P: Provider>: 'static {
+    /// Once, on the worker's thread, before its loop's first iteration: set-up that should
+    /// not run among requests, such as registering the memory the handler will expose
+    /// (a registration allocates and faults its pages in, and may sleep doing so).
+    fn on_start(&mut self, cx: &mut Cx<P>) {}
     /// A connection is open on this worker (accepted, or made by `Cx::connect`).
     fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {}
     /// A `Cx::connect` failed (print `error` with [`corelink_verbs::chain`] for its causes).
@@ -189,6 +193,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
 
     /// Runs the loop until the engine shuts down.
     pub(crate) fn run(mut self) {
+        self.handler.on_start(&mut self.cx);
         self.switches_base = thread_context_switches();
         while !self.stopped {
             let busy = self.run_once();

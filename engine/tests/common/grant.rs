@@ -14,7 +14,7 @@ pub const TOKEN: u64 = u64::MAX - 7;
 /// Bytes each handler exposes.
 pub const BYTES: usize = 1 << 20;
 
-/// A handler's memory, registered at its first accepted connection.
+/// A handler's memory, registered at its first accepted connection (or by `prepare`).
 pub struct Granter<P: Provider> {
     mem: Option<Memory<P>>,
 }
@@ -26,6 +26,14 @@ impl<P: Provider> Default for Granter<P> {
 }
 
 impl<P: Provider> Granter<P> {
+    /// Registers the memory now (from `Handler::on_start`) rather than at the first accepted
+    /// connection, inside the worker's loop.
+    pub fn prepare(&mut self, cx: &mut Cx<P>) {
+        if self.mem.is_none() {
+            self.mem = Some(cx.register_memory(BYTES, false).expect("register"));
+        }
+    }
+
     /// On an accepted connection: grants the memory to its peer and tells it where; returns
     /// the region granted.
     pub fn grant(&mut self, cx: &mut Cx<P>, conn: ConnId) -> RemoteRegion {
