@@ -1,8 +1,9 @@
-//! The latency tests' clock: the CPU's time-stamp counter on x86-64 (what perftest reads, its
-//! `get_cycles`), calibrated once against the OS clock; the OS clock elsewhere. Reading the OS
-//! clock can cost a system call: in a guest whose clock source is the HPET it takes about
-//! 750 ns, more than the round trips being measured. A sample's two reads are on one pinned
-//! worker thread, so one core's counter serves both.
+//! The latency tests' clock, and the bandwidth tests' for their peak rate: the CPU's
+//! time-stamp counter on x86-64 (what perftest reads, its `get_cycles`), calibrated once
+//! against the OS clock; the OS clock elsewhere. Reading the OS clock can cost a system call
+//! or an emulated device read: in the Soft-RoCE guest, whose clock source is the HPET, about
+//! 2.8 us. A sample's two reads are on one pinned worker thread, so one core's counter
+//! serves both.
 
 use std::time::{Duration, Instant};
 
@@ -42,6 +43,11 @@ impl Clock {
             Some(o) => o.elapsed().as_nanos() as u64,
             None => tsc(),
         }
+    }
+
+    /// Ticks in `d` (at least 1).
+    pub fn ticks_for(&self, d: Duration) -> u64 {
+        ((d.as_nanos() as f64 / self.ns_per_tick) as u64).max(1)
     }
 
     /// Nanoseconds between two ticks.
