@@ -26,21 +26,16 @@ impl<P: Provider> Default for Granter<P> {
 }
 
 impl<P: Provider> Granter<P> {
-    /// Registers the memory now (from `Handler::on_start`) rather than at the first accepted
-    /// connection, inside the worker's loop.
-    pub fn prepare(&mut self, cx: &mut Cx<P>) {
-        if self.mem.is_none() {
-            self.mem = Some(cx.register_memory(BYTES, false).expect("register"));
-        }
+    /// The memory, registered now if it is not yet: call it from `Handler::on_start` to keep
+    /// the registration out of the worker's loop (else the first accepted connection does).
+    pub fn prepare(&mut self, cx: &mut Cx<P>) -> &Memory<P> {
+        self.mem.get_or_insert_with(|| cx.register_memory(BYTES, false).expect("register"))
     }
 
     /// On an accepted connection: grants the memory to its peer and tells it where; returns
     /// the region granted.
     pub fn grant(&mut self, cx: &mut Cx<P>, conn: ConnId) -> RemoteRegion {
-        let mem = match &mut self.mem {
-            Some(m) => m,
-            None => self.mem.insert(cx.register_memory(BYTES, false).expect("register")),
-        };
+        let mem = self.prepare(cx);
         let g = cx.grant(conn, mem, 0, BYTES, AccessFlags::REMOTE_ALL).expect("grant");
         let mut b = cx.alloc(RemoteRegion::WIRE_BYTES).expect("a buffer");
         b.fill(&g.region.to_bytes()).expect("fill");

@@ -186,7 +186,7 @@ impl<P: Provider> Traffic<P> {
 impl<P: Provider> Handler<P> for Traffic<P> {
     fn on_start(&mut self, cx: &mut Cx<P>) {
         // (registered before the loop: its counts over the whole loop are the traffic's)
-        self.granter.prepare(cx);
+        let _ = self.granter.prepare(cx);
     }
 
     fn poll(&mut self, cx: &mut Cx<P>) {
