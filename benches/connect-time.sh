@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Connection set-up time on rxe0, one boot: librdmacm's cmtime (1 and 100 connections) and the
-# connect_time example (verbs-level Context::connect, the engine's Client::connect one at a
-# time, and 100 engine connects at once) against an engine server. Run it in the guest:
+# connect_time example (verbs-level Context::connect and the engine's Client::connect one at a
+# time, then 100 verbs-level and 100 engine connects at once) against an engine server. Run it
+# in the guest:
 #
 #   cargo build --release -p corelink-apps --examples
 #   tests/rxe-guest/run --timeout 900 -- bash benches/connect-time.sh
 #
-# Prints cmtime's own step table and connect_time's cold / warm milliseconds; compare them
-# as ratios from the same boot only (the guest is emulated).
+# Prints cmtime's own step table and connect_time's cold / warm milliseconds; compare them as
+# ratios from the same boot only (the guest is emulated).
 set -u
 : "${CORELINK_IP:?run this inside tests/rxe-guest/run}"
 dir=${ENGINE_EXAMPLES:-${CARGO_TARGET_DIR:-target}/release/examples}

@@ -10,10 +10,13 @@
 //!
 //! The client alternates one verbs connect (`Context::connect` on a fresh QP) and one engine
 //! connect (`Client::connect` until `Event::Connected`), `--count` of each, so that both see
-//! the same machine; then `engine xP` (P connects at once, until the last is up). It prints a
-//! line per kind and the median of the warm pairs' engine / verbs ratios. Each line gives the
-//! first (cold) time and the median of the rest (warm) in milliseconds. The server accepts plain rdma_cm peers
-//! (`accept_foreign = true`) so that the verbs connects land on the same listener.
+//! the same machine; then, `--count` times (at most 5), alternating, `verbs xP` (P verbs-level
+//! connects at once from one thread, `Context::connect_start` polled in turn: what the engine's
+//! parallel connects stand on) and `engine xP` (P engine connects at once), each until the
+//! last is up. It prints a line per kind and the median of the warm pairs' engine / verbs
+//! ratios. Each line gives the first (cold) time and the median of the rest (warm) in
+//! milliseconds. The server accepts plain rdma_cm peers (`accept_foreign = true`) so that the
+//! verbs connects land on the same listener.
 //! Exit status: 0 when every connect succeeded, 1 otherwise, 2 on bad usage.
 
 use std::net::SocketAddr;
@@ -104,9 +107,8 @@ impl<P: Provider> Verbs<P> {
         Ok(Verbs { ctx, pd, cq })
     }
 
-    /// One connect to `addr` on a fresh QP (created before the clock starts), disconnected
-    /// after it.
-    fn connect(&self, addr: SocketAddr) -> Result<Duration, String> {
+    /// A fresh RC QP on the PD and CQ.
+    fn qp(&self) -> Result<P::Qp, String> {
         let attr = QpInitAttr::<P> {
             qp_type: QpType::Rc,
             send_cq: &self.cq,
@@ -115,7 +117,13 @@ impl<P: Provider> Verbs<P> {
             cap: QpCap::default(),
             sq_sig_all: true,
         };
-        let mut qp = self.pd.create_qp(&attr).map_err(|e| chain(&e).to_string())?;
+        self.pd.create_qp(&attr).map_err(|e| chain(&e).to_string())
+    }
+
+    /// One connect to `addr` on a fresh QP (created before the clock starts), disconnected
+    /// after it.
+    fn connect(&self, addr: SocketAddr) -> Result<Duration, String> {
+        let mut qp = self.qp()?;
         let t0 = Instant::now();
         let mut c = self
             .ctx
@@ -123,6 +131,43 @@ impl<P: Provider> Verbs<P> {
             .map_err(|e| format!("verbs connect: {}", chain(&e)))?;
         let t = t0.elapsed();
         let _ = c.disconnect();
+        Ok(t)
+    }
+
+    /// `n` connects at once from this thread (`Context::connect_start`, each polled in turn),
+    /// on fresh QPs created before the clock starts: the time until the last is up.
+    fn parallel(&self, addr: SocketAddr, n: u32) -> Result<Duration, String> {
+        use corelink_verbs::{Connecting as _, Progress};
+        let mut qps = Vec::new();
+        for _ in 0..n {
+            qps.push(self.qp()?);
+        }
+        let t0 = Instant::now();
+        let timeout = Duration::from_secs(30);
+        let mut pending = Vec::new();
+        for (i, qp) in qps.iter_mut().enumerate() {
+            let c = self.ctx.connect_start(addr, qp, &QpAttr::default(), b"", timeout);
+            pending.push((i, c.map_err(|e| format!("verbs connect: {}", chain(&e)))?));
+        }
+        let mut up = Vec::new();
+        while !pending.is_empty() {
+            let mut next = Vec::new();
+            for (i, c) in pending {
+                match c.poll(&mut qps[i], Duration::ZERO) {
+                    Ok(Progress::Ready(conn)) => up.push(conn),
+                    Ok(Progress::Pending(c)) => next.push((i, c)),
+                    Err(e) => return Err(format!("verbs connect: {}", chain(&e))),
+                }
+            }
+            pending = next;
+            if !pending.is_empty() {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        let t = t0.elapsed();
+        for c in &mut up {
+            let _ = c.disconnect();
+        }
         Ok(t)
     }
 }
@@ -233,11 +278,13 @@ fn measure<P: Provider>(
     let mut lines = vec![summary("verbs", v), summary("engine", e)];
     lines.push(format!("engine / verbs, warm: median of the pairs' ratios {ratio:.2}"));
     if parallel > 0 {
-        let mut runs = Vec::new();
+        let (mut vr, mut er) = (Vec::new(), Vec::new());
         for _ in 0..count.min(5) {
-            runs.push(engine.parallel(addr, parallel)?);
+            vr.push(verbs.parallel(addr, parallel)?);
+            er.push(engine.parallel(addr, parallel)?);
         }
-        lines.push(summary(&format!("engine x{parallel}"), runs));
+        lines.push(summary(&format!("verbs x{parallel}"), vr));
+        lines.push(summary(&format!("engine x{parallel}"), er));
     }
     engine.shutdown()?;
     Ok(lines)

@@ -2,6 +2,7 @@
 
 use std::ffi::CStr;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
@@ -48,7 +49,14 @@ pub(crate) struct CtxInner {
     pub(crate) wc_inv_flag: u32,
     /// Sets the async fd non-blocking once.
     async_nonblock: Once,
+    /// Each port's link layer once looked up (0: not yet; 1: InfiniBand; 2: Ethernet): a
+    /// port's, fixed by its device, is asked at every connection's RTR, and a query is a
+    /// system call.
+    link_layers: [AtomicU8; CACHED_PORTS],
 }
+
+/// Ports whose link layer a context remembers (1..CACHED_PORTS; others are queried each time).
+const CACHED_PORTS: usize = 8;
 
 // SAFETY: libibverbs contexts are thread-safe (every verb may be called from any thread); the
 // pointers are only read after construction.
@@ -75,9 +83,19 @@ impl CtxInner {
         !verbs.is_null() && unsafe { (*verbs).device } == self.device
     }
 
-    /// The link layer of `port`.
+    /// The link layer of `port` (queried once per port).
     pub(crate) fn link_layer(&self, port: u8) -> Result<LinkLayer> {
-        Ok(self.port_attr(port)?.link_layer)
+        let slot = self.link_layers.get(usize::from(port));
+        match slot.map(|s| s.load(Ordering::Relaxed)) {
+            Some(1) => return Ok(LinkLayer::InfiniBand),
+            Some(2) => return Ok(LinkLayer::Ethernet),
+            _ => {}
+        }
+        let l = self.port_attr(port)?.link_layer;
+        if let Some(s) = slot {
+            s.store(if l == LinkLayer::InfiniBand { 1 } else { 2 }, Ordering::Relaxed);
+        }
+        Ok(l)
     }
 
     pub(crate) fn port_attr(&self, port: u8) -> Result<PortAttr> {
@@ -222,6 +240,7 @@ impl IbvContext {
             max_qp_init_rd_atom: 0,
             wc_inv_flag: 0,
             async_nonblock: Once::new(),
+            link_layers: Default::default(),
         };
         // On error `inner` drops here and releases the context.
         let attr = inner.device_attr()?;
