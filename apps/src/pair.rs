@@ -28,6 +28,15 @@ impl<S, C> Pair<S, C> {
 }
 
 impl<P: Provider, S: Handler<P>, C: Handler<P>> Handler<P> for Pair<S, C> {
+    fn on_start(&mut self, cx: &mut Cx<P>) {
+        if let Some(s) = &mut self.server {
+            s.on_start(cx);
+        }
+        if let Some(c) = &mut self.client {
+            c.on_start(cx);
+        }
+    }
+
     fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
         if info.initiated {
             self.client_conn = Some(conn);

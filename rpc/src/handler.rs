@@ -18,8 +18,6 @@ pub struct RpcHandler<P: Provider, S: Service<P>> {
     service: S,
     /// The worker's ends of the handles' rings.
     inboxes: Vec<Inbox>,
-    /// The first loop iteration has run (the endpoint's memory is registered then).
-    started: bool,
 }
 
 impl<P: Provider, S: Service<P>> std::fmt::Debug for RpcHandler<P, S> {
@@ -31,7 +29,7 @@ impl<P: Provider, S: Service<P>> std::fmt::Debug for RpcHandler<P, S> {
 impl<P: Provider, S: Service<P>> RpcHandler<P, S> {
     /// `endpoint` (its request handlers registered) run with `service`.
     pub fn new(endpoint: Endpoint<P>, service: S) -> Self {
-        RpcHandler { endpoint, service, inboxes: Vec::new(), started: false }
+        RpcHandler { endpoint, service, inboxes: Vec::new() }
     }
 
     /// The same, also carrying out the calls of the [`crate::Handle`] whose ring `inbox` ends
@@ -110,13 +108,14 @@ impl<P: Provider, S: Service<P>> Handler<P> for RpcHandler<P, S> {
         self.endpoint.flush_sends(cx);
     }
 
+    fn on_start(&mut self, cx: &mut Cx<P>) {
+        // The large messages' arena, registered before any connection comes (a registration
+        // blocks the worker, which a new connection's peer cannot wait for); had it failed,
+        // the first session or large call tries again and says why.
+        let _ = self.endpoint.prepare(cx);
+    }
+
     fn poll(&mut self, cx: &mut Cx<P>) {
-        if !std::mem::replace(&mut self.started, true) {
-            // The large messages' arena, registered before any connection comes (a
-            // registration blocks the worker, which a new connection's peer cannot wait
-            // for); had it failed, the first session or large call tries again and says why.
-            let _ = self.endpoint.prepare(cx);
-        }
         self.endpoint.expire(cx);
         if self.endpoint.any_ended() {
             for (session, reason) in self.endpoint.take_ended() {

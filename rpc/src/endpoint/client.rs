@@ -398,14 +398,23 @@ impl<P: Provider> Endpoint<P> {
 
     /// Ends the calls whose deadline passed (looked at every [`EXPIRE_EVERY`] loop
     /// iterations: it reads the clock, which the loop otherwise reads only when it needs to).
+    /// The loop's look (every iteration) is the countdown alone, inline; the pass that reads
+    /// the clock is a function of its own.
+    #[inline]
     pub(crate) fn expire(&mut self, cx: &mut Cx<P>) {
-        if self.deadlines.is_empty() && self.fresh.is_empty() && self.parked.is_empty() {
-            return;
-        }
         if self.expire_in > 0 {
             self.expire_in -= 1;
             return;
         }
+        if self.deadlines.is_empty() && self.fresh.is_empty() && self.parked.is_empty() {
+            return;
+        }
+        self.expire_due(cx);
+    }
+
+    /// [`Endpoint::expire`]'s pass over the deadlines.
+    #[inline(never)]
+    fn expire_due(&mut self, cx: &mut Cx<P>) {
         self.expire_in = EXPIRE_EVERY - 1;
         let now = cx.now();
         self.expire_parked(now);

@@ -916,8 +916,8 @@ impl<P: Provider> Endpoint<P> {
         self.leave_groups(session);
     }
 
-    /// What the endpoint registers ahead, at the worker's first loop iteration: the arena
-    /// for large messages, if they are on.
+    /// What the endpoint registers ahead, on the worker's thread before its loop starts: the
+    /// arena for large messages, if they are on.
     pub(crate) fn prepare(&mut self, cx: &mut Cx<P>) -> Result<()> {
         self.ensure_arena(cx)
     }
