@@ -2,8 +2,7 @@
 
 use std::ffi::CStr;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Once, OnceLock};
 use std::time::Duration;
 
 use rdma_sys::{ibv_context, ibv_device_attr, ibv_gid, ibv_port_attr};
@@ -49,10 +48,9 @@ pub(crate) struct CtxInner {
     pub(crate) wc_inv_flag: u32,
     /// Sets the async fd non-blocking once.
     async_nonblock: Once,
-    /// Each port's link layer once looked up (0: not yet; 1: InfiniBand; 2: Ethernet): a
-    /// port's, fixed by its device, is asked at every connection's RTR, and a query is a
-    /// system call.
-    link_layers: [AtomicU8; CACHED_PORTS],
+    /// Each port's link layer once looked up: a port's, fixed by its device, is asked at every
+    /// connection's RTR, and a query is a system call.
+    link_layers: [OnceLock<LinkLayer>; CACHED_PORTS],
 }
 
 /// Ports whose link layer a context remembers (1..CACHED_PORTS; others are queried each time).
@@ -86,14 +84,12 @@ impl CtxInner {
     /// The link layer of `port` (queried once per port).
     pub(crate) fn link_layer(&self, port: u8) -> Result<LinkLayer> {
         let slot = self.link_layers.get(usize::from(port));
-        match slot.map(|s| s.load(Ordering::Relaxed)) {
-            Some(1) => return Ok(LinkLayer::InfiniBand),
-            Some(2) => return Ok(LinkLayer::Ethernet),
-            _ => {}
+        if let Some(&l) = slot.and_then(OnceLock::get) {
+            return Ok(l);
         }
         let l = self.port_attr(port)?.link_layer;
         if let Some(s) = slot {
-            s.store(if l == LinkLayer::InfiniBand { 1 } else { 2 }, Ordering::Relaxed);
+            let _ = s.set(l); // (another thread may have set the same value first)
         }
         Ok(l)
     }
