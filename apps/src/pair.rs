@@ -4,7 +4,9 @@
 //! on one engine this way (loopback), or either alone.
 
 use corelink_engine::verbs::Provider;
-use corelink_engine::{Buf, CloseReason, ConnId, ConnInfo, Cx, Done, Handler, Message};
+use corelink_engine::{
+    Buf, CloseReason, Completions, ConnId, ConnInfo, Cx, Done, Handler, Message,
+};
 
 /// The two parts, routed by connection.
 #[derive(Debug)]
@@ -79,6 +81,17 @@ impl<P: Provider, S: Handler<P>, C: Handler<P>> Handler<P> for Pair<S, C> {
             }
         } else if let Some(s) = &mut self.server {
             s.on_completion(cx, done);
+        }
+    }
+
+    fn on_completions(&mut self, cx: &mut Cx<P>, done: Completions<'_, P>) {
+        // (one connection's: routed once)
+        if self.is_client(done.conn()) {
+            if let Some(c) = &mut self.client {
+                c.on_completions(cx, done);
+            }
+        } else if let Some(s) = &mut self.server {
+            s.on_completions(cx, done);
         }
     }
 

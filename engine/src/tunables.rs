@@ -6,6 +6,11 @@
 /// `poll_budget` is clamped to it.
 pub const MAX_POLL_BATCH: usize = 64;
 
+/// Completions a handler is told in one [`crate::Handler::on_completions`] call at most: one
+/// send-queue completion retires up to `worker.batching.signal_every` requests, told in
+/// batches of this many.
+pub const COMPLETION_BATCH: usize = 64;
+
 /// Work requests posted with one doorbell at most (the core map's `batching.post_list` is at
 /// most this).
 pub const MAX_POST_LIST: usize = corelink_config::limits::MAX_POST_LIST as usize;
@@ -87,7 +92,7 @@ pub const SLOT_BITS: u32 = 24;
 pub const RECV_FLAG: u64 = 1 << 63;
 
 const _: () = {
-    assert!(MAX_POLL_BATCH > 0 && MAX_POST_LIST > 0);
+    assert!(MAX_POLL_BATCH > 0 && MAX_POST_LIST > 0 && COMPLETION_BATCH > 0);
     // A receive's id holds a connection slot (below 2^16), its lane (below 2^3) and its index
     // in the lane (below 2^RECV_INDEX_BITS: every lane of `worker.recvs_per_conn`).
     assert!(MAX_CONNS_PER_WORKER <= 1 << 16);

@@ -118,6 +118,12 @@ fn sched_error_inside_an_unsignalled_run() {
 }
 
 #[test]
+fn sched_completions_come_in_batches() {
+    let Some((p, a)) = sched_target() else { return };
+    sched::completions_come_in_batches::<Ibverbs>(&p, a);
+}
+
+#[test]
 fn grants_give_exactly_their_ranges_and_rights() {
     let Some((p, a)) = sched_target() else { return };
     memory::grants_give_exactly_their_ranges_and_rights::<Ibverbs>(&p, a);

@@ -39,3 +39,8 @@ fn adjacent_writes_coalesce() {
 fn error_inside_an_unsignalled_run() {
     sched::error_inside_an_unsignalled_run::<Soft>(SOFT, at("10.98.0.7:0"));
 }
+
+#[test]
+fn completions_come_in_batches() {
+    sched::completions_come_in_batches::<Soft>(SOFT, at("10.98.0.8:0"));
+}

@@ -7,6 +7,7 @@
 
 mod cfg;
 mod clients;
+mod completions;
 mod conn;
 mod conns;
 mod cx;
@@ -28,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use corelink_verbs::{Cq, Provider, Wc, WcOpcode, WcStatus};
 
 pub(crate) use cfg::WorkerCfg;
+pub use completions::Completions;
 pub use cx::Cx;
 pub(crate) use ids::{RecvId, WrId};
 pub(crate) use notice::Notice;
@@ -77,6 +79,17 @@ pub trait Handler<P: Provider>: 'static {
     fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {}
     /// One of this handler's requests completed (or failed, or flushed).
     fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {}
+    /// Several of this handler's requests on one connection succeeded together (the requests
+    /// one send-queue completion retired, with selective signalling up to
+    /// `worker.batching.signal_every` of them), in post order. By default each goes to
+    /// [`Handler::on_completion`]; a handler that streams requests can take them as a batch
+    /// (one dispatch for all, e.g. posting the next window). Every request still ends exactly
+    /// once: through one of the two calls, never both.
+    fn on_completions(&mut self, cx: &mut Cx<P>, done: Completions<'_, P>) {
+        for d in done {
+            self.on_completion(cx, d);
+        }
+    }
     /// A connection closed; nothing of it is in flight any more.
     fn on_closed(&mut self, cx: &mut Cx<P>, conn: ConnId, reason: &CloseReason) {}
     /// A timer set with `Cx::set_timer` fired.
@@ -113,6 +126,9 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
     events: Option<Arc<P::Context>>,
     /// Whether completions were lost (a CQ overrun, a failed device), and since when.
     untrusted: untrusted::Untrusted,
+    /// A lane's plain successes, gathered as a send-queue completion retires them and told
+    /// together ([`Handler::on_completions`]).
+    gathered: completions::Gathered<P>,
 }
 
 /// What a worker is given to own: its CQ and PD (made by the engine, shared with the control
@@ -188,6 +204,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             primes: Primes::new(),
             events,
             untrusted: untrusted::Untrusted::default(),
+            gathered: completions::Gathered::new(),
         })
     }
 

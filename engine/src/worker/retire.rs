@@ -9,56 +9,102 @@ use super::conn::Phase;
 use super::requests::{ReqId, Retired};
 use super::{Handler, Worker};
 use crate::handoff::Origin;
+use crate::pool::Buf;
 use crate::request::{CloseReason, Done, OpKind};
 
 impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// A send-queue completion of request `done` (every request completes once, so each
-    /// lookup below cannot fail; one that does is counted).
+    /// lookup below cannot fail; one that does is counted). The plain successes it retires
+    /// are gathered with the lane held and told together ([`Handler::on_completions`]); any
+    /// other request ends on its own, after those before it were told (post order holds).
     pub(super) fn dispatch_send(&mut self, wc: &Wc, done: ReqId) {
         let Some(r) = self.cx.reqs.get(done) else { return self.gone() };
         let (slot, l) = (r.conn.slot, r.lane as usize);
         loop {
-            let Some(c) = self.cx.conns.at_mut(slot) else { return self.cx.invariant_missed() };
-            let Some(lane) = c.lanes.get_mut(l) else { return self.cx.invariant_missed() };
-            c.live.heard = true;
-            let Some(id) = lane.sq.posted.pop() else {
-                return self.cx.invariant_missed();
-            };
-            let mine = id == done;
-            let status = if mine { wc.status } else { WcStatus::Success };
-            // The common case first: a plain request of the handler, succeeded.
-            let plain =
-                if status == WcStatus::Success { self.cx.reqs.take_plain(id) } else { None };
-            if let Some((conn, token, kind, buf, len)) = plain {
-                if kind == OpKind::Read {
-                    lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
-                }
-                self.cx.metrics.completion(wc_opcode(kind), status, len);
-                let buf = Some(buf);
-                let d = Done { conn, token, kind, status, buf, old_value: None, closed_by: None };
-                self.handler.on_completion(&mut self.cx, d);
-                if mine {
-                    return;
-                }
-                continue;
+            let step = self.retire_plain(wc, done, slot, l);
+            if let Retiring::Alone(d) = step {
+                // (the latency path: a completion that retires its own request only)
+                return self.handler.on_completion(&mut self.cx, d);
             }
-            let Some(r) = self.cx.reqs.take(id) else { return self.cx.invariant_missed() };
-            let r = Retired::of(id, r);
-            if r.is_rd_atomic() {
-                lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
-            }
-            if status != WcStatus::Success && c.phase == Phase::Open {
-                if r.origin == Origin::Keepalive {
-                    c.reason = Some(CloseReason::Unanswered(status));
+            self.tell_gathered();
+            match step {
+                Retiring::Mine | Retiring::Alone(_) => return,
+                Retiring::Full => continue,
+                Retiring::Missed => return self.cx.invariant_missed(),
+                Retiring::Other { id, status } => {
+                    self.retire_other(id, status, slot, l);
+                    if id == done {
+                        return;
+                    }
                 }
-                c.note_error(status);
-                self.cx.conns.mark(slot);
-            }
-            self.finish(r, status);
-            if mine {
-                return;
             }
         }
+    }
+
+    /// Takes lane `l` of connection `slot`'s posted requests off in order, up to `done`,
+    /// gathering the plain successes; stops at `done`, at a request that is not one, or when
+    /// the gathering is full.
+    #[inline(always)]
+    fn retire_plain(&mut self, wc: &Wc, done: ReqId, slot: u16, l: usize) -> Retiring<P> {
+        let Worker { cx, gathered, .. } = self;
+        let Some(c) = cx.conns.at_mut(slot) else { return Retiring::Missed };
+        c.live.heard = true;
+        let Some(lane) = c.lanes.get_mut(l) else { return Retiring::Missed };
+        while !gathered.is_full() {
+            let Some(id) = lane.sq.posted.pop() else { return Retiring::Missed };
+            let mine = id == done;
+            let status = if mine { wc.status } else { WcStatus::Success };
+            // The common case: a plain request of the handler, succeeded.
+            let plain = if status == WcStatus::Success { cx.reqs.take_plain(id) } else { None };
+            let Some((conn, token, kind, buf, len)) = plain else {
+                return Retiring::Other { id, status };
+            };
+            if kind == OpKind::Read {
+                lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
+            }
+            cx.metrics.completion(wc_opcode(kind), status, len);
+            let buf = Some(buf);
+            let d = Done { conn, token, kind, status, buf, old_value: None, closed_by: None };
+            if mine && gathered.is_empty() {
+                return Retiring::Alone(d);
+            }
+            if gathered.push(d).is_err() {
+                // (never: one lane's requests are one connection's, and it had room)
+                cx.metrics.invariant_misses += 1;
+            }
+            if mine {
+                return Retiring::Mine;
+            }
+        }
+        Retiring::Full
+    }
+
+    /// Tells the handler what [`Worker::retire_plain`] gathered, if anything.
+    #[inline(always)]
+    fn tell_gathered(&mut self) {
+        let Worker { cx, gathered, handler, .. } = self;
+        if let Some(batch) = gathered.drain() {
+            handler.on_completions(cx, batch);
+        }
+    }
+
+    /// Ends request `id` (taken off lane `l` of connection `slot`) with `status`: not a plain
+    /// success (a client's or a probe's, an atomic, a chain, a failure).
+    fn retire_other(&mut self, id: ReqId, status: WcStatus, slot: u16, l: usize) {
+        let Some(r) = self.cx.reqs.take(id) else { return self.cx.invariant_missed() };
+        let r = Retired::of(id, r);
+        let Some(c) = self.cx.conns.at_mut(slot) else { return self.cx.invariant_missed() };
+        if let (true, Some(lane)) = (r.is_rd_atomic(), c.lanes.get_mut(l)) {
+            lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
+        }
+        if status != WcStatus::Success && c.phase == Phase::Open {
+            if r.origin == Origin::Keepalive {
+                c.reason = Some(CloseReason::Unanswered(status));
+            }
+            c.note_error(status);
+            self.cx.conns.mark(slot);
+        }
+        self.finish(r, status);
     }
 
     /// A completion whose request or receive is gone: one the worker ended already (its
@@ -188,6 +234,20 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             }
         }
     }
+}
+
+/// Where [`Worker::retire_plain`] stopped.
+enum Retiring<P: Provider> {
+    /// At the completion's own request.
+    Mine,
+    /// At the completion's own request, the only one retired: its completion, to tell alone.
+    Alone(Done<Buf<P>>),
+    /// The gathering is full: tell it, then go on.
+    Full,
+    /// At request `id`, which is not a plain success: it ends on its own with `status`.
+    Other { id: ReqId, status: WcStatus },
+    /// A lookup that cannot fail did.
+    Missed,
 }
 
 /// The completion opcode of a kind of request (for the metrics).

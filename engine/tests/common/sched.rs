@@ -30,6 +30,8 @@ pub enum Script {
     AdjacentWrites,
     /// 5 writes, one with a bad key, 5 writes (tokens 100..110), in one iteration.
     ErrorInRun,
+    /// 40 writes of 8 bytes (tokens 100..140) in one iteration.
+    Window,
 }
 
 use crate::grant::{granted, Granter};
@@ -41,6 +43,8 @@ pub struct Seen {
     pub order: Vec<(u64, WcStatus)>,
     /// The bytes of each successful read, by token.
     pub reads: Vec<(u64, Vec<u8>)>,
+    /// The sizes of the batches told through `on_completions`.
+    pub batches: Vec<usize>,
     /// The worker's metrics over the script (from its start to its end).
     pub metrics: Option<Metrics>,
     /// Set when the script ended.
@@ -152,6 +156,22 @@ impl<P: Provider> Handler<P> for Sched<P> {
                 }
                 self.expect = 11;
             }
+            Script::Window => {
+                for i in 0..40 {
+                    self.write(cx, region.at(BASE + 8 * i), &pattern(i, 8), 100 + i);
+                }
+                self.expect = 40;
+            }
+        }
+    }
+
+    fn on_completions(&mut self, cx: &mut Cx<P>, done: Completions<'_, P>) {
+        let conn = done.conn();
+        self.seen.lock().unwrap().batches.push(done.len());
+        for d in done {
+            assert_eq!(d.conn, conn, "a batch is one connection's");
+            assert!(d.status.is_success(), "a batch holds successes only: {d:?}");
+            self.on_completion(cx, d);
         }
     }
 
@@ -299,6 +319,22 @@ pub fn error_inside_an_unsignalled_run<P: Provider>(provider: &str, a: SocketAdd
     assert!(statuses[..5].iter().all(|s| s.is_success()), "{statuses:?}");
     assert_eq!(statuses[5], WcStatus::RemAccessErr, "{statuses:?}");
     assert!(statuses[6..].iter().all(|s| *s == WcStatus::WrFlushErr), "{statuses:?}");
+    let m = seen.metrics.unwrap();
+    assert!(m.signalled < m.posted, "selective signalling was on: {m}");
+}
+
+/// A window of writes under selective signalling: the requests one completion retires are
+/// told together (`Handler::on_completions`), in post order, each once.
+pub fn completions_come_in_batches<P: Provider>(provider: &str, a: SocketAddr) {
+    let map = "[worker.batching]\npost_list = 16\nsignal_every = 16\n";
+    let seen = run::<P>(provider, a, map, Script::Window);
+    assert_eq!(tokens(&seen), (100..140).collect::<Vec<_>>(), "each once, in post order");
+    assert!(seen.order.iter().all(|(_, s)| s.is_success()), "{:?}", seen.order);
+    // (a lone completion of its own request is told through `on_completion` directly)
+    let batched: usize = seen.batches.iter().sum();
+    assert!(batched <= 40, "{:?}", seen.batches);
+    assert!(seen.batches.iter().any(|&n| n > 1), "no batch: {:?}", seen.batches);
+    assert!(seen.batches.iter().all(|&n| n <= 16), "one completion in 16: {:?}", seen.batches);
     let m = seen.metrics.unwrap();
     assert!(m.signalled < m.posted, "selective signalling was on: {m}");
 }
