@@ -14,7 +14,10 @@
 # perftest t_typical (lower is better). The guest is emulated (TCG): for comparison only.
 # Both run with perftest's defaults: its bandwidth tests ask for one completion in 100
 # (`--cq-mod`, 100 by default), so corelink's do too (`-Q ${CQ_MOD:-100}`; its own default
-# is 1, one completion per request); both keep 128 requests in flight.
+# is 1, one completion per request); both keep 128 requests in flight. perftest's bandwidth
+# server waits in a blocking call while the client runs, leaving its core to rxe's kernel work;
+# corelink's bandwidth server does the same once idle (`worker.park_after_us`,
+# SERVER_PARK_US, default 100; 0 busy-polls as its latency server always does).
 set -u
 : "${CORELINK_IBV_DEVICE:?run this inside tests/rxe-guest/run}" "${CORELINK_IP:?}"
 dev=$CORELINK_IBV_DEVICE gid=${CORELINK_IBV_GID_INDEX:-1} ip=$CORELINK_IP
@@ -23,7 +26,7 @@ iters=${ITERS:-1000}
 [ -x "$perf" ] || { echo "no $perf: cargo build --release -p corelink-apps --bin corelink-perf"; exit 1; }
 work=$(mktemp -d)
 # The two processes on different cores: the server's worker on 1, the client's on 0.
-# core_map FILE CONTROL_CORE WORKER_CORE YIELD_AFTER_EMPTY_POLLS
+# core_map FILE CONTROL_CORE WORKER_CORE YIELD_AFTER_EMPTY_POLLS [PARK_AFTER_US]
 core_map() {
   cat > "$1" <<MAP
 provider = "ibverbs"
@@ -34,10 +37,12 @@ workers = [$3]
 [worker]
 idle_after_us = 100
 yield_after_empty_polls = $4
+park_after_us = ${5:-0}
 MAP
 }
 core_map "$work/client.toml" 1 0 "${CLIENT_YIELD:-0}"
 core_map "$work/server.toml" 0 1 "${SERVER_YIELD:-0}"
+core_map "$work/server-bw.toml" 0 1 "${SERVER_YIELD:-0}" "${SERVER_PARK_US:-100}"
 port=18800
 # perftest TEST SIZE -> its result line's fields (server on core 1, client on core 0)
 run_perftest() {
@@ -52,10 +57,10 @@ run_perftest() {
 }
 # corelink-perf TEST SIZE -> its JSON line
 run_corelink() {
-  local test=$1 size=$2 like=()
-  [[ $test == *_bw ]] && like=(-Q "${CQ_MOD:-100}")
+  local test=$1 size=$2 like=() server=$work/server.toml
+  [[ $test == *_bw ]] && like=(-Q "${CQ_MOD:-100}") && server=$work/server-bw.toml
   port=$((port + 1))
-  timeout 120 "$perf" "$test" --config "$work/server.toml" --bind "$ip" -p $port -s "$size" -n "$iters" > "$work/csrv.log" 2>&1 &
+  timeout 120 "$perf" "$test" --config "$server" --bind "$ip" -p $port -s "$size" -n "$iters" > "$work/csrv.log" 2>&1 &
   local srv=$!
   for _ in $(seq 100); do grep -q listening "$work/csrv.log" && break; sleep 0.1; done
   # shellcheck disable=SC2086

@@ -73,8 +73,16 @@ pub struct WorkerResources {
     /// Completions polled per loop iteration at most.
     pub poll_budget: u32,
     /// Microseconds without work before a worker with no connections parks (0: never park; a
-    /// worker with connections always busy-polls).
+    /// worker with connections busy-polls unless `park_after_us` says otherwise).
     pub idle_after_us: u64,
+    /// Microseconds without work before a worker with connections parks too, a slice (1 ms)
+    /// at a time, until work comes (0, the default: a worker with connections busy-polls).
+    /// For a worker whose connections carry traffic it does not take part in (the target of
+    /// RDMA writes, reads and atomics) on a machine where the device's own work needs its
+    /// core (Soft-RoCE), or to save the core: a completion that comes while it is parked waits
+    /// for the slice's end (a control message, a client's submission or `Cx::waker` wakes it
+    /// at once), and its timers and keepalive run when it wakes.
+    pub park_after_us: u32,
     /// Empty polls in a row after which a worker with connections yields its core once per
     /// iteration (`sched_yield`) until a completion comes (0: never; pure busy-polling). For
     /// machines where the device's own work needs the worker's core (Soft-RoCE).
@@ -256,6 +264,7 @@ impl Default for WorkerResources {
             max_inline: 64,
             poll_budget: 32,
             idle_after_us: 1000,
+            park_after_us: 0,
             yield_after_empty_polls: 0,
             own_context: true,
             pools: vec![

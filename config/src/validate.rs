@@ -44,6 +44,8 @@ pub mod limits {
     pub const MAX_CONNECT_TIMEOUT_MS: u32 = 600_000;
     /// The longest keepalive interval (`worker.keepalive_ms`): an hour.
     pub const MAX_KEEPALIVE_MS: u32 = 3_600_000;
+    /// The longest wait before a worker with connections parks (`worker.park_after_us`): 10 s.
+    pub const MAX_PARK_AFTER_US: u32 = 10_000_000;
 }
 
 /// Something worth saying that does not stop the map.
@@ -327,6 +329,7 @@ impl CoreMap {
         range("worker.timeout", u32::from(w.timeout), 1, 31)?;
         range("worker.retry_cnt", u32::from(w.retry_cnt), 0, 7)?;
         range("worker.keepalive_ms", w.keepalive_ms, 0, MAX_KEEPALIVE_MS)?;
+        range("worker.park_after_us", w.park_after_us, 0, MAX_PARK_AFTER_US)?;
         let lanes = self.worker.qps.per_conn.max(1);
         let per_lane = w.recvs_per_lane(1).max(w.recvs_per_lane(lanes));
         if per_lane > w.recv_queue_depth {
@@ -471,6 +474,7 @@ mod tests {
             ("[worker]\nrnr_retry = 8", "worker.rnr_retry"),
             ("[worker]\nmin_rnr_timer = 32", "worker.min_rnr_timer"),
             ("[worker]\nkeepalive_ms = 3600001", "worker.keepalive_ms"),
+            ("[worker]\npark_after_us = 10000001", "worker.park_after_us"),
             ("connect_timeout_ms = 0", "connect_timeout_ms"),
             ("[worker]\ntimeout = 0", "worker.timeout"),
             ("[worker]\ntimeout = 32", "worker.timeout"),

@@ -111,6 +111,9 @@ pub struct Metrics {
     /// Of those, the ones that failed (each closed its connection with
     /// `CloseReason::Unanswered`, or was flushed by its close).
     pub keepalive_failures: u64,
+    /// Parks of a worker with connections that was idle for `worker.park_after_us` (a slice
+    /// each, `tunables::PARK_SLICE`).
+    pub parks: u64,
     /// Voluntary context switches of the worker thread since it started.
     pub voluntary_switches: u64,
     /// Involuntary context switches of the worker thread since it started.
@@ -156,6 +159,7 @@ impl Metrics {
         m.late_completions = d(m.late_completions, earlier.late_completions);
         m.keepalive_probes = d(m.keepalive_probes, earlier.keepalive_probes);
         m.keepalive_failures = d(m.keepalive_failures, earlier.keepalive_failures);
+        m.parks = d(m.parks, earlier.parks);
         m.voluntary_switches = d(m.voluntary_switches, earlier.voluntary_switches);
         m.involuntary_switches = d(m.involuntary_switches, earlier.involuntary_switches);
         m
@@ -208,6 +212,7 @@ impl fmt::Display for Metrics {
             ("late completions", self.late_completions),
             ("keepalive probes", self.keepalive_probes),
             ("keepalive probes failed", self.keepalive_failures),
+            ("parks with connections", self.parks),
         ] {
             if n > 0 {
                 writeln!(f, "  {what:<28} {n:>14}")?;

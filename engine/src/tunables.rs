@@ -64,6 +64,15 @@ pub const CLIENT_BATCH: usize = 32;
 /// Timers one worker holds at most.
 pub const MAX_TIMERS: usize = 1024;
 
+/// How long an idle worker parks at a time (with no connections after `worker.idle_after_us`,
+/// with connections after `worker.park_after_us`): what a completion that comes meanwhile
+/// waits at most.
+pub const PARK_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Empty polls in a row before a worker with connections and `worker.park_after_us` looks at
+/// the clock (one read per iteration from then on, until work comes).
+pub const PARK_LOOK_AFTER: u32 = 64;
+
 /// Loop iterations between two publications of a worker's metrics.
 pub const METRICS_EVERY: u64 = 4096;
 

@@ -84,8 +84,9 @@ pub fn handle(capacity: usize) -> (Handle, Inbox) {
 /// producer. Make one handle per calling thread.
 ///
 /// An order waits for the worker's next loop iteration: at once on a worker with connections
-/// (it busy-polls); a worker without any, parked between idle iterations, is woken
-/// ([`corelink_engine::Cx::waker`]) once its inbox has been polled.
+/// (it busy-polls); a worker parked between idle iterations (one without connections, or one
+/// with them under `worker.park_after_us`) is woken ([`corelink_engine::Cx::waker`]) once its
+/// inbox has been polled.
 ///
 /// ```
 /// fn is_send<T: Send>() {}

@@ -168,9 +168,10 @@
 //!   [`Handle::remove_member`], [`Handle::call_group`] and [`Handle::call_group_async`] do the
 //!   same on the handle's worker.
 //!
-//! TODO (issue 12, next steps): sessions surviving a reconnect (the at-most-once table is per
-//! session; a group's member does not come back by itself); large calls that wait for an
-//! arena slot instead of being refused; per-session order kept across large requests.
+//! Not yet (issue 12): large calls that wait for an arena slot instead of being refused
+//! ([`RpcError::LargeSlotsBusy`]); per-session order kept across large requests (a large
+//! request's payload is read before its handler runs, so a small request made after it may
+//! run first).
 //!
 //! # Examples
 //!

@@ -14,6 +14,8 @@ pub(crate) struct WorkerCfg {
     /// Receives each lane keeps posted, by the connection's lane count (index 0 unused).
     pub(crate) recvs_per_lane: [u32; MAX_QPS_PER_CONN + 1],
     pub(crate) idle_after: Option<Duration>,
+    /// How long a worker with connections goes without work before it parks (`None`: never).
+    pub(crate) park_after: Option<Duration>,
     /// Empty polls in a row before a worker with connections yields its core (0: never).
     pub(crate) yield_after: u32,
     /// Work requests per doorbell at most (1..=MAX_POST_LIST).
@@ -51,6 +53,8 @@ impl WorkerCfg {
             recv_size: w.recv_size as usize,
             recvs_per_lane,
             idle_after: (w.idle_after_us > 0).then(|| Duration::from_micros(w.idle_after_us)),
+            park_after: (w.park_after_us > 0)
+                .then(|| Duration::from_micros(w.park_after_us.into())),
             yield_after: w.yield_after_empty_polls,
             post_list: (w.batching.post_list as usize).clamp(1, crate::tunables::MAX_POST_LIST),
             signal_every: w.batching.signal_every.max(1),

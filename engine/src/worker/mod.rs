@@ -46,6 +46,7 @@ use crate::request::{CloseReason, ConnId, ConnInfo, Done, Message};
 use crate::ring::{Consumer, Producer};
 use crate::tunables::{
     CLIENT_BATCH, KEEPALIVE_EVERY, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY,
+    PARK_LOOK_AFTER, PARK_SLICE,
 };
 use clients::Clients;
 use conn::{Conn, Lane, Phase};
@@ -219,22 +220,49 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 self.empty_run = 0;
             } else if self.cx.conns.connections() > 0 {
                 // A worker with connections busy-polls (reading no clock for this); where the
-                // core map says so, it lets others have the core while nothing comes. (One
-                // with connections coming up only does not: their messages wait in the CQ
-                // until the control core hands them over, and it needs the CPU meanwhile.)
-                self.idle_since = None;
+                // core map says so, it lets others have the core while nothing comes, or parks
+                // once idle long enough. (One with connections coming up only does not: their
+                // messages wait in the CQ until the control core hands them over, and it
+                // needs the CPU meanwhile.)
                 self.empty_run = self.empty_run.saturating_add(1);
-                if self.cx.cfg.yield_after > 0 && self.empty_run >= self.cx.cfg.yield_after {
-                    std::thread::yield_now();
+                if let Some(after) = self.cx.cfg.park_after {
+                    // (the clock is read only after a run of empty polls)
+                    if self.empty_run >= PARK_LOOK_AFTER && self.idle_for(after) {
+                        self.park();
+                    }
+                } else {
+                    self.idle_since = None;
+                    if self.cx.cfg.yield_after > 0 && self.empty_run >= self.cx.cfg.yield_after {
+                        std::thread::yield_now();
+                    }
                 }
             } else if let Some(idle) = self.cx.cfg.idle_after {
-                let now = self.cx.now();
-                let since = *self.idle_since.get_or_insert(now);
-                if now.duration_since(since) > idle {
-                    std::thread::park_timeout(std::time::Duration::from_millis(1));
+                if self.idle_for(idle) {
+                    std::thread::park_timeout(PARK_SLICE);
                 }
             }
         }
+        self.publish();
+    }
+
+    /// Whether the worker has found nothing to do for longer than `idle` (since the first
+    /// empty iteration this asked about).
+    fn idle_for(&mut self, idle: std::time::Duration) -> bool {
+        let now = self.cx.now();
+        let since = *self.idle_since.get_or_insert(now);
+        now.duration_since(since) > idle
+    }
+
+    /// A worker with connections parks for a slice (`worker.park_after_us`); what came
+    /// meanwhile is polled next. The periodic work (keepalive, lost completions) runs and the
+    /// metrics are published at each wake: they would otherwise wait for `KEEPALIVE_EVERY`
+    /// and `METRICS_EVERY` iterations of a slice each.
+    #[cold]
+    fn park(&mut self) {
+        std::thread::park_timeout(PARK_SLICE);
+        self.cx.metrics.parks += 1;
+        self.cx.now.set(None);
+        self.periodic();
         self.publish();
     }
 
