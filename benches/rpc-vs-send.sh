@@ -46,7 +46,11 @@ send_lat=$(values send_lat t_typical_us "$OUT/lat.jsonl" | median | short)
 rpc_lat=$(values rpc_lat t_typical_us "$OUT/lat.jsonl" | median | short)
 send_bw=$(values send_bw msg_rate_mpps "$OUT/bw.jsonl" | median | short)
 rpc_bw=$(values rpc_bw msg_rate_mpps "$OUT/bw.jsonl" | median | short)
-echo "soft, loopback, one worker; medians of $ROUNDS alternating runs (files in $OUT)"
+provider=soft
+for ((i = 0; i < ${#extra[@]}; i++)); do
+  [ "${extra[$i]}" = --provider ] && provider=${extra[$((i + 1))]:-soft}
+done
+echo "$provider, loopback, one worker; medians of $ROUNDS alternating runs (files in $OUT)"
 printf '%-40s %10s %10s %8s %s\n' measure rpc send ratio "issue 12's target"
 printf '%-40s %10s %10s %8s %s\n' "rpc_lat 8 B / send_lat 8 B (us, one-way)" \
   "$rpc_lat" "$send_lat" "$(ratio "$rpc_lat" "$send_lat")" "at most 1.15"

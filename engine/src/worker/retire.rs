@@ -30,6 +30,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             match step {
                 Retiring::Mine | Retiring::Alone(_) => return,
                 Retiring::Full => continue,
+                Retiring::Unbatched { done, mine } => {
+                    if self.tell_alone(done, mine) {
+                        return;
+                    }
+                }
                 Retiring::Missed => return self.cx.invariant_missed(),
                 Retiring::Other { id, status } => {
                     self.retire_other(id, status, slot, l);
@@ -68,9 +73,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             if mine && gathered.is_empty() {
                 return Retiring::Alone(d);
             }
-            if gathered.push(d).is_err() {
-                // (never: one lane's requests are one connection's, and it had room)
+            if let Err(d) = gathered.push(d) {
+                // (never: one lane's requests are one connection's, and it had room; told
+                // alone all the same, after those gathered)
                 cx.metrics.invariant_misses += 1;
+                return Retiring::Unbatched { done: d, mine };
             }
             if mine {
                 return Retiring::Mine;
@@ -86,6 +93,15 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if let Some(batch) = gathered.drain() {
             handler.on_completions(cx, batch);
         }
+    }
+
+    /// Tells a plain success the gathering refused on its own (never happens); returns
+    /// whether it was the completion's own request.
+    #[cold]
+    #[inline(never)]
+    fn tell_alone(&mut self, done: Done<Buf<P>>, mine: bool) -> bool {
+        self.handler.on_completion(&mut self.cx, done);
+        mine
     }
 
     /// Ends request `id` (taken off lane `l` of connection `slot`) with `status`: not a plain
@@ -242,6 +258,9 @@ enum Retiring<P: Provider> {
     Mine,
     /// At the completion's own request, the only one retired: its completion, to tell alone.
     Alone(Done<Buf<P>>),
+    /// A plain success the gathering refused (never): to tell alone after the gathered ones,
+    /// then go on unless it was the completion's own.
+    Unbatched { done: Done<Buf<P>>, mine: bool },
     /// The gathering is full: tell it, then go on.
     Full,
     /// At request `id`, which is not a plain success: it ends on its own with `status`.
