@@ -57,6 +57,13 @@ impl<P: Provider> Gathered<P> {
 /// were posted ([`Handler::on_completions`]). An iterator of [`Done`]s; those it still holds
 /// when dropped are dropped with it (their buffers go back to the pool).
 ///
+/// It lends the worker's gathering and its buffers, so it stays on the worker's thread:
+///
+/// ```compile_fail,E0277
+/// fn is_send<T: Send>() {}
+/// is_send::<corelink_engine::Completions<'static, corelink_verbs::soft::Soft>>();
+/// ```
+///
 /// [`Handler::on_completions`]: super::Handler::on_completions
 pub struct Completions<'a, P: Provider> {
     conn: ConnId,
