@@ -5,9 +5,7 @@ use std::time::Instant;
 
 use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
 use corelink_engine::{Buf, Memory};
-use corelink_engine::{
-    CloseReason, Completions, ConnId, ConnInfo, Cx, Done, EngineError, Handler, Message, Op,
-};
+use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, EngineError, Handler, Message, Op};
 
 use super::{
     grant_memory, granted, hello, marker, region_byte, write_lat_polls, Event, Shared, SizeResult,
@@ -475,12 +473,6 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             return self.fail(cx, format!("an unexpected message (immediate {:?})", msg.imm));
         }
         self.lat_sample(cx, None);
-    }
-
-    fn on_completions(&mut self, cx: &mut Cx<P>, done: Completions<'_, P>) {
-        for d in done {
-            self.on_completion(cx, d);
-        }
     }
 
     #[inline]
