@@ -6,27 +6,19 @@
 //! two behind it are flushed as its consequences (`Done::closed_by`), and the connection closes
 //! with that reason.
 
+#[path = "common/echo.rs"]
+mod echo;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use corelink_config::{parse, MachineTopology};
 use corelink_engine::verbs::soft::faults::{self, FaultPlan};
 use corelink_engine::verbs::soft::Soft;
 use corelink_engine::verbs::WcStatus;
 use corelink_engine::*;
+use echo::connect;
 
 const HANG: Duration = Duration::from_secs(60);
-
-/// Echoes every message with its immediate.
-struct Echo;
-
-impl Handler<Soft> for Echo {
-    fn on_message(&mut self, cx: &mut Cx<Soft>, conn: ConnId, msg: &Message<'_>) {
-        let mut b = cx.alloc(msg.data.len()).unwrap();
-        b.fill(msg.data).unwrap();
-        let _ = cx.send(conn, b, msg.imm, 0);
-    }
-}
 
 fn engine(listen: &str) -> Engine<Soft> {
     engine_with(listen, "")
@@ -34,21 +26,7 @@ fn engine(listen: &str) -> Engine<Soft> {
 
 /// An echoing engine listening on `listen`, with `worker` added to its `[worker]` table.
 fn engine_with(listen: &str, worker: &str) -> Engine<Soft> {
-    let text = format!(
-        "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{listen}\"\n\
-         [worker]\nidle_after_us = 1000\n{worker}"
-    );
-    let v = parse(&text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
-    Engine::<Soft>::start(&v, Placement::RoundRobin, |_| Echo).unwrap()
-}
-
-fn connect(e: &mut Engine<Soft>, addr: SocketAddr) -> (Client, ConnId) {
-    let mut c = e.client(0).unwrap();
-    c.connect(addr, b"", 1).unwrap();
-    match c.wait(HANG) {
-        Some(Event::Connected { conn, .. }) => (c, conn),
-        other => panic!("no connection: {other:?}"),
-    }
+    echo::engine(listen, worker).0
 }
 
 /// Echoes `n` messages over a connection to `server_at` (whose accepted connections get

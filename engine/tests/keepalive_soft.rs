@@ -3,67 +3,22 @@
 //! `CloseReason::Unanswered`, where before it stayed open for ever; a healthy idle connection
 //! is probed and stays open; with `keepalive_ms = 0` nothing is probed.
 
+#[path = "common/echo.rs"]
+mod echo;
+
 use std::net::SocketAddr;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use corelink_config::{parse, MachineTopology};
 use corelink_engine::verbs::soft::{faults, Soft};
 use corelink_engine::verbs::WcStatus;
 use corelink_engine::*;
+use echo::{connect, echo_once, metric_when, HANG};
 
-const HANG: Duration = Duration::from_secs(30);
-
-/// Tells the test of its closes; echoes every message.
-struct Server(mpsc::Sender<CloseReason>);
-
-impl Handler<Soft> for Server {
-    fn on_message(&mut self, cx: &mut Cx<Soft>, conn: ConnId, msg: &Message<'_>) {
-        let mut b = cx.alloc(msg.data.len()).unwrap();
-        b.fill(msg.data).unwrap();
-        cx.send(conn, b, None, 1).map_err(|(_, e)| e).unwrap();
-    }
-
-    fn on_closed(&mut self, _cx: &mut Cx<Soft>, _conn: ConnId, reason: &CloseReason) {
-        let _ = self.0.send(*reason);
-    }
-}
-
+/// An echoing engine listening on `listen` with `worker.keepalive_ms = keepalive_ms`, and
+/// the closes its handler tells.
 fn engine(listen: &str, keepalive_ms: u32) -> (Engine<Soft>, mpsc::Receiver<CloseReason>) {
-    let text = format!(
-        "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{listen}\"\n\
-         [worker]\nidle_after_us = 1000\nkeepalive_ms = {keepalive_ms}"
-    );
-    let v = parse(&text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
-    let (tx, rx) = mpsc::channel();
-    (Engine::<Soft>::start(&v, Placement::RoundRobin, move |_| Server(tx.clone())).unwrap(), rx)
-}
-
-/// A client of `engine` connected to `addr`, and its connection.
-fn connect(engine: &mut Engine<Soft>, addr: SocketAddr) -> (Client, ConnId) {
-    let mut client = engine.client(0).unwrap();
-    client.connect(addr, b"", 1).unwrap();
-    match client.wait(HANG) {
-        Some(Event::Connected { conn, .. }) => (client, conn),
-        other => panic!("no connection: {other:?}"),
-    }
-}
-
-/// The sum of `f` over `engine`'s workers' metrics, once `ready` holds of it.
-fn metric_when(
-    engine: &Engine<Soft>,
-    f: impl Fn(&Metrics) -> u64,
-    ready: impl Fn(u64) -> bool,
-) -> u64 {
-    let deadline = Instant::now() + HANG;
-    loop {
-        let n = engine.metrics().iter().map(&f).sum();
-        if ready(n) {
-            return n;
-        }
-        assert!(Instant::now() < deadline, "the metric stayed at {n}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    echo::engine(listen, &format!("keepalive_ms = {keepalive_ms}"))
 }
 
 #[test]
@@ -99,20 +54,7 @@ fn a_healthy_idle_connection_is_probed_and_stays_open() {
     let (mut client, conn) = connect(&mut client_engine, addr);
     metric_when(&client_engine, |m| m.keepalive_probes, |n| n >= 5);
     metric_when(&server, |m| m.keepalive_probes, |n| n >= 5);
-    client.submit(conn, Op::Send { buf: b"still here".to_vec(), imm: None }, 7).unwrap();
-    let mut echoed = false;
-    let deadline = Instant::now() + HANG;
-    while !echoed {
-        assert!(Instant::now() < deadline, "no echo");
-        match client.wait(HANG) {
-            Some(Event::Message { data, .. }) => {
-                assert_eq!(data, b"still here");
-                echoed = true;
-            }
-            Some(Event::Done(d)) => assert_eq!(d.status, WcStatus::Success),
-            other => panic!("unexpected: {other:?}"),
-        }
-    }
+    echo_once(&mut client, conn, b"still here");
     let failed: u64 =
         client_engine.metrics().iter().chain(&server.metrics()).map(|m| m.keepalive_failures).sum();
     assert_eq!(failed, 0);
