@@ -1,8 +1,9 @@
 //! A connection's receives are posted before the connection manager's exchange, so a peer
 //! that sends the moment its side is up never meets a receiver-not-ready NAK, however late
-//! the accepting worker hears of the connection. Here the accepting control core is slow (its
-//! placement rule sleeps 100 ms for each connection after the first, as a control core in an
-//! emulated guest is slow) while eight connections' peers send at once, with `rnr_retry = 0`
+//! the accepting worker hears of the connection. Here the accepting control core learns late
+//! that each connection is up (a soft plan's `cm_delay_us` on the listener: the connector's
+//! confirmation reaches it 50 ms after the connector's side is up, as a busy control core in an
+//! emulated guest is late to look) while eight connections' peers send at once, with `rnr_retry = 0`
 //! (the first NAK would fail the send and close the connection): every message arrives, in
 //! order, after its connection's `on_connected`, and the worker counts those that came before
 //! it knew of their connection (`Metrics::early_receives`). Before, the accepting worker posted
@@ -11,12 +12,11 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use corelink_config::{parse, MachineTopology};
-use corelink_engine::verbs::soft::Soft;
+use corelink_engine::verbs::soft::{faults, Soft};
 use corelink_engine::verbs::{chain, WcStatus};
 use corelink_engine::*;
 
@@ -97,18 +97,13 @@ fn map(listen: Option<&str>) -> corelink_config::Validated {
 }
 
 #[test]
-fn a_peer_that_sends_at_once_finds_receives_posted_while_the_control_core_is_slow() {
+fn a_peer_that_sends_at_once_finds_receives_posted_while_the_control_core_is_late() {
     let at: SocketAddr = "10.79.0.1:7000".parse().unwrap();
+    faults::plan_at(at, faults::FaultPlan { cm_delay_us: 50_000, ..Default::default() });
     let (tx, seen) = mpsc::channel();
-    let placed = AtomicU32::new(0);
-    let slow = Placement::Custom(Box::new(move |_: &[u8], _: &[usize]| {
-        if placed.fetch_add(1, Ordering::Relaxed) > 0 {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        0
-    }));
+    let listen = map(Some("10.79.0.1:7000"));
     let server =
-        Engine::<Soft>::start(&map(Some("10.79.0.1:7000")), slow, move |_| Watcher(tx.clone()))
+        Engine::<Soft>::start(&listen, Placement::RoundRobin, move |_| Watcher(tx.clone()))
             .unwrap();
     let (ftx, failures) = mpsc::channel();
     let client = Engine::<Soft>::start(&map(None), Placement::RoundRobin, move |_| Eager {

@@ -48,6 +48,10 @@ const LISTEN_SLICE: Duration = Duration::from_millis(1);
 /// second instead of 1000; any activity brings it back to 1 ms.
 const SLOWER_AFTER: u32 = 16;
 const MAX_SLICE_SHIFT: u32 = 3;
+/// Connection requests the control loop takes in one pass at most: a burst's requests are
+/// taken together (each pass costs a wait and a look at every object in progress), while the
+/// pass's other work (confirmations, workers' words) still comes between bursts.
+const ACCEPTS_PER_PASS: usize = 32;
 
 /// An application's placement rule: from the connector's private data (its part) and each
 /// worker's connection count, the worker to use.
@@ -214,7 +218,7 @@ impl<P: Provider> Control<P> {
     pub(crate) fn run(mut self) {
         loop {
             let mut busy = self.commands();
-            busy |= self.accept_one();
+            busy |= (0..ACCEPTS_PER_PASS).take_while(|_| self.accept_one()).count() > 0;
             busy |= self.incoming.confirming() > 0 && self.finish_accepts();
             busy |= self.worker_messages();
             busy |= self.finish_connects();
