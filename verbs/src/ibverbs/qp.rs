@@ -66,6 +66,14 @@ impl QpInner {
     }
 }
 
+/// The attributes a QP's move to INIT set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct InitAs {
+    pub(crate) port: u8,
+    pub(crate) pkey_index: u16,
+    pub(crate) access: u32,
+}
+
 /// A queue pair.
 ///
 /// It owns the scratch arrays of the data path: `max_send_wr` send requests and `max_recv_wr`
@@ -79,6 +87,9 @@ pub struct IbvQp {
     pub(crate) has_srq: bool,
     /// The state we last moved it to.
     pub(crate) state: QpState,
+    /// What its move to INIT set (port, P_Key index, access flags), while it is in INIT: a
+    /// connection manager's INIT that would set the same is skipped (`cm/qp_state.rs`).
+    pub(crate) init_as: Option<InitAs>,
     pub(crate) send_wrs: Vec<ibv_send_wr>,
     pub(crate) recv_wrs: Vec<ibv_recv_wr>,
 }
@@ -169,6 +180,7 @@ impl IbvQp {
             cap,
             has_srq: attr.srq.is_some(),
             state: QpState::Reset,
+            init_as: None,
             send_wrs,
             recv_wrs,
         })
@@ -192,6 +204,17 @@ impl IbvQp {
         if ret != 0 {
             return Err(self.modify_err(to, ret_err(ret)));
         }
+        use ibv_qp_attr_mask as M;
+        let all = (M::IBV_QP_PORT | M::IBV_QP_PKEY_INDEX | M::IBV_QP_ACCESS_FLAGS).0 as c_int;
+        self.init_as = match to {
+            QpState::Init if mask & all == all => Some(InitAs {
+                port: a.port_num,
+                pkey_index: a.pkey_index,
+                access: a.qp_access_flags,
+            }),
+            QpState::Init => self.init_as.filter(|_| self.state == QpState::Init),
+            _ => None,
+        };
         self.state = to;
         Ok(())
     }

@@ -22,6 +22,11 @@ pub(super) fn cm_modify(
     rd_atomic: u8,
 ) -> Result<()> {
     use ibv_qp_attr_mask as M;
+    let rc = qp.qp_type == QpType::Rc;
+    let access = if rc { attr.access } else { attr.access & AccessFlags::REMOTE_WRITE };
+    if to == QpState::Init && already_init(qp, id, access_to_ibv(access)) {
+        return Ok(()); // (two system calls fewer per connection: a pool's QP, on RoCE)
+    }
     // SAFETY: plain old data; all-zero is valid.
     let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
     a.qp_state = crate::ibverbs::convert::qp_state_to_ibv(to);
@@ -32,10 +37,8 @@ pub(super) fn cm_modify(
         return Err(qp.modify_err(to, last_err()));
     }
     let mut m = M(mask as u32);
-    let rc = qp.qp_type == QpType::Rc;
     match to {
         QpState::Init => {
-            let access = if rc { attr.access } else { attr.access & AccessFlags::REMOTE_WRITE };
             a.qp_access_flags = access_to_ibv(access);
             m |= M::IBV_QP_ACCESS_FLAGS;
         }
@@ -75,6 +78,16 @@ pub(super) fn cm_modify(
         m = M(m.0 & !not_uc);
     }
     qp.modify_raw(&mut a, m.0 as c_int, to)
+}
+
+/// Whether `qp` is in INIT with what `rdma_init_qp_attr` would give for `id` and `access`:
+/// its port, and on RoCE (Ethernet link layer) P_Key index 0, the index of the default P_Key
+/// that an Ethernet port's connection manager resolves every address to.
+fn already_init(qp: &IbvQp, id: &Id, access: u32) -> bool {
+    let port = id.port_num();
+    let roce = qp.inner.pd.ctx.link_layer(port).ok() == Some(LinkLayer::Ethernet);
+    let want = crate::ibverbs::qp::InitAs { port, pkey_index: 0, access };
+    roce && qp.state == QpState::Init && qp.init_as == Some(want)
 }
 
 /// The connection parameters we send.
