@@ -9,20 +9,34 @@
 #
 # Prints cmtime's own step table and connect_time's cold / warm milliseconds; compare them as
 # ratios from the same boot only (the guest is emulated).
+#
+# The guest has two vCPUs, and rxe's work (the connection manager's included) runs on them:
+# the server's control core is vCPU 0 and its worker vCPU 1, the client's the other way round
+# (as two hosts would, neither control core waits for the other's CPU; cmtime's two
+# processes are not pinned at all), and a worker with connections parks once idle 100 us
+# (`worker.park_after_us`) rather than spin on a vCPU the device needs. PARK_US=0 spins.
 set -u
 : "${CORELINK_IP:?run this inside tests/rxe-guest/run}"
 dir=${ENGINE_EXAMPLES:-${CARGO_TARGET_DIR:-target}/release/examples}
 ip=$CORELINK_IP
-map=$(mktemp --suffix .toml)
-cat > "$map" <<TOML
+# A core map: control core $1, worker $2.
+core_map() {
+  local map
+  map=$(mktemp --suffix .toml)
+  cat > "$map" <<TOML
 provider = "ibverbs"
 device = "${CORELINK_IBV_DEVICE:-rxe0}"
 gid_index = ${CORELINK_IBV_GID_INDEX:-0}
-control_core = 0
-workers = [1]
+control_core = $1
+workers = [$2]
 [worker]
 idle_after_us = 100
+park_after_us = ${PARK_US:-100}
 TOML
+  echo "$map"
+}
+server_map=$(core_map 0 1)
+client_map=$(core_map 1 0)
 echo "== cmtime, 1 connection"
 timeout 60 cmtime -b "$ip" -p 7501 > /tmp/cmtime-srv.log 2>&1 & srv=$!
 sleep 1
@@ -33,9 +47,9 @@ sleep 1
 timeout 120 cmtime -s "$ip" -p 7502 -c 100; wait $srv
 echo "== connect_time (20 one at a time, 100 at once)"
 log=$(mktemp)
-"$dir/connect_time" server "$ip:7503" --config "$map" --parallel 100 > "$log" 2>&1 & srv=$!
+"$dir/connect_time" server "$ip:7503" --config "$server_map" --parallel 100 > "$log" 2>&1 & srv=$!
 for _ in $(seq 100); do grep -q listening "$log" && break; sleep 0.1; done
-timeout 300 "$dir/connect_time" client "$ip:7503" --config "$map" --count 20 --parallel 100; rc=$?
+timeout 300 "$dir/connect_time" client "$ip:7503" --config "$client_map" --count 20 --parallel 100; rc=$?
 kill $srv 2>/dev/null; wait $srv 2>/dev/null
 sed 's/^/  server | /' "$log"
 exit $rc
