@@ -488,6 +488,18 @@ pub trait Connecting<P: Provider>: Send + Debug + Sized {
     /// else the connect back, still in progress. A rejected, unreachable or timed-out connect
     /// is an error.
     fn poll(self, qp: &mut P::Qp, timeout: Duration) -> Result<Progress<P, P::Connecting>>;
+    /// Takes the steps before the answer that need no QP, waiting up to `timeout` (zero: just
+    /// looks) for their events, while the QP is elsewhere (lent to a worker that posts its
+    /// receives: the peer cannot send before `poll` takes the last step, which needs it). The
+    /// QP must come back to `poll` as it was at [`Context::connect_start`]. An error ends the
+    /// connect as `poll`'s would; its deadline is `poll`'s to report. On `ibverbs`, a QP in
+    /// INIT as the connection manager would set it (a pool's, on RoCE) needs nothing until the
+    /// answer: address and route resolution and the connect go on; a provider whose steps all
+    /// need the QP (or that has none before the answer, as `soft`) takes none.
+    fn advance(self, timeout: Duration) -> Result<Self> {
+        let _ = timeout;
+        Ok(self)
+    }
     /// What a [`CmWaiter`] watches for its next step.
     fn watch(&self) -> Watch;
 }

@@ -98,9 +98,11 @@ struct Connecting<P: Provider> {
     origin: Origin,
     /// The worker's slot for it, once its QPs are primed (`None`: lent to the worker now).
     conn: Option<ConnId>,
-    /// By lane: its connect, started while its QP is with the worker (it is polled once the QP
-    /// is back: the peer cannot send before this side's last step, which needs the QP).
-    started: Vec<P::Connecting>,
+    /// By lane: its connect, started while its QP is with the worker, and taking the steps
+    /// that need no QP meanwhile (`Connecting::advance`; polled with its QP once the QP is
+    /// back: the peer cannot send before this side's last step, which needs the QP), or why
+    /// it failed meanwhile.
+    started: Vec<Result<P::Connecting, EngineError>>,
     /// QPs of lanes that failed, kept to go back to the worker to flush.
     back: Qps<P>,
     /// By lane index: the lanes that came up.
@@ -131,9 +133,12 @@ impl<P: Provider> Outgoing<P> {
         self.lanes.len()
     }
 
-    /// Adds what a waiter watches of each lane connecting.
+    /// Adds what a waiter watches of each lane connecting (with its QP, or while the QP is
+    /// being primed).
     pub(super) fn watch(&self, out: &mut Vec<Watch>) {
         out.extend(self.lanes.iter().map(|l| l.connecting.watch()));
+        let priming = self.groups.values().flat_map(|g| g.started.iter().flatten());
+        out.extend(priming.map(|c| c.watch()));
     }
 }
 
@@ -281,7 +286,7 @@ impl<P: Provider> Control<P> {
             }
             .to_bytes();
             match self.ctx.connect_start(addr, qp, &self.cfg.attr, &hdr, self.cfg.connect_timeout) {
-                Ok(c) => started.push(c),
+                Ok(c) => started.push(Ok(c)),
                 Err(e) => {
                     drop(started);
                     for qp in qps {
@@ -367,9 +372,33 @@ impl<P: Provider> Control<P> {
         let Some(g) = self.outgoing.groups.get_mut(&id) else { return };
         g.conn = conn;
         let started = std::mem::take(&mut g.started);
-        // Each lane's next step at once (an event that came meanwhile was not watched for).
+        // Each lane's next step at once (with its QP back, the connect may go on).
         for (lane, (connecting, qp)) in started.into_iter().zip(qps).enumerate() {
-            self.step_connect(LaneConnecting { conn: id, lane, qp, connecting });
+            match connecting {
+                Ok(connecting) => {
+                    self.step_connect(LaneConnecting { conn: id, lane, qp, connecting });
+                }
+                Err(e) => {
+                    self.lane_connected(id, lane, qp, Err(e));
+                    self.finish_connect(id);
+                }
+            }
+        }
+    }
+
+    /// Takes the steps that need no QP of the lanes whose QPs are being primed (without
+    /// waiting): address and route resolution and the connect go on meanwhile.
+    pub(super) fn advance_priming(&mut self) {
+        let (waiter, targeted) = (&self.waiter, self.targeted);
+        for g in self.outgoing.groups.values_mut().filter(|g| !g.started.is_empty()) {
+            for lane in g.started.iter_mut() {
+                let Ok(c) = lane else { continue };
+                if targeted && !waiter.ready(c.watch()) {
+                    continue;
+                }
+                let taken = std::mem::replace(lane, Err(EngineError::ShuttingDown));
+                *lane = taken.and_then(|c| c.advance(Duration::ZERO).map_err(describe));
+            }
         }
     }
 

@@ -222,6 +222,7 @@ impl<P: Provider> Control<P> {
             busy |= self.incoming.confirming() > 0 && self.finish_accepts();
             busy |= self.worker_messages();
             busy |= self.finish_connects();
+            self.advance_priming();
             self.idle = if busy { 0 } else { self.idle.saturating_add(1) };
             self.watch_events();
             self.expire_incoming();

@@ -1,6 +1,8 @@
 //! The active side, a step per event of the connect's id (polled, never waited on
 //! by the caller): resolving the address and route, `rdma_connect`, and on CONNECT_RESPONSE
-//! the QP's move to RTR and RTS and `rdma_establish`.
+//! the QP's move to RTR and RTS and `rdma_establish`. Up to the answer the steps need no QP
+//! when it was in INIT at the start as the connection manager would set it
+//! (`Connecting::advance`): a control core lets them go on while a worker posts its receives.
 
 use std::net::SocketAddr;
 use std::os::raw::c_int;
@@ -11,7 +13,7 @@ use rdma_sys::rdma_cm_event_type as Ev;
 
 use super::channel::{Binding, Event};
 use super::connection::IbvConnection;
-use super::qp_state::{cm_modify, conn_param};
+use super::qp_state::{cm_modify, conn_param, QpFacts};
 use super::{
     check_cm_ctx, check_device, check_qp, cm_err, ctx_name, deadline, other,
     MAX_CONNECT_PRIVATE_DATA, REJ_CONSUMER_DEFINED,
@@ -48,11 +50,13 @@ fn classify(ev: Event, want: u32, op: &'static str, addr: SocketAddr) -> Result<
     }
 }
 
-/// Where a connect is: waiting for the address, the route, or the accepter's answer.
+/// Where a connect is: waiting for the address, the route, its QP (to send the connect
+/// with), or the accepter's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {
     Addr,
     Route,
+    Connect,
     Answer,
 }
 
@@ -63,6 +67,8 @@ pub struct IbvConnecting {
     addr: SocketAddr,
     attr: QpAttr,
     private_data: Vec<u8>,
+    /// Its QP, as it was at the start.
+    qp: QpFacts,
     step: Step,
     deadline: Option<Instant>,
 }
@@ -85,8 +91,9 @@ impl IbvConnecting {
         }
     }
 
-    /// The step after `ev` (the event the address or route step waited for).
-    fn advance(&mut self, qp: &mut IbvQp, ev: Event) -> Result<()> {
+    /// The step after `ev` (the event the address or route step waited for); `qp` is the
+    /// connect's QP when the caller has it.
+    fn step(&mut self, qp: Option<&mut IbvQp>, ev: Event) -> Result<()> {
         let addr = self.addr;
         match self.step {
             Step::Addr => {
@@ -112,21 +119,32 @@ impl IbvConnecting {
             }
             Step::Route => {
                 drop(ev);
-                let attr = self.attr;
-                cm_modify(qp, self.cm.id(), QpState::Init, &attr, 0)?;
-                let resp_res = attr.max_dest_rd_atomic.min(self.ctx.max_qp_rd_atom);
-                let init_depth = attr.max_rd_atomic.min(self.ctx.max_qp_init_rd_atom);
-                let mut param = conn_param(qp, &attr, &self.private_data, resp_res, init_depth);
-                // SAFETY: a live id with a resolved route; `param` and its data outlive the
-                // call.
-                if unsafe { rdma_sys::rdma_connect(self.cm.id().0, &mut param) } != 0 {
-                    return Err(Error::Cm { op: "rdma_connect", addr, source: last_err() });
-                }
-                self.step = Step::Answer;
-                Ok(())
+                self.step = Step::Connect;
+                self.connect(qp)
             }
-            Step::Answer => Ok(()), // (`answered` takes that one)
+            Step::Connect | Step::Answer => Ok(()), // (`connect` and `answered` take those)
         }
+    }
+
+    /// The route is resolved: the QP to INIT and `rdma_connect`, when that needs no QP or
+    /// `qp` is here (else the step waits for it).
+    fn connect(&mut self, qp: Option<&mut IbvQp>) -> Result<()> {
+        let (addr, attr) = (self.addr, self.attr);
+        let ready = self.qp.already_init(&self.ctx, self.cm.id(), &attr);
+        match qp {
+            Some(qp) => cm_modify(qp, self.cm.id(), QpState::Init, &attr, 0)?,
+            None if ready => {}
+            None => return Ok(()),
+        }
+        let resp_res = attr.max_dest_rd_atomic.min(self.ctx.max_qp_rd_atom);
+        let init_depth = attr.max_rd_atomic.min(self.ctx.max_qp_init_rd_atom);
+        let mut param = conn_param(&self.qp, &attr, &self.private_data, resp_res, init_depth);
+        // SAFETY: a live id with a resolved route; `param` and its data outlive the call.
+        if unsafe { rdma_sys::rdma_connect(self.cm.id().0, &mut param) } != 0 {
+            return Err(Error::Cm { op: "rdma_connect", addr, source: last_err() });
+        }
+        self.step = Step::Answer;
+        Ok(())
     }
 
     /// The accepter's answer `ev` came: the QP to RTR and RTS, the RTU, the connection.
@@ -173,12 +191,20 @@ impl IbvConnecting {
         }
     }
 
+    /// Until when a poll of `timeout` may wait: then, or the connect's deadline if sooner.
+    fn until(&self, timeout: Duration) -> Option<Instant> {
+        match (Instant::now().checked_add(timeout), self.deadline) {
+            (Some(u), Some(d)) => Some(u.min(d)),
+            (u, d) => u.or(d),
+        }
+    }
+
     /// What the current step waits for, and its name for messages.
     fn want(&self) -> (u32, &'static str) {
         match self.step {
             Step::Addr => (Ev::RDMA_CM_EVENT_ADDR_RESOLVED, "rdma_resolve_addr"),
             Step::Route => (Ev::RDMA_CM_EVENT_ROUTE_RESOLVED, "rdma_resolve_route"),
-            Step::Answer => (Ev::RDMA_CM_EVENT_CONNECT_RESPONSE, "rdma_connect"),
+            Step::Connect | Step::Answer => (Ev::RDMA_CM_EVENT_CONNECT_RESPONSE, "rdma_connect"),
         }
     }
 }
@@ -189,11 +215,10 @@ impl crate::provider::Connecting<Ibverbs> for IbvConnecting {
     }
 
     fn poll(mut self, qp: &mut IbvQp, timeout: Duration) -> Result<Progress<Ibverbs, Self>> {
-        let until = Instant::now().checked_add(timeout);
-        let until = match (until, self.deadline) {
-            (Some(u), Some(d)) => Some(u.min(d)),
-            (u, d) => u.or(d),
-        };
+        let until = self.until(timeout);
+        if self.step == Step::Connect {
+            self.connect(Some(qp))?;
+        }
         loop {
             let (want, op) = self.want();
             let addr = self.addr;
@@ -207,8 +232,23 @@ impl crate::provider::Connecting<Ibverbs> for IbvConnecting {
             if self.step == Step::Answer {
                 return self.answered(qp, ev).map(Progress::Ready);
             }
-            self.advance(qp, ev)?;
+            self.step(Some(qp), ev)?;
         }
+    }
+
+    fn advance(mut self, timeout: Duration) -> Result<Self> {
+        let until = self.until(timeout);
+        while matches!(self.step, Step::Addr | Step::Route) {
+            let (want, op) = self.want();
+            let addr = self.addr;
+            let Some(ev) = self.cm.next(until).map_err(cm_err("rdma_get_cm_event", addr))? else {
+                break; // (its deadline is `poll`'s to report)
+            };
+            if let Some(ev) = classify(ev, want, op, addr)? {
+                self.step(None, ev)?;
+            }
+        }
+        Ok(self)
     }
 }
 
@@ -238,6 +278,7 @@ pub(crate) fn connect_start(
         addr,
         attr: *attr,
         private_data: private_data.to_vec(),
+        qp: QpFacts::of(qp),
         step: Step::Addr,
         deadline: deadline(timeout),
     };

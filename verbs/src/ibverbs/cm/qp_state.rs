@@ -7,8 +7,9 @@ use rdma_sys::{ibv_qp_attr, ibv_qp_attr_mask, rdma_conn_param};
 
 use super::channel::Id;
 use crate::error::Result;
+use crate::ibverbs::context::CtxInner;
 use crate::ibverbs::convert::{access_to_ibv, last_err};
-use crate::ibverbs::qp::IbvQp;
+use crate::ibverbs::qp::{IbvQp, InitAs};
 use crate::types::{AccessFlags, LinkLayer, QpAttr, QpState, QpType};
 
 /// Moves `qp` to `to` with `rdma_init_qp_attr`'s attributes for `id`, plus local policy from
@@ -23,8 +24,8 @@ pub(super) fn cm_modify(
 ) -> Result<()> {
     use ibv_qp_attr_mask as M;
     let rc = qp.qp_type == QpType::Rc;
-    let access = if rc { attr.access } else { attr.access & AccessFlags::REMOTE_WRITE };
-    if to == QpState::Init && already_init(qp, id, access_to_ibv(access)) {
+    let access = cm_access(qp.qp_type, attr);
+    if to == QpState::Init && QpFacts::of(qp).already_init(&qp.inner.pd.ctx, id, attr) {
         return Ok(()); // (two system calls fewer per connection: a pool's QP, on RoCE)
     }
     // SAFETY: plain old data; all-zero is valid.
@@ -39,7 +40,7 @@ pub(super) fn cm_modify(
     let mut m = M(mask as u32);
     match to {
         QpState::Init => {
-            a.qp_access_flags = access_to_ibv(access);
+            a.qp_access_flags = access;
             m |= M::IBV_QP_ACCESS_FLAGS;
         }
         QpState::Rtr => {
@@ -80,19 +81,47 @@ pub(super) fn cm_modify(
     qp.modify_raw(&mut a, m.0 as c_int, to)
 }
 
-/// Whether `qp` is in INIT with what `rdma_init_qp_attr` would give for `id` and `access`:
-/// its port, and on RoCE (Ethernet link layer) P_Key index 0, the index of the default P_Key
-/// that an Ethernet port's connection manager resolves every address to.
-fn already_init(qp: &IbvQp, id: &Id, access: u32) -> bool {
-    let port = id.port_num();
-    let roce = qp.inner.pd.ctx.link_layer(port).ok() == Some(LinkLayer::Ethernet);
-    let want = crate::ibverbs::qp::InitAs { port, pkey_index: 0, access };
-    roce && qp.state == QpState::Init && qp.init_as == Some(want)
+/// The access flags a connection manager's move to INIT sets for a QP of type `t`.
+fn cm_access(t: QpType, attr: &QpAttr) -> u32 {
+    let rc = t == QpType::Rc;
+    access_to_ibv(if rc { attr.access } else { attr.access & AccessFlags::REMOTE_WRITE })
+}
+
+/// What a connect needs of its QP besides moving it: taken when the connect starts, so that
+/// its steps up to the answer can go on while the QP is elsewhere (lent to post receives).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct QpFacts {
+    pub(super) qp_num: u32,
+    qp_type: QpType,
+    has_srq: bool,
+    /// What its move to INIT set, while it is in INIT.
+    init_as: Option<InitAs>,
+}
+
+impl QpFacts {
+    pub(super) fn of(qp: &IbvQp) -> QpFacts {
+        QpFacts {
+            qp_num: qp.qp_num,
+            qp_type: qp.qp_type,
+            has_srq: qp.has_srq,
+            init_as: qp.init_as.filter(|_| qp.state == QpState::Init),
+        }
+    }
+
+    /// Whether the QP is in INIT with what `rdma_init_qp_attr` would give for `id` and
+    /// `attr`: its port, and on RoCE (Ethernet link layer) P_Key index 0, the index of the
+    /// default P_Key that an Ethernet port's connection manager resolves every address to.
+    pub(super) fn already_init(&self, ctx: &CtxInner, id: &Id, attr: &QpAttr) -> bool {
+        let port = id.port_num();
+        let roce = ctx.link_layer(port).ok() == Some(LinkLayer::Ethernet);
+        let want = InitAs { port, pkey_index: 0, access: cm_access(self.qp_type, attr) };
+        roce && self.init_as == Some(want)
+    }
 }
 
 /// The connection parameters we send.
 pub(super) fn conn_param(
-    qp: &IbvQp,
+    qp: &QpFacts,
     attr: &QpAttr,
     private_data: &[u8],
     responder_resources: u8,

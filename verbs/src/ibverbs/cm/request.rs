@@ -7,7 +7,7 @@ use rdma_sys::{rdma_cm_event_type as Ev, rdma_cm_id};
 
 use super::channel::Binding;
 use super::connection::IbvConnection;
-use super::qp_state::{cm_modify, conn_param};
+use super::qp_state::{cm_modify, conn_param, QpFacts};
 use super::{check_qp, cm_err, ctx_name, MAX_ACCEPT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA};
 use crate::error::{Error, Result};
 use crate::ibverbs::convert::last_err;
@@ -151,7 +151,7 @@ impl ConnRequest<Ibverbs> for IbvConnRequest {
         cm_modify(qp, self.cm.id(), QpState::Init, attr, 0)?;
         cm_modify(qp, self.cm.id(), QpState::Rtr, attr, resp_res)?;
         cm_modify(qp, self.cm.id(), QpState::Rts, attr, init_depth)?;
-        let mut param = conn_param(qp, attr, private_data, resp_res, init_depth);
+        let mut param = conn_param(&QpFacts::of(qp), attr, private_data, resp_res, init_depth);
         // SAFETY: a live id; `param` (and the private data it points to) outlive the call.
         if unsafe { rdma_sys::rdma_accept(self.cm.id().0, &mut param) } != 0 {
             let e = last_err();
