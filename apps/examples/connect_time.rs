@@ -17,6 +17,7 @@
 //! ratios. Each line gives the first (cold) time and the median of the rest (warm) in
 //! milliseconds. The server accepts plain rdma_cm peers (`accept_foreign = true`) so that the
 //! verbs connects land on the same listener.
+//! The client's measuring thread runs on its core map's control core (`client` only).
 //! Exit status: 0 when every connect succeeded, 1 otherwise, 2 on bad usage.
 
 use std::net::SocketAddr;
@@ -317,6 +318,15 @@ fn run<P: Provider>(cli: &Cli) -> Result<(), String> {
                 (None, cli.addr.ok_or("client: ADDR is missing")?)
             };
             let map = core_map(cli, None, conns)?;
+            // The measuring thread (an application thread) on the control core's CPU, off the
+            // worker's: a thread woken onto the CPU of a worker that is still polling waits
+            // for that worker to park (on the guest's two vCPUs, a few hundred microseconds).
+            // (not in `both`, where both engines' control cores share that CPU)
+            let control = map.map.control_core;
+            let pin = || core_affinity::set_for_current(core_affinity::CoreId { id: control });
+            if role == "client" && !pin() {
+                eprintln!("connect_time: could not pin to core {}", map.map.control_core);
+            }
             let device = match &map.device {
                 Some(d) => d.clone(),
                 None => P::devices()
