@@ -2,13 +2,13 @@
 //! that sends the moment its side is up never meets a receiver-not-ready NAK, however late
 //! the accepting worker hears of the connection. Here the accepting control core learns late
 //! that each connection is up (a soft plan's `cm_delay_us` on the listener: the connector's
-//! confirmation reaches it 50 ms after the connector's side is up, as a busy control core in an
-//! emulated guest is late to look) while eight connections' peers send at once, with `rnr_retry = 0`
-//! (the first NAK would fail the send and close the connection): every message arrives, in
-//! order, after its connection's `on_connected`, and the worker counts those that came before
-//! it knew of their connection (`Metrics::early_receives`). Before, the accepting worker posted
-//! a connection's receives when it took the connection over: this test's sends failed with
-//! `IBV_WC_RNR_RETRY_EXC_ERR`.
+//! confirmation reaches it 50 ms after the connector's side is up, as a busy control core in
+//! an emulated guest is late to look) while eight connections' peers send at once, with
+//! `rnr_retry = 0` (the first NAK would fail the send and close the connection): every message
+//! arrives, in order, after its connection's `on_connected`, and the worker counts those that
+//! came before it knew of their connection (`Metrics::early_receives`). Before, the accepting
+//! worker posted a connection's receives when it took the connection over: this test's sends
+//! failed with `IBV_WC_RNR_RETRY_EXC_ERR`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
