@@ -339,7 +339,8 @@ impl Client {
             return Err((r, EngineError::ShuttingDown));
         }
         self.submit.push(r).map_err(|r| (r, EngineError::RingFull("client submission")))?;
-        self.thread.unpark(); // in case the worker parked (idle: `worker.idle_after_us`, `park_after_us`)
+        // In case the worker parked (idle: `worker.idle_after_us`, `worker.park_after_us`).
+        self.thread.unpark();
         Ok(())
     }
 

@@ -391,14 +391,16 @@ impl<P: Provider> Control<P> {
     pub(super) fn advance_priming(&mut self) {
         let (waiter, targeted) = (&self.waiter, self.targeted);
         for g in self.outgoing.groups.values_mut().filter(|g| !g.started.is_empty()) {
-            for lane in g.started.iter_mut() {
-                let Ok(c) = lane else { continue };
-                if targeted && !waiter.ready(c.watch()) {
-                    continue;
-                }
-                let taken = std::mem::replace(lane, Err(EngineError::ShuttingDown));
-                *lane = taken.and_then(|c| c.advance(Duration::ZERO).map_err(describe));
-            }
+            // (collected in place: the same type)
+            g.started = std::mem::take(&mut g.started)
+                .into_iter()
+                .map(|lane| match lane {
+                    Ok(c) if !targeted || waiter.ready(c.watch()) => {
+                        c.advance(Duration::ZERO).map_err(describe)
+                    }
+                    other => other,
+                })
+                .collect();
         }
     }
 

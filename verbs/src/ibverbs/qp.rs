@@ -207,12 +207,12 @@ impl IbvQp {
         use ibv_qp_attr_mask as M;
         let all = (M::IBV_QP_PORT | M::IBV_QP_PKEY_INDEX | M::IBV_QP_ACCESS_FLAGS).0 as c_int;
         self.init_as = match to {
+            // (a move that sets only some of them leaves them unknown)
             QpState::Init if mask & all == all => Some(InitAs {
                 port: a.port_num,
                 pkey_index: a.pkey_index,
                 access: a.qp_access_flags,
             }),
-            QpState::Init => self.init_as.filter(|_| self.state == QpState::Init),
             _ => None,
         };
         self.state = to;

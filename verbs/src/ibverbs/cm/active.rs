@@ -130,10 +130,9 @@ impl IbvConnecting {
     /// `qp` is here (else the step waits for it).
     fn connect(&mut self, qp: Option<&mut IbvQp>) -> Result<()> {
         let (addr, attr) = (self.addr, self.attr);
-        let ready = self.qp.already_init(&self.ctx, self.cm.id(), &attr);
         match qp {
             Some(qp) => cm_modify(qp, self.cm.id(), QpState::Init, &attr, 0)?,
-            None if ready => {}
+            None if self.qp.already_init(&self.ctx, self.cm.id(), &attr) => {}
             None => return Ok(()),
         }
         let resp_res = attr.max_dest_rd_atomic.min(self.ctx.max_qp_rd_atom);

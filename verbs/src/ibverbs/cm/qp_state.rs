@@ -100,12 +100,7 @@ pub(super) struct QpFacts {
 
 impl QpFacts {
     pub(super) fn of(qp: &IbvQp) -> QpFacts {
-        QpFacts {
-            qp_num: qp.qp_num,
-            qp_type: qp.qp_type,
-            has_srq: qp.has_srq,
-            init_as: qp.init_as.filter(|_| qp.state == QpState::Init),
-        }
+        QpFacts { qp_num: qp.qp_num, qp_type: qp.qp_type, has_srq: qp.has_srq, init_as: qp.init_as }
     }
 
     /// Whether the QP is in INIT with what `rdma_init_qp_attr` would give for `id` and
