@@ -101,8 +101,9 @@ pub enum RpcError {
         /// Payload bytes.
         len: usize,
     },
-    /// Every slot for large messages is out (`EndpointConfig::large_slots`): the call was not
-    /// made.
+    /// Every slot for large messages is out (`EndpointConfig::large_slots`): a handler's
+    /// large response could not take one ([`crate::Response::alloc`]; its client hears
+    /// [`RpcError::PeerBusy`]). A large call waits for a slot instead.
     #[error("all {slots} slots for large messages are out (EndpointConfig::large_slots)")]
     LargeSlotsBusy {
         /// Slots.

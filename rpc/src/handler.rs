@@ -117,6 +117,7 @@ impl<P: Provider, S: Service<P>> Handler<P> for RpcHandler<P, S> {
 
     fn poll(&mut self, cx: &mut Cx<P>) {
         self.endpoint.expire(cx);
+        self.endpoint.slot_freed(cx);
         if self.endpoint.any_ended() {
             for (session, reason) in self.endpoint.take_ended() {
                 let event = Some((session, SessionEvent::Closed));

@@ -56,6 +56,11 @@ impl<P: Provider> Arena<P> {
         self.mem.len() / self.size.max(1)
     }
 
+    /// Whether a slot is free.
+    pub(crate) fn has_free(&self) -> bool {
+        !self.free.borrow().is_empty()
+    }
+
     /// A free slot, if one is.
     pub(crate) fn take(&self) -> Option<ArenaSlot> {
         let index = self.free.borrow_mut().pop()?;

@@ -88,16 +88,23 @@
 //! the sender's memory is exposed for reads only. A large request holds its slot until its
 //! response comes; a large response until the client's next request on that slot
 //! acknowledges it (a client reuses its most recently freed slot first, so that comes soon
-//! when it keeps calling). A large call with every slot out is refused
-//! ([`RpcError::LargeSlotsBusy`]); beyond `large_max`, or with large messages off, a call is
-//! refused with [`RpcError::TooLarge`], and a response is answered with it.
+//! when it keeps calling). A large call made with every slot out waits (its payload kept in
+//! a vector, [`RpcMetrics::slot_waits`]) until a slot is back, and the calls made after it on
+//! its session wait behind it; a handler's large response with every slot out is answered
+//! [`RpcError::PeerBusy`] ([`Response::alloc`] says [`RpcError::LargeSlotsBusy`]). Beyond
+//! `large_max`, or with large messages off, a call is refused with [`RpcError::TooLarge`],
+//! and a response is answered with it.
+//!
+//! A session's requests run in the order they were made, large or small: while a large
+//! request's payload is read, the requests after it on its session wait (a small one's
+//! payload copied out of its receive, [`RpcMetrics::held`]) and run after its handler. Should
+//! the connection go first, none of them ran, and each runs when its client sends it again.
 //!
 //! Limits of this first version: the whole arena is granted to every session's peer (the
 //! engine's grant is a registration of its own; one per message would cost a registration
 //! each), so a peer could read other sessions' large payloads while they are there; and a
 //! large call takes its slot when it is made (its payload is copied in then), so calls
-//! waiting for a credit hold slots too, and one made with every slot out is refused rather
-//! than waiting.
+//! waiting for a credit hold slots too.
 //!
 //! # A service's own requests, and why sessions end
 //! A session is an engine connection: [`Rpc::conn`] names it (what `Cx::grant` exposes memory
@@ -167,11 +174,6 @@
 //! - From other threads: [`Handle::group`], [`Handle::add_member`],
 //!   [`Handle::remove_member`], [`Handle::call_group`] and [`Handle::call_group_async`] do the
 //!   same on the handle's worker.
-//!
-//! Not yet (issue 12): large calls that wait for an arena slot instead of being refused
-//! ([`RpcError::LargeSlotsBusy`]); per-session order kept across large requests (a large
-//! request's payload is read before its handler runs, so a small request made after it may
-//! run first).
 //!
 //! # Examples
 //!

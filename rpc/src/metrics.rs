@@ -7,6 +7,9 @@ pub struct RpcMetrics {
     pub calls: u64,
     /// Calls that waited in the endpoint for a credit (backpressure) before they went.
     pub waited: u64,
+    /// Large calls made while every slot of the arena was out: they waited (in `waited`
+    /// too) until a slot was free.
+    pub slot_waits: u64,
     /// Calls merged with an identical one in flight (`Endpoint::set_mergeable`): not sent,
     /// ended with that one's outcome.
     pub merged: u64,
@@ -23,6 +26,9 @@ pub struct RpcMetrics {
     pub timeouts: u64,
     /// Requests whose handler ran.
     pub handled: u64,
+    /// Requests held back to keep their session's order: they came while a large request
+    /// before them on the session was still being read, and ran after it.
+    pub held: u64,
     /// Requests seen again (same slot and sequence number), answered from the stored response
     /// without running the handler.
     pub duplicates: u64,

@@ -150,9 +150,21 @@ fn large_requests_and_responses_arrive_byte_for_byte() {
 }
 
 #[test]
-fn large_slots_are_refused_when_all_are_out_and_come_back() {
+fn a_large_call_waiting_for_a_slot_times_out_once() {
+    let (Some(hole), Some(client)) = (site(7141), site(7142)) else { return };
+    large::a_large_call_waiting_for_a_slot_times_out_once::<Ibverbs>(&hole, &client);
+}
+
+#[test]
+fn requests_run_in_session_order_across_large_ones() {
+    let Some(s) = site(7140) else { return };
+    large::requests_run_in_session_order_across_large_ones::<Ibverbs>(&s);
+}
+
+#[test]
+fn a_large_call_waits_for_an_arena_slot_when_all_are_out() {
     let (Some(server), Some(client)) = (site(7117), site(7118)) else { return };
-    large::large_slots_are_refused_when_all_are_out_and_come_back::<Ibverbs>(&server, &client);
+    large::a_large_call_waits_for_an_arena_slot_when_all_are_out::<Ibverbs>(&server, &client);
 }
 
 #[test]

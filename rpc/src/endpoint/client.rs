@@ -18,11 +18,27 @@ use crate::ids::{CallId, ReqType, SessionId};
 use crate::large::ArenaSlot;
 use crate::wire::{self, Descriptor, Header, Kind, Status, DESCRIPTOR, HEADER};
 
+/// Why [`Endpoint::request_buffer`] made no request ready to go.
+enum NotMade<P: Provider> {
+    /// The call is refused.
+    Refused(RpcError),
+    /// A large call while every arena slot is out: its header's buffer, and its payload in a
+    /// vector until a slot is free (the call waits for one).
+    NoSlot(Buf<P>, Box<[u8]>),
+}
+
+impl<P: Provider> From<RpcError> for NotMade<P> {
+    fn from(e: RpcError) -> Self {
+        NotMade::Refused(e)
+    }
+}
+
 impl<P: Provider> Endpoint<P> {
     /// A call whose request payload is `len` bytes, written in place by `fill` (into the
     /// registered request buffer, or a large request's arena slot): the raw path copies the
     /// caller's bytes in, the typed path serializes straight into it. Refused: the error and
     /// `then`, unrun.
+    #[inline(always)]
     pub(crate) fn call_with(
         &mut self,
         cx: &mut Cx<P>,
@@ -108,19 +124,12 @@ impl<P: Provider> Endpoint<P> {
         let Ask { session, ty, len, timeout } = ask;
         let (mut buf, arena, large) = match self.request_buffer(cx, session, len, fill) {
             Ok(b) => b,
-            Err(e) => return Err((e, then)),
+            Err(NotMade::Refused(e)) => return Err((e, then)),
+            Err(NotMade::NoSlot(buf, bytes)) => {
+                return self.call_without_slot(cx, ask, buf, bytes, then);
+            }
         };
-        let header = Header {
-            kind: Kind::Request,
-            ty,
-            slot: 0,
-            session,
-            seq: 1,
-            len: if large { DESCRIPTOR as u32 } else { len as u32 },
-            status: Status::Ok,
-            large,
-            resent: false,
-        };
+        let header = request_header(session, ty, len, large);
         let len = len as u32;
         // A small call on an open session with a credit free and none waiting (most calls)
         // takes its slot now and goes: no second look at the call or the session.
@@ -138,7 +147,7 @@ impl<P: Provider> Endpoint<P> {
                 group: None,
                 slot: Some(slot),
                 request: None,
-                arena,
+                arena: None,
                 len,
                 then,
             };
@@ -167,11 +176,57 @@ impl<P: Provider> Endpoint<P> {
         header.write_to(buf.as_mut_slice());
         let call =
             Call { session, ty, group: None, slot: None, request: Some(buf), arena, len, then };
+        self.call_later(cx, call, None, timeout)
+    }
+
+    /// A large call made while every arena slot is out: its payload waits in `bytes`, and
+    /// the call in its session's queue, until a slot is free.
+    #[cold]
+    #[inline(never)]
+    fn call_without_slot(
+        &mut self,
+        cx: &mut Cx<P>,
+        ask: Ask,
+        mut buf: Buf<P>,
+        bytes: Box<[u8]>,
+        then: Continuation<P>,
+    ) -> Result<CallId, (RpcError, Continuation<P>)> {
+        let Ask { session, ty, len, timeout } = ask;
+        request_header(session, ty, len, true).write_to(buf.as_mut_slice());
+        let (request, len) = (Some(buf), len as u32);
+        let call = Call { session, ty, group: None, slot: None, request, arena: None, len, then };
+        self.call_later(cx, call, Some(bytes), timeout)
+    }
+
+    /// A call that does not go at once (no credit free, others waiting, the session not open
+    /// yet, or a large one): made, and sent now if it can go after all, else queued; one
+    /// whose payload waits for an arena slot (`unslotted`) is queued behind the others.
+    #[inline(never)]
+    fn call_later(
+        &mut self,
+        cx: &mut Cx<P>,
+        call: Call<P>,
+        unslotted: Option<Box<[u8]>>,
+        timeout: Duration,
+    ) -> Result<CallId, (RpcError, Continuation<P>)> {
+        let session = call.session;
         let id = self.insert_call(call)?;
         self.metrics.calls += 1;
         self.push_deadline(cx, id, timeout);
+        let waits_for_slot = unslotted.is_some();
+        if let Some(bytes) = unslotted {
+            self.unslotted.push((id, bytes));
+        }
         let Some(s) = self.session_mut(session) else { return Ok(id) };
-        if s.phase == Phase::Open && s.waiting.is_empty() && !s.free_slots.is_empty() {
+        if waits_for_slot {
+            // (after the session's waiting calls; it goes once a slot is free, and the calls
+            // made after it wait behind it)
+            s.waiting.push_back(id);
+            s.queued += 1;
+            self.metrics.waited += 1;
+            self.metrics.slot_waits += 1;
+            self.dispatch_waiting(cx, session);
+        } else if s.phase == Phase::Open && s.waiting.is_empty() && !s.free_slots.is_empty() {
             self.send_call(cx, session, id);
         } else {
             s.waiting.push_back(id);
@@ -183,21 +238,21 @@ impl<P: Provider> Endpoint<P> {
 
     /// The registered buffer of a request of `len` payload bytes on `session`, its payload
     /// written by `fill` (a large one's into an arena slot, the buffer left for its
-    /// descriptor), and whether it is large.
-    #[allow(clippy::type_complexity)]
+    /// descriptor; with every slot out, into a vector it keeps until one is free), and
+    /// whether it is large.
     fn request_buffer(
         &mut self,
         cx: &mut Cx<P>,
         session: SessionId,
         len: usize,
         fill: impl FnOnce(&mut [u8]),
-    ) -> Result<(Buf<P>, Option<ArenaSlot>, bool)> {
+    ) -> std::result::Result<(Buf<P>, Option<ArenaSlot>, bool), NotMade<P>> {
         let s = self.session(session).ok_or(RpcError::NoSuchSession(session))?;
         if !s.served.is_empty() {
-            return Err(RpcError::NoSuchSession(session));
+            return Err(RpcError::NoSuchSession(session).into());
         }
         if s.phase == Phase::Closing {
-            return Err(RpcError::SessionClosed);
+            return Err(RpcError::SessionClosed.into());
         }
         // While connecting, the peer's receive is taken to be this worker's (the engine
         // refuses the send if it is smaller).
@@ -207,26 +262,62 @@ impl<P: Provider> Endpoint<P> {
         };
         let large = len > small;
         if large && len > self.cfg.large_max {
-            return Err(RpcError::TooLarge { len, max: small.max(self.cfg.large_max) });
+            return Err(RpcError::TooLarge { len, max: small.max(self.cfg.large_max) }.into());
         }
         if self.live_calls >= self.cfg.max_calls as usize {
-            return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize });
+            return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize }.into());
         }
-        let (buf, arena) = if large {
-            self.ensure_arena(cx)?;
-            let Some(arena) = &self.arena else {
-                return Err(RpcError::NoLargeBuffers { len });
-            };
-            let mut slot = arena.take().ok_or(RpcError::LargeSlotsBusy { slots: arena.slots() })?;
-            let buf = cx.alloc(HEADER + DESCRIPTOR)?;
-            fill(arena.bytes_mut(&mut slot, len));
-            (buf, Some(slot))
-        } else {
-            let mut buf = cx.alloc(HEADER + len)?;
+        if !large {
+            let mut buf = cx.alloc(HEADER + len).map_err(RpcError::from)?;
             fill(&mut buf.as_mut_slice()[HEADER..]);
-            (buf, None)
+            return Ok((buf, None, false));
+        }
+        self.ensure_arena(cx)?;
+        let Some(arena) = &self.arena else {
+            return Err(RpcError::NoLargeBuffers { len }.into());
         };
-        Ok((buf, arena, large))
+        let buf = cx.alloc(HEADER + DESCRIPTOR).map_err(RpcError::from)?;
+        let Some(mut slot) = arena.take() else {
+            let mut bytes = vec![0; len];
+            fill(&mut bytes);
+            return Err(NotMade::NoSlot(buf, bytes.into_boxed_slice()));
+        };
+        fill(arena.bytes_mut(&mut slot, len));
+        Ok((buf, Some(slot), true))
+    }
+
+    /// Gives call `id` (waiting at the head of its session's queue) an arena slot for its
+    /// large payload, if it waits for one: false when none is free (it stays waiting).
+    fn slot_for(&mut self, id: CallId) -> bool {
+        let Some(at) = self.unslotted.iter().position(|(c, _)| *c == id) else { return true };
+        let Endpoint { calls, arena, unslotted, .. } = self;
+        let Some(c) = calls.get_mut(id.index()).and_then(|e| e.call.as_mut()) else { return true };
+        let Some((arena, mut slot)) = arena.as_ref().and_then(|a| Some((a, a.take()?))) else {
+            return false;
+        };
+        let (_, bytes) = unslotted.swap_remove(at);
+        arena.bytes_mut(&mut slot, bytes.len()).copy_from_slice(&bytes);
+        c.arena = Some(slot);
+        true
+    }
+
+    /// An arena slot may have come back: the sessions whose next call waits for one send
+    /// what they can (each pass; nothing to do unless one waits and a slot is free).
+    #[inline]
+    pub(crate) fn slot_freed(&mut self, cx: &mut Cx<P>) {
+        if self.want_slot.is_empty() || !self.arena.as_ref().is_some_and(|a| a.has_free()) {
+            return;
+        }
+        // (the payloads of calls that ended while they waited go)
+        let Endpoint { unslotted, calls, .. } = self;
+        unslotted.retain(|(id, _)| {
+            calls
+                .get(id.index())
+                .is_some_and(|e| e.generation == id.generation() && e.call.is_some())
+        });
+        for session in std::mem::take(&mut self.want_slot) {
+            self.dispatch_waiting(cx, session);
+        }
     }
 
     /// Notes call `id`'s timeout; its deadline is dated at the next look at the deadlines
@@ -386,7 +477,16 @@ impl<P: Provider> Endpoint<P> {
             if s.phase != Phase::Open || s.free_slots.is_empty() {
                 return;
             }
-            let Some(id) = s.waiting.pop_front() else { return };
+            let Some(&id) = s.waiting.front() else { return };
+            if self.call_live(id) && !self.slot_for(id) {
+                // (its payload waits for an arena slot, and the calls behind it wait too)
+                if !self.want_slot.contains(&session) {
+                    self.want_slot.push(session);
+                }
+                return;
+            }
+            let Some(s) = self.session_mut(session) else { return };
+            s.waiting.pop_front();
             if self.call_live(id) {
                 if let Some(s) = self.session_mut(session) {
                     s.queued = s.queued.saturating_sub(1);
@@ -539,6 +639,23 @@ impl<P: Provider> Endpoint<P> {
         if let Some(call) = self.take_call(id) {
             self.finish(cx, call, outcome);
         }
+    }
+}
+
+/// The header of a request of `len` payload bytes (a large one's carries its descriptor),
+/// before its slot and sequence number are known.
+#[inline(always)]
+fn request_header(session: SessionId, ty: ReqType, len: usize, large: bool) -> Header {
+    Header {
+        kind: Kind::Request,
+        ty,
+        slot: 0,
+        session,
+        seq: 1,
+        len: if large { DESCRIPTOR as u32 } else { len as u32 },
+        status: Status::Ok,
+        large,
+        resent: false,
     }
 }
 

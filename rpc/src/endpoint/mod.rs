@@ -337,6 +337,13 @@ pub struct Endpoint<P: Provider> {
     /// expired, or a new session with its key superseded it), for the service to hear
     /// (`take_ended`).
     ended: Vec<(SessionId, CloseReason)>,
+    /// Client sessions whose next waiting call waits for an arena slot (looked at each pass
+    /// once one is free).
+    want_slot: Vec<SessionId>,
+    /// The payloads of large calls made while no arena slot was free (kept out of `Call`,
+    /// which every call moves): each waits in its session's queue until a slot is, then it is
+    /// copied in (`Endpoint::slot_freed`); those of calls that ended meanwhile are dropped.
+    unslotted: Vec<(CallId, Box<[u8]>)>,
     /// Small messages waiting for the end of the pass, to go packed.
     packer: packer::Packer<Buf<P>>,
     metrics: RpcMetrics,
@@ -386,6 +393,9 @@ struct Session<P: Provider> {
     queued: usize,
     /// A server's slots (empty on a client session).
     served: Vec<ServedSlot<P>>,
+    /// A server's requests that wait to run in the session's order, oldest first: while a
+    /// large request's payload is being read, it and every request after it are here.
+    held: VecDeque<server::Held<P>>,
     /// Opened with a reconnect policy ([`Rpc::connect_with`]): a close the peer or the
     /// connection caused suspends it until the engine has made the connection again.
     redial: bool,
@@ -474,8 +484,8 @@ struct ServedSlot<P: Provider> {
     resend: bool,
     /// A large response's payload, held until the client acknowledges the response.
     arena: Option<ArenaSlot>,
-    /// A large request whose payload is being read: its type and the client's session id.
-    pending: Option<(ReqType, SessionId)>,
+    /// A large request's payload is being read (the request waits in the session's `held`).
+    reading: bool,
     /// The session has seen a request on the slot: it knows what ran there (a request sent
     /// again after a reconnect to a slot it does not know may have run: `Status::Lost`).
     known: bool,
@@ -489,7 +499,7 @@ impl<P: Provider> ServedSlot<P> {
         self.stored = None;
         self.resend = false;
         self.arena = None;
-        self.pending = None;
+        self.reading = false;
     }
 }
 
@@ -571,6 +581,8 @@ impl<P: Provider> Endpoint<P> {
             resumable: 0,
             parked: VecDeque::new(),
             ended: Vec::new(),
+            want_slot: Vec::new(),
+            unslotted: Vec::new(),
             packer: packer::Packer::new(
                 cfg.pack_max,
                 PACK_CONNS,
@@ -854,6 +866,7 @@ impl<P: Provider> Endpoint<P> {
             waiting: VecDeque::with_capacity(usize::from(credits)),
             queued: 0,
             served: Vec::new(),
+            held: VecDeque::new(),
             redial: policy.is_some(),
             rejoin: Vec::new(),
             key: None,
@@ -1000,10 +1013,11 @@ impl<P: Provider> Endpoint<P> {
                     stored: None,
                     resend: false,
                     arena: None,
-                    pending: None,
+                    reading: false,
                     known: false,
                 })
                 .collect(),
+            held: VecDeque::new(),
             redial: false,
             rejoin: Vec::new(),
             key,

@@ -111,6 +111,7 @@ impl<P: Provider> Endpoint<P> {
         s.phase = Phase::Connecting;
         s.region = None;
         s.lost = Some((now, reason));
+        s.forget_held();
         self.parked.push_back((now, id));
     }
 
@@ -166,15 +167,13 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// A large request's payload could not be read (the connection is going down): the
-    /// request did not run, and runs when it comes again.
+    /// request did not run, nor did those held behind it; each runs when it comes again.
     pub(super) fn request_unread(&mut self, done: Done<Buf<P>>) {
         let (session, slot, seq) = super::token_slot(done.token);
-        let Some(ss) = self.session_mut(session).and_then(|s| s.served.get_mut(usize::from(slot)))
-        else {
-            return;
-        };
-        if ss.seq & TOKEN_SEQ_MASK == seq && ss.pending.take().is_some() {
-            ss.seq -= 1;
+        let Some(s) = self.session_mut(session) else { return };
+        let Some(ss) = s.served.get(usize::from(slot)) else { return };
+        if ss.seq & TOKEN_SEQ_MASK == seq && ss.reading {
+            s.forget_held();
         }
     }
 

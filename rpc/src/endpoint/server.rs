@@ -5,7 +5,9 @@ use corelink_engine::verbs::{Provider, RemoteAddr, RemoteRegion};
 use corelink_engine::{Buf, Cx, Done};
 
 use super::packer::Outgoing;
-use super::{slot_token, token_slot, Endpoint, Reply, RESPONSE_TOKEN, SERVER_READ, TOKEN_SEQ_MASK};
+use super::{
+    slot_token, token_slot, Endpoint, Reply, Session, RESPONSE_TOKEN, SERVER_READ, TOKEN_SEQ_MASK,
+};
 use crate::error::{Malformed, RpcError};
 use crate::ids::{ReqType, SessionId};
 use crate::service::{Reject, Request, Response};
@@ -25,6 +27,38 @@ impl Asked {
     /// The request `h` heads.
     fn of(h: &Header) -> Asked {
         Asked { ty: h.ty, slot: h.slot, client: h.session, seq: h.seq }
+    }
+}
+
+/// A request that waits for its turn in its session's order: a large one while its payload is
+/// read, and every request after it until it ran (a small one's payload copied out of its
+/// receive, which goes back to the device).
+pub(super) struct Held<P: Provider> {
+    asked: Asked,
+    payload: HeldPayload<P>,
+}
+
+enum HeldPayload<P: Provider> {
+    /// A small request's payload.
+    Bytes(Vec<u8>),
+    /// A large request's payload, being read.
+    Reading,
+    /// A large request's payload, read.
+    Read(Buf<P>),
+}
+
+impl<P: Provider> Session<P> {
+    /// The connection is lost with requests held: none of them ran, so each slot forgets it
+    /// (its sequence number back by one, a read in flight no longer awaited), and the request
+    /// runs when the client sends it again.
+    pub(super) fn forget_held(&mut self) {
+        for h in std::mem::take(&mut self.held) {
+            let Some(ss) = self.served.get_mut(usize::from(h.asked.slot)) else { continue };
+            if ss.seq == h.asked.seq {
+                ss.seq -= 1;
+                ss.reading = false;
+            }
+        }
     }
 }
 
@@ -59,9 +93,48 @@ impl<P: Provider> Endpoint<P> {
         if ss.seq & TOKEN_SEQ_MASK != seq {
             return;
         }
-        let (Some((ty, client)), Some(buf)) = (ss.pending.take(), done.buf) else { return };
-        let asked = Asked { ty, slot, client, seq: ss.seq };
-        self.answer(cx, session, asked, buf.as_slice());
+        let (true, Some(buf)) = (std::mem::take(&mut ss.reading), done.buf) else { return };
+        // Its place in the session's order (held since it came), now ready to run.
+        let held = self.session_mut(session).and_then(|s| {
+            s.held
+                .iter_mut()
+                .find(|h| h.asked.slot == slot && matches!(h.payload, HeldPayload::Reading))
+        });
+        let Some(h) = held else { return self.missed() };
+        h.payload = HeldPayload::Read(buf);
+        self.run_held(cx, session);
+    }
+
+    /// Runs `session`'s held requests that are ready, in order, up to the first whose payload
+    /// is still being read.
+    fn run_held(&mut self, cx: &mut Cx<P>, session: SessionId) {
+        loop {
+            let Some(s) = self.session_mut(session) else { return };
+            if s.held.front().is_none_or(|h| matches!(h.payload, HeldPayload::Reading)) {
+                return;
+            }
+            let Some(Held { asked, payload }) = s.held.pop_front() else { return };
+            match payload {
+                HeldPayload::Bytes(b) => self.answer(cx, session, asked, &b),
+                HeldPayload::Read(buf) => self.answer(cx, session, asked, buf.as_slice()),
+                HeldPayload::Reading => {}
+            }
+        }
+    }
+
+    /// Holds small request `asked` (its payload copied) behind the session's held ones.
+    #[cold]
+    #[inline(never)]
+    fn hold_small(&mut self, session: SessionId, asked: Asked, payload: &[u8]) {
+        self.metrics.held += 1;
+        self.hold(session, asked, HeldPayload::Bytes(payload.to_vec()));
+    }
+
+    /// Holds request `asked` behind the session's held ones (its order).
+    fn hold(&mut self, session: SessionId, asked: Asked, payload: HeldPayload<P>) {
+        if let Some(s) = self.session_mut(session) {
+            s.held.push_back(Held { asked, payload });
+        }
     }
 
     pub(super) fn on_request(
@@ -73,7 +146,7 @@ impl<P: Provider> Endpoint<P> {
     ) -> Result<(), Malformed> {
         let large_max = self.cfg.large_max;
         let Some(s) = self.session_mut(session) else { return Ok(()) };
-        let (conn, room) = (s.conn, s.room());
+        let (conn, room, behind) = (s.conn, s.room(), !s.held.is_empty());
         let ss = s.served.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
         let Some(conn) = conn else { return Ok(()) };
         // Sent before, to a server that kept no record of the session (a restart, or its
@@ -106,7 +179,12 @@ impl<P: Provider> Endpoint<P> {
             return Ok(());
         }
         if !h.large {
-            self.answer(cx, session, Asked::of(h), payload);
+            if behind {
+                // (a large request before it is still being read: it runs after that one)
+                self.hold_small(session, Asked::of(h), payload);
+            } else {
+                self.answer(cx, session, Asked::of(h), payload);
+            }
             return Ok(());
         }
         // A large request: its payload is read first, then its handler runs.
@@ -117,12 +195,16 @@ impl<P: Provider> Endpoint<P> {
         } else {
             match cx.alloc(len) {
                 Ok(buf) => {
-                    ss.pending = Some((h.ty, h.session));
+                    ss.reading = true;
                     let remote = RemoteAddr { addr: d.addr, rkey: d.rkey };
                     let token = slot_token(SERVER_READ, session, h.slot, h.seq);
                     if cx.read(conn, buf, remote, token).is_err() {
-                        ss.pending = None;
+                        ss.reading = false;
                         self.metrics.send_refused += 1;
+                    } else {
+                        // Requests after it wait for it (the session's order).
+                        self.hold(session, Asked::of(h), HeldPayload::Reading);
+                        self.metrics.held += u64::from(behind);
                     }
                     None
                 }

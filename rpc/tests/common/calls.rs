@@ -74,7 +74,7 @@ pub fn calls_beyond_the_credits_wait_and_all_succeed<P: Provider>(site: &Site) {
 
 /// An engine handler that accepts connections and never answers, counting what arrives.
 /// Counts the requests it receives (a receive may hold several, packed), and answers none.
-struct BlackHole(Arc<AtomicU64>);
+pub struct BlackHole(pub Arc<AtomicU64>);
 
 impl<P: Provider> Handler<P> for BlackHole {
     fn on_connected(&mut self, _cx: &mut Cx<P>, _conn: ConnId, _info: &ConnInfo) {}

@@ -1,13 +1,14 @@
 //! Large messages, generic over the provider: payloads beyond a receive travel as a
 //! descriptor and are read by the receiver with one RDMA read from the sender's arena
 //! (requests and responses alike), checked byte for byte up to 8 MiB; the arena's slots are a
-//! resource of their own.
+//! resource of their own (a large call waits for one); a session's requests run in order
+//! across large ones.
 //!
 //! Run by `large_soft.rs` and `rpc_ibverbs.rs`.
 
 use super::*;
 use corelink_engine::verbs::Provider;
-use corelink_rpc::{EndpointConfig, RpcError};
+use corelink_rpc::{EndpointConfig, RpcError, RpcMetrics};
 
 /// A mebibyte.
 pub const MIB: usize = 1 << 20;
@@ -52,46 +53,108 @@ pub fn large_requests_and_responses_arrive_byte_for_byte<P: Provider>(site: &Sit
     rig.engine.shutdown().unwrap();
 }
 
-/// A client with two large slots: a third large call while two are out is refused, small
-/// calls need none, and a slot is back once its call ended; the server listens on `server`,
-/// the client on `client`.
-pub fn large_slots_are_refused_when_all_are_out_and_come_back<P: Provider>(
+/// The requests of one session run in the order they were made, large or small: a request
+/// made after a large one waits while the large one's payload is read, and runs after its
+/// handler. `COUNT` answers how many times it ran, so its answers give the order the server
+/// ran the calls in. Returns the endpoint's metrics (`held`: requests that waited so).
+pub fn requests_run_in_session_order_across_large_ones<P: Provider>(site: &Site) -> RpcMetrics {
+    let at = site.listen;
+    let (tx, rx) = outcomes();
+    let sizes = [1, MIB, 1, 1, MIB, 2 * MIB, 1, 8];
+    let rig = Rig::<P>::start_with(&site.map(POOLS), large(8), move || {
+        let tx = tx.clone();
+        move |rpc, ev| {
+            if let Ev::Start = ev {
+                let s = rpc.connect(at).unwrap();
+                for (i, n) in sizes.iter().enumerate() {
+                    call(rpc, s, COUNT, &pattern(*n), i as u64, &tx);
+                }
+            }
+        }
+    });
+    let mut got = take(&rx, sizes.len());
+    got.sort_by_key(|(tag, _)| *tag);
+    for (tag, r) in got {
+        let r = r.unwrap_or_else(|e| panic!("call {tag} ({} B): {e}", sizes[tag as usize]));
+        let ran = u64::from_le_bytes(r[..8].try_into().unwrap());
+        assert_eq!(ran, tag + 1, "call {tag} ({} B) ran as number {ran}", sizes[tag as usize]);
+    }
+    let m = rig.metrics_when(|m| m.responses == sizes.len() as u64);
+    assert_eq!((m.errors, m.invariant_misses), (0, 0), "{m:?}");
+    rig.engine.shutdown().unwrap();
+    m
+}
+
+/// A client with two large slots: small calls need none; a third large call while two are
+/// out is not refused but waits until a slot is back (the calls made after it on its session
+/// wait behind it), and every call ends byte for byte. The server listens on `server`, the
+/// client on `client`.
+pub fn a_large_call_waits_for_an_arena_slot_when_all_are_out<P: Provider>(
     server: &Site,
     client: &Site,
 ) {
     let at = server.listen;
     let server = Rig::<P>::start_with(&server.map(POOLS), large(4), || |_: &mut _, _| {});
     let (tx, rx) = outcomes();
+    let sizes = [5, MIB, MIB, 2 * MIB, 5, MIB];
     let client = Rig::<P>::start_with(&client.map(POOLS), large(2), move || {
         let tx = tx.clone();
         move |rpc, ev| {
             if let Ev::Start = ev {
                 let s = rpc.connect(at).unwrap();
-                let big = pattern(MIB);
-                // Once the first large call ended, its slot is back: a 2 MiB call follows.
-                let first = tx.clone();
-                rpc.call(s, ECHO, &big, LONG, move |rpc, r| {
-                    let _ = first.send((0, r.map(<[u8]>::to_vec)));
-                    call(rpc, s, ECHO, &pattern(2 * MIB), 4, &first);
-                })
-                .unwrap();
-                call(rpc, s, ECHO, &big, 1, &tx);
-                let r = rpc.call(s, ECHO, &big, LONG, |_, _| unreachable!());
-                assert!(matches!(r, Err(RpcError::LargeSlotsBusy { slots: 2 })), "{r:?}");
-                // Small calls need no slot (and may end before the large ones: a large
-                // request's handler runs once its payload is read).
-                call(rpc, s, ECHO, b"small", 2, &tx);
-                call(rpc, s, COUNT, b"", 3, &tx);
+                // Calls 1 and 2 take both slots; 3 and 5 wait for one, and 4 behind 3.
+                for (i, n) in sizes.iter().enumerate() {
+                    call(rpc, s, ECHO, &pattern(*n), i as u64, &tx);
+                }
             }
         }
     });
-    let mut got = take(&rx, 5);
+    let mut got = take(&rx, sizes.len());
     got.sort_by_key(|(tag, _)| *tag);
-    assert_eq!(got[0].1.as_ref().unwrap(), &pattern(MIB));
-    assert_eq!(got[1].1.as_ref().unwrap(), &pattern(MIB));
-    assert_eq!(got[2].1.as_ref().unwrap(), b"small");
-    assert!(got[3].1.is_ok(), "{:?}", got[3]);
-    assert_eq!(got[4].1.as_ref().unwrap(), &pattern(2 * MIB));
+    for (tag, r) in got {
+        let want = pattern(sizes[tag as usize]);
+        let r = r.unwrap_or_else(|e| panic!("call {tag} ({} B): {e}", want.len()));
+        assert!(r == want, "call {tag} ({} B) came back different", want.len());
+    }
+    let m = client.metrics_when(|m| m.responses == sizes.len() as u64);
+    assert_eq!((m.errors, m.slot_waits, m.invariant_misses), (0, 2, 0), "{m:?}");
     client.engine.shutdown().unwrap();
     server.engine.shutdown().unwrap();
+}
+
+/// A large call that waits for an arena slot ends once, with `Timeout`, when its deadline
+/// passes first: the client's one slot is held by a call to a server (`hole`) that never
+/// answers. The client listens on `client`.
+pub fn a_large_call_waiting_for_a_slot_times_out_once<P: Provider>(hole: &Site, client: &Site) {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+    let at = hole.listen;
+    let seen = Arc::new(AtomicU64::new(0));
+    let hole = corelink_engine::Engine::<P>::start(
+        &hole.map(""),
+        corelink_engine::Placement::RoundRobin,
+        move |_| super::calls::BlackHole(seen.clone()),
+    )
+    .unwrap();
+    let (tx, rx) = outcomes();
+    let client = Rig::<P>::start_with(&client.map(POOLS), large(1), move || {
+        let tx = tx.clone();
+        move |rpc, ev| {
+            if let Ev::Session(s, corelink_rpc::SessionEvent::Connected) = ev {
+                let short = std::time::Duration::from_millis(20);
+                call_within(rpc, s, ECHO, &pattern(MIB), 0, &tx, short);
+                call_within(rpc, s, ECHO, &pattern(MIB), 1, &tx, short);
+            } else if let Ev::Start = ev {
+                rpc.connect(at).unwrap();
+            }
+        }
+    });
+    for (tag, r) in take(&rx, 2) {
+        assert!(matches!(r, Err(RpcError::Timeout)), "call {tag}: {r:?}");
+    }
+    let m = client.metrics_when(|m| m.timeouts == 2);
+    assert_eq!((m.calls, m.slot_waits, m.errors, m.responses), (2, 1, 2, 0), "{m:?}");
+    assert!(rx.recv_timeout(std::time::Duration::from_millis(50)).is_err(), "a third outcome");
+    client.engine.shutdown().unwrap();
+    hole.shutdown().unwrap();
 }
