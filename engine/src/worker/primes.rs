@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use arrayvec::ArrayVec;
-use corelink_verbs::{Provider, Qp, QpAttr, QpState, RecvWr, Wc};
+use corelink_verbs::{Error as VerbsError, Provider, Qp, QpAttr, QpState, RecvWr, Sge, Wc};
 
 use super::conns::Conns;
 use super::ids::{RecvId, WrId};
@@ -101,24 +101,35 @@ impl<P: Provider> Primes<P> {
         let mut lanes = ArrayVec::new();
         for (l, qp) in qps.iter_mut().enumerate() {
             let mut recvs = Vec::with_capacity(per_lane);
-            let mut posted = 0;
-            for i in 0..per_lane {
+            for _ in 0..per_lane {
                 let Ok(b) = pool.get(recv_size) else {
                     misses += 1;
                     break;
                 };
-                let sge = [b.sge(true)];
-                let r = RecvId::of(id, l as u8, i as u16);
-                let wr = [RecvWr { wr_id: WrId::Recv(r).encode(), sgl: &sge }];
-                // SAFETY: the buffer stays in `recvs` (then in its lane) until its completion.
-                if unsafe { qp.post_recv(&wr) }.is_ok() {
-                    posted += 1;
-                } else {
-                    *post_errors += 1;
-                    post_failed = true;
-                }
                 recvs.push(Some(b));
             }
+            // The lane's receives as one list: one call (and one doorbell), not one each.
+            let sges: Vec<[Sge; 1]> = recvs.iter().flatten().map(|b| [b.sge(true)]).collect();
+            let wrs: Vec<RecvWr<'_>> = (sges.iter().enumerate())
+                .map(|(i, sgl)| {
+                    let r = RecvId::of(id, l as u8, i as u16);
+                    RecvWr { wr_id: WrId::Recv(r).encode(), sgl }
+                })
+                .collect();
+            // SAFETY: each buffer stays in `recvs` (then in its lane) until its completion.
+            let posted = match unsafe { qp.post_recv(&wrs) } {
+                Ok(()) => wrs.len(),
+                Err(e) => {
+                    // (those before the refused one went; the rest are counted as failed)
+                    let index = match e {
+                        VerbsError::PostRecv { index, .. } => index.min(wrs.len()),
+                        _ => 0,
+                    };
+                    *post_errors += (wrs.len() - index) as u64;
+                    post_failed = true;
+                    index
+                }
+            };
             lanes.push(PrimedLane { recvs, posted });
         }
         let primed =
