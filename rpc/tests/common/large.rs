@@ -8,7 +8,7 @@
 
 use super::*;
 use corelink_engine::verbs::Provider;
-use corelink_rpc::{EndpointConfig, RpcError, RpcMetrics};
+use corelink_rpc::{EndpointConfig, ReqType, RpcError, RpcMetrics};
 
 /// A mebibyte.
 pub const MIB: usize = 1 << 20;
@@ -23,26 +23,34 @@ fn large(slots: u16) -> impl Fn(EndpointConfig) -> EndpointConfig + Send + Sync 
     move |cfg| cfg.with_large(8 * MIB, slots)
 }
 
-/// Requests and responses of the largest small size, one byte more, 64 KiB, 1 MiB, 8 MiB and
-/// 1 B on one session, each echoed byte for byte.
-pub fn large_requests_and_responses_arrive_byte_for_byte<P: Provider>(site: &Site) {
+/// A one-worker engine (eight large slots) whose session to itself calls `ty` once with a
+/// payload of each of `sizes`, in order, at its first loop iteration; the outcomes by call.
+fn call_sizes<P: Provider>(site: &Site, ty: ReqType, sizes: &[usize]) -> (Rig<P>, Vec<Outcome>) {
     let at = site.listen;
     let (tx, rx) = outcomes();
-    let max_small = 4096 - corelink_rpc::wire::HEADER;
-    let sizes = [max_small, max_small + 1, 65536, MIB, 8 * MIB, 1];
+    let list = sizes.to_vec();
     let rig = Rig::<P>::start_with(&site.map(POOLS), large(8), move || {
-        let tx = tx.clone();
+        let (tx, list) = (tx.clone(), list.clone());
         move |rpc, ev| {
             if let Ev::Start = ev {
                 let s = rpc.connect(at).unwrap();
-                for (i, n) in sizes.iter().enumerate() {
-                    call(rpc, s, ECHO, &pattern(*n), i as u64, &tx);
+                for (i, n) in list.iter().enumerate() {
+                    call(rpc, s, ty, &pattern(*n), i as u64, &tx);
                 }
             }
         }
     });
     let mut got = take(&rx, sizes.len());
     got.sort_by_key(|(tag, _)| *tag);
+    (rig, got)
+}
+
+/// Requests and responses of the largest small size, one byte more, 64 KiB, 1 MiB, 8 MiB and
+/// 1 B on one session, each echoed byte for byte.
+pub fn large_requests_and_responses_arrive_byte_for_byte<P: Provider>(site: &Site) {
+    let max_small = 4096 - corelink_rpc::wire::HEADER;
+    let sizes = [max_small, max_small + 1, 65536, MIB, 8 * MIB, 1];
+    let (rig, got) = call_sizes::<P>(site, ECHO, &sizes);
     for (tag, r) in got {
         let want = pattern(sizes[tag as usize]);
         let r = r.unwrap_or_else(|e| panic!("{} B: {e}", want.len()));
@@ -58,22 +66,8 @@ pub fn large_requests_and_responses_arrive_byte_for_byte<P: Provider>(site: &Sit
 /// handler. `COUNT` answers how many times it ran, so its answers give the order the server
 /// ran the calls in. Returns the endpoint's metrics (`held`: requests that waited so).
 pub fn requests_run_in_session_order_across_large_ones<P: Provider>(site: &Site) -> RpcMetrics {
-    let at = site.listen;
-    let (tx, rx) = outcomes();
     let sizes = [1, MIB, 1, 1, MIB, 2 * MIB, 1, 8];
-    let rig = Rig::<P>::start_with(&site.map(POOLS), large(8), move || {
-        let tx = tx.clone();
-        move |rpc, ev| {
-            if let Ev::Start = ev {
-                let s = rpc.connect(at).unwrap();
-                for (i, n) in sizes.iter().enumerate() {
-                    call(rpc, s, COUNT, &pattern(*n), i as u64, &tx);
-                }
-            }
-        }
-    });
-    let mut got = take(&rx, sizes.len());
-    got.sort_by_key(|(tag, _)| *tag);
+    let (rig, got) = call_sizes::<P>(site, COUNT, &sizes);
     for (tag, r) in got {
         let r = r.unwrap_or_else(|e| panic!("call {tag} ({} B): {e}", sizes[tag as usize]));
         let ran = u64::from_le_bytes(r[..8].try_into().unwrap());
