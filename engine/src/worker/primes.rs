@@ -109,11 +109,11 @@ impl<P: Provider> Primes<P> {
                 recvs.push(Some(b));
             }
             // The lane's receives as one list: one call (and one doorbell), not one each.
-            let sges: Vec<[Sge; 1]> = recvs.iter().flatten().map(|b| [b.sge(true)]).collect();
+            let sges: Vec<Sge> = recvs.iter().flatten().map(|b| b.sge(true)).collect();
             let wrs: Vec<RecvWr<'_>> = (sges.iter().enumerate())
-                .map(|(i, sgl)| {
+                .map(|(i, sge)| {
                     let r = RecvId::of(id, l as u8, i as u16);
-                    RecvWr { wr_id: WrId::Recv(r).encode(), sgl }
+                    RecvWr { wr_id: WrId::Recv(r).encode(), sgl: std::slice::from_ref(sge) }
                 })
                 .collect();
             // SAFETY: each buffer stays in `recvs` (then in its lane) until its completion.

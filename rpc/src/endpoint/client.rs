@@ -309,12 +309,9 @@ impl<P: Provider> Endpoint<P> {
             return;
         }
         // (the payloads of calls that ended while they waited go)
-        let Endpoint { unslotted, calls, .. } = self;
-        unslotted.retain(|(id, _)| {
-            calls
-                .get(id.index())
-                .is_some_and(|e| e.generation == id.generation() && e.call.is_some())
-        });
+        let mut unslotted = std::mem::take(&mut self.unslotted);
+        unslotted.retain(|(id, _)| self.call_live(*id));
+        self.unslotted = unslotted;
         for session in std::mem::take(&mut self.want_slot) {
             self.dispatch_waiting(cx, session);
         }
@@ -478,7 +475,8 @@ impl<P: Provider> Endpoint<P> {
                 return;
             }
             let Some(&id) = s.waiting.front() else { return };
-            if self.call_live(id) && !self.slot_for(id) {
+            let live = self.call_live(id);
+            if live && !self.slot_for(id) {
                 // (its payload waits for an arena slot, and the calls behind it wait too)
                 if !self.want_slot.contains(&session) {
                     self.want_slot.push(session);
@@ -487,10 +485,8 @@ impl<P: Provider> Endpoint<P> {
             }
             let Some(s) = self.session_mut(session) else { return };
             s.waiting.pop_front();
-            if self.call_live(id) {
-                if let Some(s) = self.session_mut(session) {
-                    s.queued = s.queued.saturating_sub(1);
-                }
+            if live {
+                s.queued = s.queued.saturating_sub(1);
                 self.send_call(cx, session, id);
             }
         }
