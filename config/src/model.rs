@@ -73,10 +73,13 @@ pub struct WorkerResources {
     /// Completions polled per loop iteration at most.
     pub poll_budget: u32,
     /// Microseconds without work before a worker with no connections parks (0: never park; a
-    /// worker with connections busy-polls unless `park_after_us` says otherwise).
+    /// worker with connections busy-polls unless `park_after_us` says otherwise). Words from
+    /// the control core (a connection primed, handed over) are not work here: they do not
+    /// predict completions, so they keep no worker polling.
     pub idle_after_us: u64,
-    /// Microseconds without work before a worker with connections parks too, a slice (1 ms)
-    /// at a time, until work comes (0, the default: a worker with connections busy-polls).
+    /// Microseconds without work (completions, posts, client submissions) before a worker with
+    /// connections parks too, a slice (1 ms) at a time, until work comes (0, the default: a
+    /// worker with connections busy-polls).
     /// For a worker whose connections carry traffic it does not take part in (the target of
     /// RDMA writes, reads and atomics) on a machine where the device's own work needs its
     /// core (Soft-RoCE), or to save the core: a completion that comes while it is parked waits

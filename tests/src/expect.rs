@@ -76,6 +76,9 @@ pub struct Expect {
     pub write_with_imm_byte_len_is_write_len: bool,
     /// CM private data may arrive zero-padded to the CM message's fixed size (IB CM does this).
     pub cm_private_data_padded: bool,
+    /// A `CmWaiter` names the watched objects that have an event (`false`: it says that each
+    /// may have one, and its owner looks at all).
+    pub cm_waiter_exact: bool,
     /// A memory window's bounds are enforced (`false`: only the region's are, and an access
     /// inside the region but outside the window succeeds).
     pub mw_bounds_enforced: bool,
@@ -142,6 +145,7 @@ pub const TABLE: Expect = Expect {
     // Case 15.
     write_with_imm_byte_len_is_write_len: true,
     cm_private_data_padded: false,
+    cm_waiter_exact: false,
     mw_bounds_enforced: true,
 };
 
@@ -155,8 +159,9 @@ pub fn get<P: Provider>(t: &Target) -> Expect {
 pub fn for_target(provider: &str, device: &str) -> Expect {
     match provider {
         "ibverbs" => {
-            // librdmacm over the IB CM pads private data to the CM message's size.
-            let e = Expect { cm_private_data_padded: true, ..TABLE };
+            // librdmacm over the IB CM pads private data to the CM message's size; the
+            // waiter reads the process's one event channel and knows whose events it holds.
+            let e = Expect { cm_private_data_padded: true, cm_waiter_exact: true, ..TABLE };
             if device.starts_with("rxe") {
                 // rxe (6.1, seen on rxe0 in tests/rxe-guest): `check_rkey` takes the window's
                 // MR and checks the range against the MR only, so a type 2 window's bounds are

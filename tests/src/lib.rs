@@ -25,7 +25,7 @@
 //! | memory windows | `mw_bind_access_inside`, `mw_access_outside_range`, `mw_local_inv_revokes`, `mw_read_only_refuses_write` |
 //! | errors | `write_bad_rkey`, `read_bad_rkey`, `atomic_bad_rkey`, `write_stale_rkey`, `read_stale_rkey`, `write_out_of_bounds`, `read_out_of_bounds`, `write_read_only_mr`, `read_write_only_mr`, `atomic_without_remote_atomic`, `write_other_pd_mr`, `send_bad_lkey`, `atomic_misaligned`, `rc_rnr_retry_exceeded`, `rc_send_too_long`, `uc_read_not_allowed`, `uc_atomic_not_allowed`, `cq_overrun_async_event` |
 //! | queues and states | `rq_overflow_refused`, `qp_invalid_transition_refused`, `rc_rnr_wait_then_receive` |
-//! | CM | `cm_connect_send_disconnect`, `cm_no_listener`, `cm_reject` |
+//! | CM | `cm_connect_send_disconnect`, `cm_no_listener`, `cm_reject`, `cm_waiter_ready` |
 //!
 //! Every error case also checks, as [`expect`] says, whether the requester's QP reports
 //! `QpState::Err` (then a request posted afterwards completes with `WrFlushErr` and its own
@@ -144,6 +144,7 @@ macro_rules! __with_case_list {
             conformance_cm_connect_send_disconnect => cm_connect_send_disconnect,
             conformance_cm_no_listener => cm_no_listener,
             conformance_cm_reject => cm_reject,
+            conformance_cm_waiter_ready => cm_waiter_ready,
         }
     };
 }

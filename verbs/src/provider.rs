@@ -393,14 +393,20 @@ pub trait CmWaiter: Send + Debug {
 /// descriptor on `ibverbs`, nothing on `soft` (whose waiter hears every change of the fabric's
 /// connection manager). Opaque; valid while its object lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Watch(pub(crate) Option<std::os::raw::c_int>);
+pub struct Watch {
+    /// The descriptor a waiter sleeps on.
+    pub(crate) fd: Option<std::os::raw::c_int>,
+    /// Which object on that descriptor it is (`ibverbs`: its cm id, whose events the waiter
+    /// sorts out of the process's one channel), 0 for none.
+    pub(crate) key: usize,
+}
 
 impl Watch {
     /// A watch of no descriptor, as `soft`'s objects have: a [`CmWaiter`] cannot tell whether
     /// its object has an event, so [`CmWaiter::ready`] says it may. For providers built on
     /// others (a proxy's objects).
     pub const fn none() -> Watch {
-        Watch(None)
+        Watch { fd: None, key: 0 }
     }
 }
 

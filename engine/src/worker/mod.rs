@@ -315,7 +315,13 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if self.cx.outbox.has_notices() {
             self.deliver_notices();
         }
-        let controlled = self.from_control.ready() && self.drain_control();
+        // Words from the control core (a connection primed, handed over, closed by its peer)
+        // are work, but not a sign that completions follow: they do not count as busy, so
+        // that they keep no worker that may park (`worker.park_after_us`) polling, on the
+        // CPU the control cores need while connections come up.
+        if self.from_control.ready() {
+            self.drain_control();
+        }
         if self.cx.conns.any_dirty() {
             self.finish_closing();
         }
@@ -351,7 +357,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 std::thread::yield_now();
             }
         }
-        n > 0 || took || posted || controlled
+        n > 0 || took || posted
     }
 
     /// Every `KEEPALIVE_EVERY` iterations (out of line: most iterations skip it with one test):
@@ -598,10 +604,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
     }
 
-    fn drain_control(&mut self) -> bool {
-        let mut any = false;
+    fn drain_control(&mut self) {
         while let Some(m) = self.from_control.pop() {
-            any = true;
             match m {
                 ToWorker::Prime { prime, qps } => self.prime(prime, qps),
                 ToWorker::NewConn { conn, lanes, info, origin } => {
@@ -638,7 +642,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 }
             }
         }
-        any
     }
 
     /// Tells whoever asked for connect `token` that it failed.

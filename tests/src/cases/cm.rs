@@ -1,11 +1,13 @@
 //! The connection manager: listen, connect with private data both ways, traffic, disconnect
-//! seen by the peer; connecting where nothing listens; a rejected request.
+//! seen by the peer; connecting where nothing listens; a rejected request; a waiter over
+//! several objects.
 
 use std::time::{Duration, Instant};
 
 use corelink_verbs::{
-    AccessFlags, CmEvent, ConnRequest, Connection, Context, Error, Listener, Mr, Provider, Qp,
-    QpAttr, QpCap, QpState, QpType, RemoteRegion, SendOp, SendWr, WcOpcode, WcStatus,
+    AccessFlags, CmEvent, CmWaiter, ConnRequest, Connecting, Connection, Context, Error, Listener,
+    Mr, Progress, Provider, Qp, QpAttr, QpCap, QpState, QpType, RemoteRegion, SendOp, SendWr,
+    WcOpcode, WcStatus,
 };
 
 use crate::expect;
@@ -179,4 +181,56 @@ pub fn cm_reject<P: Provider>(t: &Target) -> CaseResult {
             Ok(_) => Err("a rejected connect succeeded".to_string()),
         }
     })
+}
+
+/// One waiter over two listeners and a connect in progress to the first: it wakes for the
+/// connect request, says that the first listener may have an event, and (where the provider
+/// can tell, `Expect::cm_waiter_exact`) that the second, which has none, does not.
+pub fn cm_waiter_ready<P: Provider>(t: &Target) -> CaseResult {
+    let exact = expect::get::<P>(t).cm_waiter_exact;
+    let (da, db) = devs::<P>(t)?;
+    let cq = da.cq(16)?;
+    let mut qp = da.qp(QpType::Rc, &cq, &cq, None, QpCap::default(), true)?;
+    let mut wanted = listen(t, &db)?;
+    let idle = listen(t, &db)?;
+    let mut waiter = P::cm_waiter().ctx("cm_waiter")?;
+    let mut connecting = Some(
+        da.ctx
+            .connect_start(wanted.local_addr(), &mut qp, &da.attr(), b"knock", TIMEOUT)
+            .ctx("connect_start")?,
+    );
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        ensure!(Instant::now() < deadline, "no connect request came within {TIMEOUT:?}");
+        let mut watched = vec![wanted.watch(), idle.watch()];
+        watched.extend(connecting.as_ref().map(|c| c.watch()));
+        waiter.wait(&watched, Duration::from_millis(50)).ctx("wait")?;
+        // The connect's steps before the request (address, route) as their events come.
+        if connecting.as_ref().is_some_and(|c| waiter.ready(c.watch())) {
+            let Some(c) = connecting.take() else { continue };
+            match c.poll(&mut qp, Duration::ZERO).ctx("connect's poll")? {
+                Progress::Pending(c) => connecting = Some(c),
+                Progress::Ready(_) => return Err("connected with nobody accepting".into()),
+            }
+        }
+        if !waiter.ready(wanted.watch()) {
+            continue;
+        }
+        let Some(req) = wanted.get_request(Duration::ZERO).ctx("get_request")? else {
+            continue; // (ready says "may have")
+        };
+        check_private_data(
+            req.private_data(),
+            b"knock",
+            expect::get::<P>(t).cm_private_data_padded,
+            "connector's private data",
+        )?;
+        if exact {
+            ensure!(
+                !waiter.ready(idle.watch()),
+                "the waiter says a listener with no request may have an event"
+            );
+        }
+        return req.reject(b"").ctx("reject");
+    }
 }

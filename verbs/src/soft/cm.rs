@@ -428,7 +428,7 @@ impl crate::Listener<Soft> for SoftListener {
     }
 
     fn watch(&self) -> crate::Watch {
-        crate::Watch(None)
+        crate::Watch::none()
     }
 
     fn waker(&self) -> crate::Waker {
@@ -539,7 +539,7 @@ impl crate::Accepting<Soft> for SoftAccepting {
     }
 
     fn watch(&self) -> crate::Watch {
-        crate::Watch(None)
+        crate::Watch::none()
     }
 }
 
@@ -772,7 +772,7 @@ pub struct SoftConnecting {
 
 impl crate::Connecting<Soft> for SoftConnecting {
     fn watch(&self) -> crate::Watch {
-        crate::Watch(None)
+        crate::Watch::none()
     }
 
     fn poll(self, qp: &mut SoftQp, timeout: Duration) -> Result<crate::Progress<Soft, Self>> {
@@ -874,7 +874,7 @@ impl SoftConnection {
 
 impl crate::Connection for SoftConnection {
     fn watch(&self) -> crate::Watch {
-        crate::Watch(None)
+        crate::Watch::none()
     }
 
     fn peer_private_data(&self) -> &[u8] {

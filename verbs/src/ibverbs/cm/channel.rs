@@ -6,7 +6,9 @@
 //! no file descriptor of its own (a thousand connections in one process held two thousand
 //! before, past the usual limit of 1,024), and a waiter watches one descriptor, not one per
 //! connection. Whoever reads the channel takes the events of its own id and queues the others
-//! for their owners' next look ([`Mux::next`]); a waiter does not sleep while any are queued.
+//! for their owners' next look ([`Mux::next`]); a waiter reads the channel into those queues
+//! and tells which ids have events ([`queued_keys`]), so that its owner looks at those only,
+//! and does not sleep while a watched id has one.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
@@ -42,11 +44,6 @@ impl Channel {
             return Err(last_err());
         }
         Ok(ch)
-    }
-
-    /// What a [`crate::CmWaiter`] watches of it.
-    pub(super) fn watch(&self) -> crate::Watch {
-        crate::Watch(Some(self.fd()))
     }
 
     fn fd(&self) -> c_int {
@@ -119,16 +116,6 @@ impl Drop for Channel {
     }
 }
 
-/// Events queued since the process started: a [`crate::CmWaiter`] that sees it moved does
-/// not sleep (the channel's descriptor no longer shows those events) and takes every object
-/// as ready for one pass, so that their owners look.
-static QUEUED_EVER: AtomicU64 = AtomicU64::new(0);
-
-/// How many events were ever queued for their owners (see [`QUEUED_EVER`]).
-pub(crate) fn queue_generation() -> u64 {
-    QUEUED_EVER.load(Ordering::Acquire)
-}
-
 /// The process's one event channel, and the events read off it for ids other than the
 /// reader's, by id (a connect request's by its listener's id), unacknowledged until taken.
 pub(super) struct Mux {
@@ -138,8 +125,7 @@ pub(super) struct Mux {
     cv: Condvar,
     /// When a read last found the channel empty (nanoseconds after `epoch`; 0: not known to
     /// be): a look within [`DRAIN_GAP`] of it reads nothing, so that a pass over a thousand
-    /// lanes costs a thousand lookups, not a thousand `rdma_get_cm_event` system calls. A
-    /// waiter that saw the channel readable clears it ([`note_readable`]).
+    /// lanes costs a thousand lookups, not a thousand `rdma_get_cm_event` system calls.
     empty_at: AtomicU64,
     epoch: Instant,
 }
@@ -151,12 +137,21 @@ const DRAIN_GAP: std::time::Duration = std::time::Duration::from_micros(20);
 /// The process's channel, once made.
 static MUX: OnceLock<Arc<Mux>> = OnceLock::new();
 
-/// A waiter saw descriptor `fd` readable: if it is the process's channel, the next look reads
-/// it.
-pub(crate) fn note_readable(fd: c_int) {
-    if let Some(m) = MUX.get().filter(|m| m.ch.fd() == fd) {
-        m.empty_at.store(0, Ordering::Release);
-    }
+/// For a waiter: reads what the process's channel has now into its ids' queues (with `drain`,
+/// unless another thread is reading it, which queues them itself), then puts in `out`, sorted,
+/// the ids (as [`crate::Watch`] keys) that have events queued. Returns how many events were
+/// ever queued (a waiter that sees it moved knows that events came which the channel's
+/// descriptor no longer shows).
+pub(crate) fn queued_keys(drain: bool, out: &mut Vec<usize>) -> io::Result<u64> {
+    out.clear();
+    let Some(m) = MUX.get() else { return Ok(0) };
+    let read = if drain { m.drain() } else { Ok(()) };
+    let st = m.lock();
+    out.extend(st.queues.keys().copied());
+    let ever = st.queued_ever;
+    drop(st);
+    out.sort_unstable();
+    read.map(|()| ever)
 }
 
 /// How long a waiter waits for the leader before it looks again (its `wake`, or to lead).
@@ -189,10 +184,25 @@ fn take_wake(fd: c_int) -> bool {
 struct MuxState {
     /// Someone reads the channel (see [`Mux::next`]).
     leader: bool,
+    /// Events read for ids other than their reader's, by id; an id with none has no entry.
     queues: HashMap<usize, VecDeque<Event>>,
+    /// Events ever queued.
+    queued_ever: u64,
     /// Ids being destroyed: their events are acknowledged as they are read (a destroy waits
     /// for every event of its id read so far to be acknowledged).
     dying: HashSet<usize>,
+}
+
+impl MuxState {
+    /// Id `key`'s next queued event (its entry goes with its last).
+    fn pop(&mut self, key: usize) -> Option<Event> {
+        let q = self.queues.get_mut(&key)?;
+        let ev = q.pop_front();
+        if q.is_empty() {
+            self.queues.remove(&key);
+        }
+        ev
+    }
 }
 
 // SAFETY: librdmacm channels may be read, and its events acknowledged, from any thread; the
@@ -249,7 +259,7 @@ impl Mux {
         let key = key as usize;
         let mut st = self.lock();
         loop {
-            if let Some(ev) = st.queues.get_mut(&key).and_then(VecDeque::pop_front) {
+            if let Some(ev) = st.pop(key) {
                 return Ok(Some(ev));
             }
             if wake.is_some_and(take_wake) {
@@ -291,17 +301,10 @@ impl Mux {
             return Ok(Lead::Done); // (read empty a moment ago, and no waiter saw it readable since)
         }
         while let Some(ev) = self.ch.take()? {
-            let k = Mux::key_of(&ev);
-            if k == key {
+            if Mux::key_of(&ev) == key {
                 return Ok(Lead::Mine(ev));
             }
-            let mut st = self.lock();
-            if st.dying.contains(&k) {
-                continue; // (acked on drop)
-            }
-            st.queues.entry(k).or_default().push_back(ev);
-            QUEUED_EVER.fetch_add(1, Ordering::AcqRel);
-            self.cv.notify_all();
+            self.queue(ev);
         }
         self.empty_at.store(self.stamp(Instant::now()), Ordering::Release);
         // (A short wait at a time, so that a waiter with an earlier deadline leads soon.)
@@ -314,6 +317,39 @@ impl Mux {
             Readable::Yes | Readable::TimedOut => Ok(Lead::Again),
             Readable::Woken => Ok(Lead::Done),
         }
+    }
+
+    /// Queues `ev` for its id's owner (or acknowledges it, for an id being destroyed).
+    fn queue(&self, ev: Event) {
+        let k = Mux::key_of(&ev);
+        let mut st = self.lock();
+        if !st.dying.contains(&k) {
+            st.queues.entry(k).or_default().push_back(ev);
+            st.queued_ever += 1;
+            self.cv.notify_all();
+        }
+        // (else acked on drop, after the lock)
+    }
+
+    /// Reads everything the channel has now into its ids' queues, unless someone leads (who
+    /// queues what comes).
+    fn drain(&self) -> io::Result<()> {
+        let mut st = self.lock();
+        if st.leader {
+            return Ok(());
+        }
+        st.leader = true;
+        drop(st);
+        let read = (|| {
+            while let Some(ev) = self.ch.take()? {
+                self.queue(ev);
+            }
+            self.empty_at.store(self.stamp(Instant::now()), Ordering::Release);
+            Ok(())
+        })();
+        self.lock().leader = false;
+        self.cv.notify_all();
+        read
     }
 
     /// Forgets id `key` before it is destroyed: its queued events are acknowledged (a queued
@@ -380,9 +416,9 @@ impl Binding {
         self.mux.next(self.id.0, deadline, wake)
     }
 
-    /// What a [`crate::CmWaiter`] watches: the process's channel.
+    /// What a [`crate::CmWaiter`] watches: the process's channel, and this id's events on it.
     pub(super) fn watch(&self) -> crate::Watch {
-        self.mux.ch.watch()
+        crate::Watch { fd: Some(self.mux.ch.fd()), key: self.id.0 as usize }
     }
 }
 

@@ -11,17 +11,18 @@ use crate::ibverbs::convert::last_err;
 use crate::provider::{CmWaiter, Waker, Watch};
 
 /// `ibverbs`' [`CmWaiter`]: `ppoll` over the watched event channels and its waker's eventfd.
+/// Every cm id is on the process's one channel; after each wait the waiter reads it into its
+/// ids' queues and keeps which ids have events, so that [`CmWaiter::ready`] names exactly the
+/// objects to look at (a pass over a hundred connects in progress looks at the one that had
+/// an event, not at all hundred).
 #[derive(Debug)]
 pub struct IbvCmWaiter {
     wake: Arc<OwnedFd>,
     /// The descriptors of one wait (kept: a wait allocates only when the set grows).
     fds: Vec<libc::pollfd>,
-    /// The descriptors that were readable at the last wait, as a bit set by number.
-    ready: Vec<u64>,
-    /// Events were queued for their owners on the process's channel since the wait before:
-    /// every object is ready after this wait (its owner looks, and takes its own).
-    queued: bool,
-    /// The queue generation that wait saw.
+    /// The ids (watch keys) with events queued after the last wait, sorted.
+    ready: Vec<usize>,
+    /// Events ever queued, as the last wait saw it.
     seen: u64,
 }
 
@@ -34,7 +35,12 @@ impl IbvCmWaiter {
         }
         // SAFETY: `fd` was just opened and is owned by nothing else.
         let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
-        Ok(IbvCmWaiter { wake, fds: Vec::new(), ready: Vec::new(), queued: false, seen: 0 })
+        Ok(IbvCmWaiter { wake, fds: Vec::new(), ready: Vec::new(), seen: 0 })
+    }
+
+    /// Whether watch key `key` had events queued at the last look.
+    fn has_events(&self, key: usize) -> bool {
+        self.ready.binary_search(&key).is_ok()
     }
 }
 
@@ -53,23 +59,20 @@ impl CmWaiter for IbvCmWaiter {
         let wake = self.wake.as_raw_fd();
         self.fds.clear();
         self.fds.push(libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 });
-        // Each descriptor once (every cm id is on the process's one channel), marked in
-        // `ready` as it is added (cleared again below).
-        for fd in watched.iter().filter_map(|w| w.0).filter(|fd| *fd >= 0) {
-            let (word, bit) = (fd as usize / 64, fd as usize % 64);
-            if word >= self.ready.len() {
-                self.ready.resize(word + 1, 0);
-            }
-            if self.ready[word] & (1 << bit) == 0 {
-                self.ready[word] |= 1 << bit;
+        // Each descriptor once (every cm id is on the process's one channel).
+        for fd in watched.iter().filter_map(|w| w.fd).filter(|fd| *fd >= 0) {
+            if !self.fds[1..].iter().any(|p| p.fd == fd) {
                 self.fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
             }
         }
-        // Events already read off the channel for others: look, do not sleep.
-        let generation = super::channel::queue_generation();
-        self.queued = generation != self.seen;
-        self.seen = generation;
-        let timeout = if self.queued { Duration::ZERO } else { timeout };
+        // Events read off the channel since the last look (by another reader, or by this
+        // waiter's owner looking at one object) for a watched object: look, do not sleep (the
+        // descriptor no longer shows them). (Not for events queued before: an object whose
+        // owner leaves one there must not keep its owner from sleeping.)
+        let ever = super::channel::queued_keys(false, &mut self.ready).map_err(Error::CmWait)?;
+        let queued =
+            ever != self.seen && watched.iter().any(|w| w.fd.is_some() && self.has_events(w.key));
+        let timeout = if queued { Duration::ZERO } else { timeout };
         let ts = libc::timespec {
             tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
             tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
@@ -94,24 +97,17 @@ impl CmWaiter for IbvCmWaiter {
             // SAFETY: an eventfd; reading its 8-byte counter into `count` (non-blocking).
             let _ = unsafe { libc::read(wake, (&mut count as *mut u64).cast(), 8) };
         }
-        self.ready.iter_mut().for_each(|w| *w = 0);
-        for p in self.fds.iter().skip(1).filter(|p| p.revents != 0 && p.fd >= 0) {
-            super::channel::note_readable(p.fd);
-            let (word, bit) = (p.fd as usize / 64, p.fd as usize % 64);
-            if word >= self.ready.len() {
-                self.ready.resize(word + 1, 0);
-            }
-            self.ready[word] |= 1 << bit;
-        }
+        // What the channel has now goes to its ids' queues; the ids with events are ready.
+        let readable = self.fds[1..].iter().any(|p| p.revents != 0);
+        self.seen =
+            super::channel::queued_keys(readable, &mut self.ready).map_err(Error::CmWait)?;
         Ok(())
     }
 
     fn ready(&self, w: Watch) -> bool {
-        let Some(fd) = w.0.filter(|fd| *fd >= 0) else { return true };
-        if self.queued {
-            return true;
+        match w.fd {
+            Some(fd) if fd >= 0 => self.has_events(w.key),
+            _ => true,
         }
-        let (word, bit) = (fd as usize / 64, fd as usize % 64);
-        self.ready.get(word).is_some_and(|w| w & (1 << bit) != 0)
     }
 }
