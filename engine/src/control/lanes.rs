@@ -133,6 +133,11 @@ impl<P: Provider> Outgoing<P> {
         self.lanes.len()
     }
 
+    /// Whether no connect is in progress (none priming, none connecting).
+    pub(super) fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
     /// Adds what a waiter watches of each lane connecting (with its QP, or while the QP is
     /// being primed).
     pub(super) fn watch(&self, out: &mut Vec<Watch>) {
@@ -197,6 +202,12 @@ impl<P: Provider> Incoming<P> {
     /// Accepts waiting for their connectors.
     pub(super) fn confirming(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Whether no accepted connection is coming up (none waiting for lanes, priming or
+    /// confirming, none failed and waiting for its QPs).
+    pub(super) fn is_empty(&self) -> bool {
+        self.groups.is_empty() && self.pending.len() == 0
     }
 
     /// Adds what a waiter watches of each accept waiting for its connector, and of each
@@ -290,7 +301,7 @@ impl<P: Provider> Control<P> {
                 Err(e) => {
                     drop(started);
                     for qp in qps {
-                        self.workers[w].qps.give_back(qp, &self.cfg.attr);
+                        self.workers[w].qps.give_back(qp);
                     }
                     self.workers[w].budget.release(reservation);
                     let e = describe(e);
@@ -338,7 +349,7 @@ impl<P: Provider> Control<P> {
             Some(conn) => self.send(w, ToWorker::Unprime { conn, qps }),
             None => {
                 for qp in qps {
-                    self.workers[w].qps.give_back(qp, &self.cfg.attr);
+                    self.workers[w].qps.give_back(qp);
                 }
             }
         }
@@ -807,7 +818,7 @@ impl<P: Provider> Control<P> {
             Some(conn) => self.send(w, ToWorker::Unprime { conn, qps: back }),
             None => {
                 for qp in back {
-                    self.workers[w].qps.give_back(qp, &self.cfg.attr);
+                    self.workers[w].qps.give_back(qp);
                 }
             }
         }
