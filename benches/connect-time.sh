@@ -8,7 +8,8 @@
 #   tests/rxe-guest/run --timeout 900 -- bash benches/connect-time.sh
 #
 # Prints cmtime's own step table and connect_time's cold / warm milliseconds; compare them as
-# ratios from the same boot only (the guest is emulated).
+# ratios from the same boot only (the guest is emulated). benches/connect-time-ratios.py turns
+# rounds of it (each headed "#### round N") into issue 14's three ratios and their medians.
 #
 # The guest has two vCPUs, and rxe's work (the connection manager's included) runs on them:
 # the server's control core is vCPU 0 and its worker vCPU 1, the client's the other way round

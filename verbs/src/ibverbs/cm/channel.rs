@@ -298,7 +298,7 @@ impl Mux {
         let empty_at = self.empty_at.load(Ordering::Acquire);
         let since_empty = self.stamp(now).saturating_sub(empty_at);
         if look && empty_at != 0 && since_empty < DRAIN_GAP.as_nanos() as u64 {
-            return Ok(Lead::Done); // (read empty a moment ago, and no waiter saw it readable since)
+            return Ok(Lead::Done); // (read empty a moment ago; what came since, a waiter reads)
         }
         while let Some(ev) = self.ch.take()? {
             if Mux::key_of(&ev) == key {
