@@ -187,7 +187,7 @@ pub fn cm_reject<P: Provider>(t: &Target) -> CaseResult {
 /// connect request, says that the first listener may have an event, and (where the provider
 /// can tell, `Expect::cm_waiter_exact`) that the second, which has none, does not.
 pub fn cm_waiter_ready<P: Provider>(t: &Target) -> CaseResult {
-    let exact = expect::get::<P>(t).cm_waiter_exact;
+    let expect = expect::get::<P>(t);
     let (da, db) = devs::<P>(t)?;
     let cq = da.cq(16)?;
     let mut qp = da.qp(QpType::Rc, &cq, &cq, None, QpCap::default(), true)?;
@@ -222,10 +222,10 @@ pub fn cm_waiter_ready<P: Provider>(t: &Target) -> CaseResult {
         check_private_data(
             req.private_data(),
             b"knock",
-            expect::get::<P>(t).cm_private_data_padded,
+            expect.cm_private_data_padded,
             "connector's private data",
         )?;
-        if exact {
+        if expect.cm_waiter_exact {
             ensure!(
                 !waiter.ready(idle.watch()),
                 "the waiter says a listener with no request may have an event"
