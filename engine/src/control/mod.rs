@@ -234,9 +234,8 @@ impl<P: Provider> Control<P> {
             if !busy && !self.shutting_down && self.outgoing.is_empty() && self.incoming.is_empty()
             {
                 // Off the critical path: nothing else to do in this iteration, and no connection
-                // coming up (creating a QP takes the loop 0.4-0.8 ms on rxe, in which a
-                // connection's next event would wait; a connect that finds the pool empty
-                // creates its own).
+                // coming up (whose next event would wait while the loop creates or resets a QP;
+                // a connect that finds the pool empty creates its own).
                 for w in &mut self.workers {
                     w.qps.refill_one();
                 }

@@ -1,9 +1,8 @@
 //! A worker's QP pool, as the control core keeps it: RC QPs on the worker's PD and CQ, created
 //! ahead (at engine start, and again in the control loop when it is idle) and kept in RESET, so
 //! that a new connection's lanes take ready QPs instead of creating them; a released lane's QP
-//! comes back for reuse, reset when the loop is idle (a reset takes about 0.14 ms on rxe, a
-//! create 0.4-0.8 ms, measured in the guest: neither delays a connection coming up) or, if a
-//! connection needs it first, then. The pool also enforces `worker.qps.max`: the QPs of the
+//! comes back for reuse, reset when the loop is idle (resets and creates are slow system calls:
+//! neither should delay a connection coming up) or, if a connection needs it first, then. The pool also enforces `worker.qps.max`: the QPs of the
 //! worker that exist (in use and pooled) never exceed it.
 //!
 //! Reuse, per provider:
