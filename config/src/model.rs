@@ -130,6 +130,15 @@ pub struct WorkerResources {
     /// keepalive_ms + (retry_cnt + 1) x timeout: about 1.5 s with the defaults. A busy
     /// connection is never probed (its own requests would fail first).
     pub keepalive_ms: u32,
+    /// Milliseconds a connection whose request failed on the peer's side (`REM_ACCESS_ERR`,
+    /// `REM_OP_ERR`, `REM_INV_REQ_ERR`) waits for the connection manager's word that the
+    /// peer went away before it closes for that failure. A peer's process that dies tears
+    /// down its memory before its connections, so its survivors often see a refused request
+    /// first (and a refusal fails the peer's queue pair too, so a live peer disconnects as
+    /// well); with the word, the close says the peer went away after the refusal
+    /// (`CloseReason::PeerGone`). Such a close is reported at most this much later; 0: at
+    /// once, for the failure.
+    pub peer_grace_ms: u32,
     /// How queued requests become work requests: doorbells and completions.
     pub batching: Batching,
     /// Per-connection scheduling: priority classes, aging, outstanding limits, merging.
@@ -283,6 +292,7 @@ impl Default for WorkerResources {
             timeout: 14,
             retry_cnt: 6,
             keepalive_ms: 1000,
+            peer_grace_ms: 100,
             batching: Batching::default(),
             scheduler: Scheduler::default(),
             qps: Qps::default(),

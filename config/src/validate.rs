@@ -46,6 +46,9 @@ pub mod limits {
     pub const MAX_KEEPALIVE_MS: u32 = 3_600_000;
     /// The longest wait before a worker with connections parks (`worker.park_after_us`): 10 s.
     pub const MAX_PARK_AFTER_US: u32 = 10_000_000;
+    /// The longest wait for a peer's disconnect after a failure on its side
+    /// (`worker.peer_grace_ms`): a minute.
+    pub const MAX_PEER_GRACE_MS: u32 = 60_000;
 }
 
 /// Something worth saying that does not stop the map.
@@ -330,6 +333,7 @@ impl CoreMap {
         range("worker.retry_cnt", u32::from(w.retry_cnt), 0, 7)?;
         range("worker.keepalive_ms", w.keepalive_ms, 0, MAX_KEEPALIVE_MS)?;
         range("worker.park_after_us", w.park_after_us, 0, MAX_PARK_AFTER_US)?;
+        range("worker.peer_grace_ms", w.peer_grace_ms, 0, MAX_PEER_GRACE_MS)?;
         let lanes = self.worker.qps.per_conn.max(1);
         let per_lane = w.recvs_per_lane(1).max(w.recvs_per_lane(lanes));
         if per_lane > w.recv_queue_depth {
@@ -475,6 +479,7 @@ mod tests {
             ("[worker]\nmin_rnr_timer = 32", "worker.min_rnr_timer"),
             ("[worker]\nkeepalive_ms = 3600001", "worker.keepalive_ms"),
             ("[worker]\npark_after_us = 10000001", "worker.park_after_us"),
+            ("[worker]\npeer_grace_ms = 60001", "worker.peer_grace_ms"),
             ("connect_timeout_ms = 0", "connect_timeout_ms"),
             ("[worker]\ntimeout = 0", "worker.timeout"),
             ("[worker]\ntimeout = 32", "worker.timeout"),

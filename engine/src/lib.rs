@@ -24,6 +24,10 @@
 //!   own status (`RetryExcErr`, `RnrRetryExcErr`, a protection error...), its connection closes
 //!   with [`CloseReason::Error`] of it, and the requests flushed because of that close end with
 //!   `WrFlushErr` and name it in [`Done::closed_by`]: consequences, not failures of their own.
+//!   A request the peer's side refused (`RemAccessErr`...) is how a dying peer often shows
+//!   first (its memory goes before its connections): its connection waits up to
+//!   `worker.peer_grace_ms` for the peer's disconnect and then closes with
+//!   [`CloseReason::PeerGone`] of the refusal.
 //! - **A peer that dies is seen in bounded time**, on a busy connection within
 //!   (`worker.retry_cnt` + 1) x 4.096 us x 2^`worker.timeout` (about 0.47 s by default), on an
 //!   idle one within `worker.keepalive_ms` more (a zero-length write probes it;

@@ -235,6 +235,11 @@ pub enum CloseReason {
     Local,
     /// The peer disconnected.
     Peer,
+    /// The peer went away after refusing a request with this status (its memory was gone, as
+    /// when its process ends, or the request reached outside what it offers, which fails the
+    /// peer's queue pair too): the connection manager saw its disconnect within
+    /// `worker.peer_grace_ms` of the refusal.
+    PeerGone(WcStatus),
     /// A request failed and the QP went to the error state.
     Error(WcStatus),
     /// A receive could not be posted again (the verbs call failed; see the worker's metrics):
@@ -258,6 +263,12 @@ impl fmt::Display for CloseReason {
             CloseReason::Peer => f.write_str(
                 "the peer went away (its side disconnected, or its process ended: the \
                  connection manager saw the disconnect)",
+            ),
+            CloseReason::PeerGone(s) => write!(
+                f,
+                "the peer went away after refusing a request with {s} (its memory was gone, \
+                 as when its process ends, or the request reached outside what it offers), \
+                 then the connection manager saw the disconnect"
             ),
             CloseReason::Error(s @ WcStatus::RetryExcErr) => write!(
                 f,
@@ -295,6 +306,8 @@ mod tests {
         use super::CloseReason;
         use corelink_verbs::WcStatus;
         assert!(CloseReason::Peer.to_string().contains("the peer went away"));
+        let gone = CloseReason::PeerGone(WcStatus::RemAccessErr).to_string();
+        assert!(gone.contains("the peer went away") && gone.contains("REM_ACCESS"), "{gone}");
         let retry = CloseReason::Error(WcStatus::RetryExcErr).to_string();
         assert!(retry.contains("stopped answering") && retry.contains("worker.timeout"), "{retry}");
         let flush = CloseReason::Error(WcStatus::WrFlushErr).to_string();

@@ -243,7 +243,9 @@ fn a_refused_queue_pair_says_what_was_asked_and_why() {
 #[test]
 fn a_failed_request_closes_every_lane_of_its_connection() {
     let messages = Arc::default();
-    let mut e = engine(&map("10.99.7.7:0", "[worker.qps]\nper_conn = 4"), &messages);
+    // (a long `worker.peer_grace_ms`: nothing but the peer's disconnect ends the wait for it)
+    let worker = "peer_grace_ms = 60000\n[worker.qps]\nper_conn = 4";
+    let mut e = engine(&map("10.99.7.7:0", worker), &messages);
     let addr = e.listen_addr().unwrap();
     let mut c = e.client(0).unwrap();
     let d = connect(&mut c, addr, 1);
@@ -260,7 +262,8 @@ fn a_failed_request_closes_every_lane_of_its_connection() {
     loop {
         if let Some(Event::Closed { conn: closed, reason }) = c.wait(Duration::from_millis(10)) {
             assert_eq!(closed, conn);
-            assert_eq!(reason, CloseReason::Error(WcStatus::RemAccessErr));
+            // (named for the refusal, after the peer's disconnect: its QP failed too)
+            assert_eq!(reason, CloseReason::PeerGone(WcStatus::RemAccessErr));
             break;
         }
         assert!(Instant::now() < deadline, "the connection never finished closing");

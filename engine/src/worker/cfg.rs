@@ -35,6 +35,9 @@ pub(crate) struct WorkerCfg {
     pub(crate) coalesce_max: u32,
     /// How long a connection may go without traffic before it is probed (`worker.keepalive_ms`).
     pub(crate) keepalive: Option<Duration>,
+    /// How long a close for a failure on the peer's side waits for the peer's disconnect
+    /// (`worker.peer_grace_ms`).
+    pub(crate) peer_grace: Duration,
 }
 
 impl WorkerCfg {
@@ -69,6 +72,7 @@ impl WorkerCfg {
             coalesce_writes: s.coalesce_writes,
             coalesce_max: s.coalesce_max_bytes,
             keepalive: (w.keepalive_ms > 0).then(|| Duration::from_millis(w.keepalive_ms.into())),
+            peer_grace: Duration::from_millis(w.peer_grace_ms.into()),
         }
     }
 }

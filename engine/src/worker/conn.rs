@@ -2,13 +2,15 @@
 //! work requests it has on the device, in post order), and its requests waiting by class.
 
 use arrayvec::ArrayVec;
+use std::time::{Duration, Instant};
+
 use corelink_verbs::{Provider, Qp, QpAttr, QpState, RemoteAddr, WcStatus};
 
 use super::ReqId;
 use crate::handoff::Origin;
 use crate::memory::Exposed;
 use crate::pool::Buf;
-use crate::request::{ConnId, ConnInfo, OpKind};
+use crate::request::{CloseReason, ConnId, ConnInfo, OpKind};
 use crate::slab::Fifo;
 use crate::tunables::{CLASSES, MAX_QPS_PER_CONN};
 
@@ -230,6 +232,43 @@ pub(crate) struct Conn<P: Provider> {
     /// Its completions cannot be trusted (the CQ overran, the device failed): what is left
     /// posted once `worker/untrusted.rs`'s wait runs out is ended by the worker.
     pub(crate) untrusted: bool,
+    /// Its close waits for the peer's disconnect (a request failed on the peer's side).
+    peer_wait: PeerWait,
+}
+
+/// A close held for the peer's disconnect (`worker.peer_grace_ms`): a request the peer's side
+/// refused is often the first sign that the peer's process died (its memory goes before its
+/// connections), ahead of the connection manager's word; the close waits for that word a
+/// while, so that it is named for what it was.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum PeerWait {
+    /// Not held.
+    #[default]
+    No,
+    /// Held from the next look on.
+    Asked,
+    /// Held until then.
+    Until(Instant),
+}
+
+impl PeerWait {
+    /// Whether the close is still held (the clock is read only for a held one; the first look
+    /// starts the wait of `grace`).
+    fn holds(&mut self, now: impl FnOnce() -> Instant, grace: Duration) -> bool {
+        match *self {
+            PeerWait::No => return false,
+            PeerWait::Asked if !grace.is_zero() => *self = PeerWait::Until(now() + grace),
+            PeerWait::Until(t) if now() < t => {}
+            PeerWait::Asked | PeerWait::Until(_) => *self = PeerWait::No,
+        }
+        *self != PeerWait::No
+    }
+}
+
+/// Whether a request's failure with `status` happened on the peer's side: what a peer whose
+/// process is ending looks like before its disconnect arrives.
+fn peer_side(status: WcStatus) -> bool {
+    matches!(status, WcStatus::RemAccessErr | WcStatus::RemOpErr | WcStatus::RemInvReqErr)
 }
 
 impl<P: Provider> Conn<P> {
@@ -254,6 +293,7 @@ impl<P: Provider> Conn<P> {
             next_grant: 0,
             live: super::keepalive::Liveness::new(),
             untrusted: false,
+            peer_wait: PeerWait::No,
         }
     }
 
@@ -276,18 +316,124 @@ impl<P: Provider> Conn<P> {
         }
     }
 
-    /// The first error status of a failed request closes the connection with it.
+    /// The first error status of a failed request closes the connection with it (one on the
+    /// peer's side after a wait for the peer's disconnect: [`Conn::waits_for_peer`]).
     pub(crate) fn note_error(&mut self, status: WcStatus) {
         if self.reason.is_none() {
-            self.reason = Some(crate::request::CloseReason::Error(status));
+            self.reason = Some(CloseReason::Error(status));
+            if peer_side(status) {
+                self.peer_wait = PeerWait::Asked;
+            }
         }
         self.phase = Phase::Closing;
+    }
+
+    /// Whether its close still waits for the peer's disconnect after a failure on the peer's
+    /// side (for `grace` from the first look, when its lanes go to ERR so that what is posted
+    /// flushes meanwhile).
+    pub(crate) fn waits_for_peer(
+        &mut self,
+        now: impl FnOnce() -> Instant,
+        grace: Duration,
+    ) -> bool {
+        if self.peer_wait == PeerWait::Asked {
+            self.error_lanes();
+        }
+        self.peer_wait.holds(now, grace)
+    }
+
+    /// It closes for `reason` (the first reason given stays); returns whether the control
+    /// core is to disconnect it now (once; not while it waits for the peer's disconnect). The
+    /// peer's disconnect during that wait names the refusal that came first as the peer's
+    /// going away; this side's close (an application closing on the refusal) leaves the wait
+    /// as it is; any other reason (a shutdown) ends it.
+    pub(crate) fn closing(&mut self, reason: CloseReason) -> bool {
+        match (reason, self.reason) {
+            (_, _) if self.peer_wait == PeerWait::No => {}
+            (CloseReason::Local, _) => {}
+            (CloseReason::Peer, Some(CloseReason::Error(s))) => {
+                self.reason = Some(CloseReason::PeerGone(s));
+                self.peer_wait = PeerWait::No;
+            }
+            _ => self.peer_wait = PeerWait::No,
+        }
+        self.reason.get_or_insert(reason);
+        self.phase = Phase::Closing;
+        let now = self.peer_wait == PeerWait::No && !self.disconnect_sent;
+        self.disconnect_sent |= now;
+        now
+    }
+
+    /// Whether it can be released: closing, no longer waiting, nothing left on the device.
+    pub(crate) fn releasable(&self) -> bool {
+        self.phase == Phase::Closing && self.peer_wait == PeerWait::No && self.drained()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use corelink_verbs::soft::Soft;
+
+    fn conn() -> Conn<Soft> {
+        let info = ConnInfo {
+            private_data: vec![],
+            peer_recv_size: None,
+            initiated: true,
+            token: 0,
+            lanes: 1,
+            recvs_per_lane: 0,
+        };
+        let id = ConnId { worker: 0, slot: 1, generation: 1 };
+        Conn::new(id, info, Origin::Handler, ArrayVec::new())
+    }
+
+    #[test]
+    fn a_refusal_by_the_peer_waits_a_while_for_its_disconnect() {
+        let (t0, grace) = (Instant::now(), Duration::from_millis(100));
+        let unread = || -> Instant { panic!("the clock is read only for a held close") };
+        // The peer's disconnect during the wait: the close names the peer's going away.
+        let mut c = conn();
+        c.note_error(WcStatus::RemAccessErr);
+        assert!(!c.releasable(), "held before its first look");
+        assert!(c.waits_for_peer(|| t0, grace));
+        assert!(c.waits_for_peer(|| t0 + grace / 2, grace) && !c.releasable());
+        c.closing(CloseReason::Peer);
+        assert_eq!(c.reason, Some(CloseReason::PeerGone(WcStatus::RemAccessErr)));
+        assert!(!c.waits_for_peer(unread, grace) && c.releasable());
+        // No disconnect within the grace: the refusal is the cause, and a disconnect after it
+        // changes nothing.
+        let mut c = conn();
+        c.note_error(WcStatus::RemOpErr);
+        assert!(c.waits_for_peer(|| t0, grace));
+        assert!(!c.waits_for_peer(|| t0 + grace, grace) && c.releasable());
+        c.closing(CloseReason::Peer);
+        assert_eq!(c.reason, Some(CloseReason::Error(WcStatus::RemOpErr)));
+        // A failure on this side, or a grace of 0: no wait.
+        for (status, g) in
+            [(WcStatus::RetryExcErr, grace), (WcStatus::RemAccessErr, Duration::ZERO)]
+        {
+            let mut c = conn();
+            c.note_error(status);
+            assert!(!c.waits_for_peer(unread, g) && c.releasable(), "{status}");
+            assert_eq!(c.reason, Some(CloseReason::Error(status)));
+        }
+        // This side's close during the wait (an application closing on the refusal) neither
+        // ends it nor disconnects; a shutdown ends it (and disconnects, once). The refusal
+        // stays the cause.
+        let mut c = conn();
+        c.note_error(WcStatus::RemInvReqErr);
+        assert!(c.waits_for_peer(|| t0, grace));
+        assert!(!c.closing(CloseReason::Local) && !c.releasable());
+        assert!(c.waits_for_peer(|| t0, grace));
+        assert!(c.closing(CloseReason::Shutdown) && c.releasable());
+        assert!(!c.closing(CloseReason::Shutdown), "disconnected once");
+        assert_eq!(c.reason, Some(CloseReason::Error(WcStatus::RemInvReqErr)));
+        // Without a wait, the first close disconnects, once.
+        let mut c = conn();
+        assert!(c.closing(CloseReason::Local) && !c.closing(CloseReason::Peer));
+        assert_eq!(c.reason, Some(CloseReason::Local));
+    }
 
     #[test]
     fn posted_keeps_post_order_across_its_wrap_and_refuses_beyond_its_depth() {

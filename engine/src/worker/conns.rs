@@ -168,13 +168,13 @@ impl<P: Provider> Conns<P> {
     }
 
     /// Visits every dirty connection that is closing and has not yet been disconnected (one a
-    /// failed request closed: its other lanes are still up), once: `f` disconnects it.
-    pub(crate) fn undisconnected(&mut self, mut f: impl FnMut(&mut Conn<P>)) {
+    /// failed request closed: its other lanes are still up): `disconnect` disconnects it, or
+    /// says it waits (for the peer's disconnect) and is visited again.
+    pub(crate) fn undisconnected(&mut self, mut disconnect: impl FnMut(&mut Conn<P>) -> bool) {
         for &slot in &self.dirty {
             if let Some(c) = self.slots[usize::from(slot)].as_mut() {
                 if c.phase == Phase::Closing && !c.disconnect_sent {
-                    c.disconnect_sent = true;
-                    f(c);
+                    c.disconnect_sent = disconnect(c);
                 }
             }
         }
@@ -188,9 +188,7 @@ impl<P: Provider> Conns<P> {
         for i in 0..self.dirty.len() {
             let slot = self.dirty[i];
             let s = usize::from(slot);
-            let drained =
-                matches!(&self.slots[s], Some(c) if c.phase == Phase::Closing && c.drained());
-            if drained {
+            if matches!(&self.slots[s], Some(c) if c.releasable()) {
                 if let Some(c) = self.slots[s].take() {
                     self.free.push(slot);
                     self.live -= 1;

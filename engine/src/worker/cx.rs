@@ -104,14 +104,7 @@ impl<P: Provider> Cx<P> {
     /// some machines, e.g. a guest whose clock source is the HPET).
     #[inline]
     pub fn now(&self) -> Instant {
-        match self.now.get() {
-            Some(t) => t,
-            None => {
-                let t = Instant::now();
-                self.now.set(Some(t));
-                t
-            }
-        }
+        clock(&self.now)
     }
 
     /// A buffer of at least `len` bytes from the worker's registered pool.
@@ -702,14 +695,9 @@ impl<P: Provider> Cx<P> {
 
     pub(crate) fn begin_close(&mut self, conn: ConnId, reason: CloseReason) -> Result<()> {
         let c = self.conns.get_mut(conn)?;
-        if c.reason.is_none() {
-            c.reason = Some(reason);
-        }
-        c.phase = Phase::Closing;
+        let send = c.closing(reason);
         // No peer keeps access to memory once its connection closes.
         c.grants.clear();
-        let send = !c.disconnect_sent;
-        c.disconnect_sent = true;
         let keys: ArrayVec<u64, MAX_QPS_PER_CONN> = c.lanes.iter().map(|l| l.cm_key).collect();
         self.conns.mark(conn.slot);
         if send {
@@ -767,5 +755,18 @@ impl<P: Provider> Cx<P> {
 
     pub(crate) fn tell_control(&mut self, m: ToControl<P>) {
         self.outbox.tell_control(m);
+    }
+}
+
+/// The loop's clock in `cell`: read once an iteration ([`Cx::now`]).
+#[inline]
+pub(crate) fn clock(cell: &std::cell::Cell<Option<Instant>>) -> Instant {
+    match cell.get() {
+        Some(t) => t,
+        None => {
+            let t = Instant::now();
+            cell.set(Some(t));
+            t
+        }
     }
 }

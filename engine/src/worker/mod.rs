@@ -754,14 +754,20 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     fn finish_closing(&mut self) {
-        let Cx { conns, outbox, .. } = &mut self.cx;
+        let Cx { conns, outbox, now, cfg, .. } = &mut self.cx;
+        let grace = cfg.peer_grace;
         // A connection a failed request closed: every lane's QP to ERR (the failed one is
-        // there already), so that everything posted on it flushes, and the peer disconnected.
+        // there already), so that everything posted on it flushes, and the peer disconnected
+        // (after a wait for the peer's own disconnect, if the failure was on the peer's side).
         conns.undisconnected(|c| {
+            if c.waits_for_peer(|| cx::clock(now), grace) {
+                return false;
+            }
             c.error_lanes();
             for lane in &c.lanes {
                 outbox.tell_control(ToControl::Disconnect { cm_key: lane.cm_key });
             }
+            true
         });
         conns.release_drained(|c| {
             let reason = c.reason.unwrap_or(CloseReason::Local);

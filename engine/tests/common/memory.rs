@@ -1,7 +1,9 @@
 //! Application memory and access control end to end, generic over the provider: an engine
 //! registers 64 MiB of memory, connects to itself three times (three peers), grants each peer
 //! another range with other rights, and revokes one grant mid-run. Every access gets exactly the
-//! status its grant implies, and nothing outside a grant changes. Included by `memory_soft.rs`
+//! status its grant implies, and nothing outside a grant changes. A refused access fails the
+//! peer's queue pair too (as on rxe), so the peer disconnects: the connection that made it
+//! closes naming the peer's going away and the refusal that came first. Included by `memory_soft.rs`
 //! and `engine_ibverbs.rs`.
 
 use std::collections::VecDeque;
@@ -43,6 +45,8 @@ enum Ev {
     Revoked(u8),
     Done(u64, WcStatus, Vec<u8>, Option<u64>),
     Checked(Result<(), String>),
+    /// Peer `n`'s end (initiating or not) closed, and why.
+    Closed(u8, bool, CloseReason),
     Failed(String),
 }
 
@@ -140,6 +144,17 @@ impl<P: Provider> Handler<P> for Tester<P> {
         self.log(Ev::Connected(n, info.initiated));
     }
 
+    fn on_closed(&mut self, _cx: &mut Cx<P>, conn: ConnId, reason: &CloseReason) {
+        let end = self.peers.iter().enumerate().find_map(|(n, p)| {
+            (p.0 == Some(conn))
+                .then_some((n as u8, true))
+                .or((p.1 == Some(conn)).then_some((n as u8, false)))
+        });
+        if let Some((n, initiated)) = end {
+            self.log(Ev::Closed(n, initiated, *reason));
+        }
+    }
+
     fn on_completion(&mut self, _cx: &mut Cx<P>, done: Done<Buf<P>>) {
         let bytes = done.buf.as_ref().map(|b| b.as_slice().to_vec()).unwrap_or_default();
         self.log(Ev::Done(done.token, done.status, bytes, done.old_value));
@@ -164,7 +179,7 @@ impl Bed {
                     Ev::Failed(e) => Some(e.clone()),
                     _ => None,
                 }) {
-                    panic!("{what}: {e}");
+                    panic!("{what}: {e}: {:?}", log);
                 }
                 if let Some(t) = f(&log) {
                     return t;
@@ -202,7 +217,7 @@ pub fn grants_give_exactly_their_ranges_and_rights<P: Provider>(
 ) {
     let text = format!(
         "{provider}\ncontrol_core = 0\nworkers = [1]\nlisten = \"{listen}\"\n\
-         [worker]\nidle_after_us = 1000"
+         [worker]\nidle_after_us = 1000\npeer_grace_ms = 60000"
     );
     let v = parse(&text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
     let s = Arc::new(Shared::default());
@@ -259,6 +274,18 @@ pub fn grants_give_exactly_their_ranges_and_rights<P: Provider>(
     bed.wait("the revoke", |log| log.contains(&Ev::Revoked(1)).then_some(()));
     bed.cmd(Cmd::Write(1, g1.at(200), vec![4; 8], 12));
     assert_eq!(bed.done(12).0, WcStatus::RemAccessErr, "a write after the revoke");
+    // Each refusal closed both ends: the accepting end's queue pair failed (its receives
+    // flushed) and it disconnected, and the initiating end, waiting for that (a long
+    // `peer_grace_ms`: nothing else ends its wait), names it with the refusal.
+    for n in 1..=3 {
+        let why = bed.wait("the initiating end's close", |log| {
+            log.iter().find_map(|e| match e {
+                Ev::Closed(m, true, r) if *m == n => Some(*r),
+                _ => None,
+            })
+        });
+        assert_eq!(why, CloseReason::PeerGone(WcStatus::RemAccessErr), "peer {n}: {why}");
+    }
 
     // Nothing else changed, in all 64 MiB.
     bed.cmd(Cmd::Check(changed));
