@@ -19,8 +19,9 @@
 #    accept_foreign, echoed with it (foreign-peer.sh);
 # 11. on the runner's second wire (--wire: rxea <-> rxeb over a veth pair, netem on both ends),
 #    RC completes every iteration at 1 % loss and, at 100 % loss from mid-run, the client fails
-#    (not hangs) naming IBV_WC_RETRY_EXC_ERR, and on an idle connection both sides see 100 %
-#    loss through the keepalive (wire-check.sh, about 20 s); and the RPC layer's accounting
+#    (not hangs) naming IBV_WC_RETRY_EXC_ERR, on an idle connection both sides see 100 % loss
+#    through the keepalive, and after kill -9 of either side the survivor says that the peer
+#    went away (wire-check.sh, about 45 s); and the RPC layer's accounting
 #    (rpc_faults as two processes: every call ends once, within its deadline, none runs twice)
 #    under netem loss, delay, duplication and reordering and kill -9 of either side
 #    (rpc-wire.sh, about 2.5 minutes). Skipped, and said so, without --wire (a host's own device

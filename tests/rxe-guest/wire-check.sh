@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs in the Soft-RoCE guest with the runner's --wire (tests/rxe-guest/run --wire -- bash
 # tests/rxe-guest/wire-check.sh): RC over a real wire (rxea on clwa <-> rxeb on clwb), netem on
-# both veths. Three checks, each under a hard timeout, about 35 s in all:
+# both veths. Four checks, each under a hard timeout, about 45 s in all:
 #   1. at 1 % loss each way, corelink-perf write_bw (-n 1000, 4 KiB; server on A, client on B)
 #      completes every iteration, server and client exiting 0;
 #   2. at 100 % loss from the middle of a run, the client fails, not hangs, with an error naming
@@ -12,7 +12,11 @@
 #      is seen by both sides through the engine's keepalive (worker.keepalive_ms, 1 s by
 #      default: a zero-length RDMA write after a second without traffic), each closing with
 #      "the peer stopped answering ... keepalive" within keepalive_ms + (retry_cnt + 1) x 67 ms,
-#      about 1.5 s; before, an idle connection never heard of a dead wire. Delays printed.
+#      about 1.5 s; before, an idle connection never heard of a dead wire. Delays printed;
+#   4. kill -9 of the server, then of the client, mid-run: the survivor fails, not hangs,
+#      saying that the peer went away (issue 14's defect 5: a killed server's memory goes
+#      before its connections, and the client's writes were refused first; its close waits
+#      worker.peer_grace_ms for the disconnect). Delays printed.
 # tests/rxe-guest/wire.sh measures more (perftest beside, 10 % loss, delay, kill -9, UC).
 # Build first on the host: cargo build -p corelink-apps --bins --examples (or set CORELINK_PERF
 # and ENGINE_EXAMPLES).
@@ -98,6 +102,26 @@ if [ -x "$echo_bin" ]; then
 else
   fail "no $echo_bin (cargo build -p corelink-apps --examples)"
 fi
+# 4. kill -9 of either side mid-run: the survivor says that the peer went away.
+for victim in server client; do
+  wire delay 0ms
+  server -D 30
+  timeout -k 5 45 taskset -c 0 "$bin" write_bw -s 4096 -D 30 --config "$work/b.toml" -p $port --timeout 40 "$A_IP" > "$work/c.out" 2> "$work/c.log" & cli=$!
+  s0=$(sent)
+  for _ in $(seq 200); do [ $(($(sent) - s0)) -ge 300 ] && break; sleep 0.1; done
+  if [ $victim = server ]; then dead=$srv alive=$cli log=$work/c.log; else dead=$cli alive=$srv log=$work/s.log; fi
+  t0=$EPOCHREALTIME
+  pkill -9 -P $dead; wait $dead 2> /dev/null
+  wait $alive; arc=$?
+  t1=$EPOCHREALTIME
+  took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+  if [ $arc != 0 ] && [ $arc != 124 ] && [ $arc != 137 ] && grep -q 'the peer went away' "$log"; then
+    pass "kill -9 of the $victim mid-run: the survivor failed $took s after it: $(grep 'corelink-perf: ' "$log" | tail -1 | cut -c1-160)"
+  else
+    fail "kill -9 of the $victim mid-run: the survivor exited $arc after $took s, without saying that the peer went away"
+  fi
+done
+wire clear
 rm -rf "$work"
 echo "wire-check: $passed passed, $failed failed"
 [ $failed = 0 ]
