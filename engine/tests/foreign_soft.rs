@@ -2,7 +2,8 @@
 //! without the engine's header is rejected by default, with the reason in the reject and
 //! counted (before, it was taken for a one-lane engine connection with no data); with
 //! `accept_foreign = true` it becomes a one-lane connection whose private data is the peer's
-//! whole private data, on which sends work both ways.
+//! whole private data, on which sends work both ways. A plain peer that never disconnects
+//! keeps a refused request's close waiting (`worker.peer_grace_ms`) until the engine's shutdown.
 
 use std::net::SocketAddr;
 use std::sync::mpsc;
@@ -214,4 +215,52 @@ fn an_engine_connects_to_a_plain_server() {
     assert_eq!(&got, b"to a plain server");
     drop(c);
     e.shutdown().unwrap();
+}
+
+/// A write a plain server refuses (no memory of its own is exposed: any key is bad) closes the
+/// engine's connection; with a long `worker.peer_grace_ms` the close waits for the server's
+/// disconnect, which a plain program that does not react never sends: the engine's shutdown
+/// ends the wait (well before the grace), and the close is named for the refusal.
+#[test]
+fn a_shutdown_ends_a_close_waiting_for_a_peer_that_never_disconnects() {
+    let text = "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"10.99.8.6:0\"\n\
+                [worker]\nidle_after_us = 1000\npeer_grace_ms = 60000";
+    let v = parse(text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
+    let (tx, _rx) = mpsc::channel();
+    let mut e =
+        Engine::<Soft>::start(&v, Placement::RoundRobin, move |_| Echo(tx.clone())).unwrap();
+    let mut p = Plain::new();
+    let mut l = p.ctx.listen("10.99.8.7:0".parse().unwrap()).unwrap();
+    let addr = corelink_engine::verbs::Listener::local_addr(&l);
+    let mut c = e.client(0).unwrap();
+    c.connect(addr, b"", 1).unwrap();
+    let req =
+        corelink_engine::verbs::Listener::get_request(&mut l, HANG).unwrap().expect("a request");
+    let _conn =
+        corelink_engine::verbs::ConnRequest::accept(req, &mut p.qp, &QpAttr::default(), b"")
+            .unwrap();
+    let conn = match c.wait(HANG) {
+        Some(Event::Connected { conn, .. }) => conn,
+        ev => panic!("{ev:?}"),
+    };
+    let remote = corelink_engine::verbs::RemoteAddr { addr: 4096, rkey: 77 };
+    c.submit(conn, Op::Write { buf: vec![1; 8], remote, imm: None }, 2)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    match c.wait(HANG) {
+        Some(Event::Done(d)) => assert_eq!((d.token, d.status), (2, WcStatus::RemAccessErr)),
+        ev => panic!("{ev:?}"),
+    }
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || done_tx.send(e.shutdown().map(|_| ())));
+    let closed = loop {
+        match c.wait(HANG) {
+            Some(Event::Closed { conn: id, reason }) if id == conn => break reason,
+            Some(_) => {}
+            None => panic!("no close"),
+        }
+    };
+    assert_eq!(closed, CloseReason::Error(WcStatus::RemAccessErr), "{closed}");
+    let shut = done_rx.recv_timeout(HANG).expect("the shutdown did not wait out the grace");
+    shut.unwrap();
 }

@@ -364,9 +364,14 @@ impl<P: Provider> Conn<P> {
         now
     }
 
+    /// Whether its close waits for the peer's disconnect.
+    pub(crate) fn awaits_peer(&self) -> bool {
+        self.peer_wait != PeerWait::No
+    }
+
     /// Whether it can be released: closing, no longer waiting, nothing left on the device.
     pub(crate) fn releasable(&self) -> bool {
-        self.phase == Phase::Closing && self.peer_wait == PeerWait::No && self.drained()
+        self.phase == Phase::Closing && !self.awaits_peer() && self.drained()
     }
 }
 

@@ -112,9 +112,12 @@ impl<P: Provider> Cx<P> {
             .conns
             .iter()
             .filter(|c| {
-                c.phase == Phase::Open
-                    && (late
-                        || (c.waiting.len == 0 && c.lanes.iter().all(|l| l.sq.posted.is_empty())))
+                // (a close waiting for its peer's disconnect waits no longer)
+                c.awaits_peer()
+                    || c.phase == Phase::Open
+                        && (late
+                            || (c.waiting.len == 0
+                                && c.lanes.iter().all(|l| l.sq.posted.is_empty())))
             })
             .map(|c| c.id)
             .take(64)
