@@ -17,14 +17,16 @@
 #     server has nothing in flight: if it has not heard 10 s later, that is reported, not failed);
 #   - kill -9 of the server mid-run (the client's report and delay) and of the client (the
 #     server's);
-#   - UC send_bw at 10 % loss (corelink-perf -c UC, on verbs).
+#   - UC send_bw at 10 % loss (corelink-perf -c UC, on verbs), and at 100 % loss from the
+#     middle of a 5 s run (UC sends complete whatever the wire does; the client then waits up
+#     to 60 s for the server's count on its TCP control connection, over the same dead wire).
 # Times are measurements, not assertions. Exit status: 1 if a run hung (ended by its hard
 # timeout), crashed (killed by a signal we did not send) or completed with the wrong number of
 # iterations; otherwise 0, whatever the times. A client that fails is a measurement (under 10 %
 # loss the connection manager's handshake itself may time out); its server, which may still be
 # waiting, gets 10 s and is then ended by the script and reported so. ITERS (3000), SIZE (4096), REPS (pairs per loss
-# condition: 3), ONLY="name ..." (run only those of: bw delay loss100 kill_server kill_client uc),
-# CORELINK_PERF (the binary). About 7 minutes in the emulated guest.
+# condition: 3), ONLY="name ..." (run only those of: bw delay loss100 kill_server kill_client uc
+# uc100), CORELINK_PERF (the binary). About 8 minutes in the emulated guest.
 set -u
 : "${CORELINK_WIRE_A_DEVICE:?run this inside tests/rxe-guest/run --wire}"
 A_DEV=$CORELINK_WIRE_A_DEVICE A_GID=$CORELINK_WIRE_A_GID_INDEX A_IP=$CORELINK_WIRE_A_IP A_NET=$CORELINK_WIRE_A_NETDEV
@@ -295,6 +297,31 @@ if on uc; then
   row "$cond" server "$(short "$J: $(why "$work/s.log")")" "$(secs "$t0" "$t2")" ""
   notes+=("$cond, client: $(why "$work/c.log")" "$cond, server: $(why "$work/s.log")")
   wire clear
+fi
+
+# -- UC at 100 % loss from mid-run ----------------------------------------------------------------
+if on uc100; then
+  cond="UC send_bw, 100% loss mid-run" port=$((port + 1))
+  wire delay 0ms
+  timeout -k 5 100 taskset -c 1 "$perf" send_bw -c UC -D 5 -s "$size" --config "$work/a.toml" --bind "$A_IP" -p $port > "$work/s.log" 2>&1 & srv=$!
+  wait_listening "$work/s.log" || sleep 2
+  timeout -k 5 100 taskset -c 0 "$perf" send_bw -c UC -D 5 -s "$size" --config "$work/b.toml" -p $port --json "$A_IP" > "$work/c.out" 2> "$work/c.log" & cli=$!
+  wait_flowing || echo "wire: no data flowing after 30 s"
+  sleep 1
+  b0=$(snap)
+  t0=$EPOCHREALTIME
+  wire loss 100%
+  wait $cli; crc=$?
+  t1=$EPOCHREALTIME
+  l=$(lost "$b0")
+  reap $srv 40; src=$RC
+  t2=$EPOCHREALTIME
+  wire clear
+  judge $crc
+  row "$cond" client "$(short "$J: $(why "$work/c.log")")" "$(secs "$t0" "$t1")" "$l"
+  if [ "$src" = alive ]; then J="still running 40 s after its client ended (ended by the script)"; else judge "$src"; fi
+  row "$cond" server "$(short "$J: $(why "$work/s.log")")" "$(secs "$t0" "$t2")" ""
+  notes+=("$cond, client: $(why "$work/c.log")" "$cond, server: $(why "$work/s.log")")
 fi
 
 echo

@@ -113,6 +113,7 @@ pub fn server<P: Provider>(
     let (mut sock, from) = listener.accept().map_err(|e| format!("accepting a client: {e}"))?;
     drop(listener);
     let _ = sock.set_nodelay(true);
+    wire::keep_alive(&sock)?;
     let peer = wire::recv_info(&mut sock).map_err(|e| format!("client {from}: {e}"))?;
     if let Some(why) = refusal(plan, &peer) {
         let _ = wire::send_answer(&mut sock, Err(&why));
@@ -177,6 +178,7 @@ pub fn client<P: Provider>(
     let mut side = Side::new(dev, plan, plan.test == Test::SendLat)?;
     let mut sock = connect(addr, g)?;
     let _ = sock.set_nodelay(true);
+    wire::keep_alive(&sock)?;
     sock.set_read_timeout(Some(ANSWER_WITHIN)).map_err(|e| format!("the socket: {e}"))?;
     wire::send_info(&mut sock, &side.info(plan))?;
     let peer = wire::recv_answer(&mut sock)?;

@@ -5,6 +5,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
+use std::time::Duration;
 
 use corelink_verbs::{Gid, RemoteRegion};
 
@@ -203,13 +204,49 @@ pub fn send_ctl(s: &mut TcpStream, c: Ctl) -> Result<(), String> {
     s.write_all(&c.to_bytes()).map_err(io(&format!("sending {c:?}")))
 }
 
+/// TCP keepalive on the control connection: a probe after this long without traffic...
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// ...then one this often...
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// ...and the connection is dead after this many unanswered: its peer's host or the wire
+/// between is seen gone within 25 s, however long a test runs without control messages (the
+/// peer's kernel answers the probes, busy or not).
+const KEEPALIVE_PROBES: u32 = 3;
+
+/// Turns TCP keepalive on for the control connection `s` (see [`KEEPALIVE_PROBES`]).
+pub fn keep_alive(s: &TcpStream) -> Result<(), String> {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    socket2::SockRef::from(s)
+        .set_tcp_keepalive(&ka)
+        .map_err(io("TCP keepalive on the control socket"))
+}
+
+/// What a failed read of control connection `s` means.
+fn ctl_error(e: &std::io::Error, s: &TcpStream) -> String {
+    match e.kind() {
+        ErrorKind::UnexpectedEof => "the peer closed the connection".to_string(),
+        // (the socket's read timeout ran out: the OS says EAGAIN, which names no cause)
+        ErrorKind::WouldBlock => format!(
+            "no control message within {:?}: the control connection (TCP, on the same network \
+             as the test) carried nothing, so the peer or the wire between is down",
+            s.read_timeout().ok().flatten().unwrap_or_default()
+        ),
+        ErrorKind::TimedOut => format!(
+            "the control connection died: the peer's host stopped answering TCP keepalives \
+             ({} probes {:?} apart after {:?} idle), so it or the wire between is down",
+            KEEPALIVE_PROBES, KEEPALIVE_INTERVAL, KEEPALIVE_IDLE
+        ),
+        _ => format!("receiving a control message: {e}"),
+    }
+}
+
 /// Waits for the next control message.
 pub fn recv_ctl(s: &mut TcpStream) -> Result<Ctl, String> {
     let mut b = [0u8; CTL_BYTES];
-    s.read_exact(&mut b).map_err(|e| match e.kind() {
-        ErrorKind::UnexpectedEof => "the peer closed the connection".to_string(),
-        _ => format!("receiving a control message: {e}"),
-    })?;
+    s.read_exact(&mut b).map_err(|e| ctl_error(&e, s))?;
     Ctl::from_bytes(&b)
 }
 
@@ -224,13 +261,29 @@ pub fn poll_ctl(s: &mut TcpStream) -> Result<Option<Ctl>, String> {
         Ok(n) if n >= CTL_BYTES => recv_ctl(s).map(Some),
         Ok(_) => Ok(None),
         Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
-        Err(e) => Err(format!("the control socket: {e}")),
+        Err(e) => Err(ctl_error(&e, s)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_control_message_that_never_comes_is_named_as_such() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_quiet, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_millis(20))).unwrap();
+        let e = recv_ctl(&mut s).unwrap_err();
+        assert!(e.contains("no control message within") && e.contains("down"), "{e}");
+        assert!(!e.contains("os error"), "{e}");
+        let dead = std::io::Error::from(ErrorKind::TimedOut);
+        let e = ctl_error(&dead, &s);
+        assert!(e.contains("keepalives") && e.contains("down"), "{e}");
+        keep_alive(&s).unwrap();
+        assert!(socket2::SockRef::from(&s).keepalive().unwrap(), "keepalive is on");
+    }
 
     #[test]
     fn info_and_ctl_round_trip() {
