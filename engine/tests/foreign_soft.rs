@@ -38,10 +38,12 @@ impl Handler<Soft> for Echo {
     }
 }
 
-fn engine(listen: &str, extra: &str) -> (Engine<Soft>, mpsc::Receiver<String>) {
+/// An engine listening on `listen`, with `extra` lines at the map's top and `worker` lines in
+/// its `[worker]` table.
+fn engine(listen: &str, extra: &str, worker: &str) -> (Engine<Soft>, mpsc::Receiver<String>) {
     let text = format!(
         "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{listen}\"\n{extra}\n\
-         [worker]\nidle_after_us = 1000"
+         [worker]\nidle_after_us = 1000\n{worker}"
     );
     let v = parse(&text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
     let (tx, rx) = mpsc::channel();
@@ -75,6 +77,21 @@ impl Plain {
         Plain { ctx, cq, qp, mr, _pd: pd }
     }
 
+    /// Listens at `at` and has client `c` connect to it: the listener, and the engine's
+    /// connection request, not yet answered.
+    fn dialed_by(
+        &self,
+        c: &mut Client,
+        at: &str,
+    ) -> (<Soft as Provider>::Listener, <Soft as Provider>::ConnRequest) {
+        let mut l = self.ctx.listen(at.parse().unwrap()).unwrap();
+        c.connect(corelink_engine::verbs::Listener::local_addr(&l), b"", 1).unwrap();
+        let req = corelink_engine::verbs::Listener::get_request(&mut l, HANG)
+            .unwrap()
+            .expect("a request");
+        (l, req)
+    }
+
     fn wait(&self) -> Wc {
         let deadline = Instant::now() + HANG;
         let mut wc = [Wc::default()];
@@ -92,7 +109,7 @@ fn heard(rx: &mpsc::Receiver<String>) -> String {
 
 #[test]
 fn a_request_without_the_engine_header_is_rejected_with_the_reason() {
-    let (e, rx) = engine("10.99.8.1:0", "");
+    let (e, rx) = engine("10.99.8.1:0", "", "");
     let addr: SocketAddr = e.listen_addr().unwrap();
     let mut p = Plain::new();
     let err = p.ctx.connect(addr, &mut p.qp, &QpAttr::default(), HELLO, HANG).unwrap_err();
@@ -110,7 +127,7 @@ fn a_request_without_the_engine_header_is_rejected_with_the_reason() {
 
 #[test]
 fn accept_foreign_makes_a_plain_peer_a_one_lane_connection() {
-    let (e, rx) = engine("10.99.8.2:0", "accept_foreign = true");
+    let (e, rx) = engine("10.99.8.2:0", "accept_foreign = true", "");
     let addr: SocketAddr = e.listen_addr().unwrap();
     let mut p = Plain::new();
     // The echo's receive, posted in INIT (before the connection can carry anything).
@@ -150,7 +167,7 @@ fn accept_foreign_makes_a_plain_peer_a_one_lane_connection() {
 /// its lane is dropped and the handler never hears of it.
 #[test]
 fn a_half_open_peer_delays_no_other_connect() {
-    let (mut e, rx) = engine("10.99.8.3:0", "accept_foreign = true");
+    let (mut e, rx) = engine("10.99.8.3:0", "accept_foreign = true", "");
     let addr: SocketAddr = e.listen_addr().unwrap();
     let stalled = Soft::open("soft0").unwrap().request_only(addr, b"stalled").unwrap();
     let deadline = Instant::now() + HANG;
@@ -182,14 +199,10 @@ fn a_half_open_peer_delays_no_other_connect() {
 /// arrives.
 #[test]
 fn an_engine_connects_to_a_plain_server() {
-    let (mut e, _rx) = engine("10.99.8.4:0", "");
+    let (mut e, _rx) = engine("10.99.8.4:0", "", "");
     let mut p = Plain::new();
-    let mut l = p.ctx.listen("10.99.8.5:0".parse().unwrap()).unwrap();
-    let addr = corelink_engine::verbs::Listener::local_addr(&l);
     let mut c = e.client(0).unwrap();
-    c.connect(addr, b"", 1).unwrap();
-    let req =
-        corelink_engine::verbs::Listener::get_request(&mut l, HANG).unwrap().expect("a request");
+    let (_l, req) = p.dialed_by(&mut c, "10.99.8.5:0");
     // The server's receive for the client's send, posted in INIT before the accept.
     p.qp.modify(&QpAttr { state: QpState::Init, ..QpAttr::default() }).unwrap();
     let into = p.mr.sge(0, 64).unwrap();
@@ -223,19 +236,10 @@ fn an_engine_connects_to_a_plain_server() {
 /// ends the wait (well before the grace), and the close is named for the refusal.
 #[test]
 fn a_shutdown_ends_a_close_waiting_for_a_peer_that_never_disconnects() {
-    let text = "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"10.99.8.6:0\"\n\
-                [worker]\nidle_after_us = 1000\npeer_grace_ms = 60000";
-    let v = parse(text).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
-    let (tx, _rx) = mpsc::channel();
-    let mut e =
-        Engine::<Soft>::start(&v, Placement::RoundRobin, move |_| Echo(tx.clone())).unwrap();
+    let (mut e, _rx) = engine("10.99.8.6:0", "", "peer_grace_ms = 60000");
     let mut p = Plain::new();
-    let mut l = p.ctx.listen("10.99.8.7:0".parse().unwrap()).unwrap();
-    let addr = corelink_engine::verbs::Listener::local_addr(&l);
     let mut c = e.client(0).unwrap();
-    c.connect(addr, b"", 1).unwrap();
-    let req =
-        corelink_engine::verbs::Listener::get_request(&mut l, HANG).unwrap().expect("a request");
+    let (_l, req) = p.dialed_by(&mut c, "10.99.8.7:0");
     let _conn =
         corelink_engine::verbs::ConnRequest::accept(req, &mut p.qp, &QpAttr::default(), b"")
             .unwrap();

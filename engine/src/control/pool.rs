@@ -2,8 +2,9 @@
 //! ahead (at engine start, and again in the control loop when it is idle) and kept in RESET, so
 //! that a new connection's lanes take ready QPs instead of creating them; a released lane's QP
 //! comes back for reuse, reset when the loop is idle (resets and creates are slow system calls:
-//! neither should delay a connection coming up) or, if a connection needs it first, then. The pool also enforces `worker.qps.max`: the QPs of the
-//! worker that exist (in use and pooled) never exceed it.
+//! neither should delay a connection coming up) or, if a connection needs it first, then. The
+//! pool also enforces `worker.qps.max`: the QPs of the worker that exist (in use and pooled)
+//! never exceed it.
 //!
 //! Reuse, per provider:
 //! - `soft`: a QP moved to RESET forgets its queues and its peer; `connect` and `accept` take

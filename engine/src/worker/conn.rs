@@ -348,18 +348,19 @@ impl<P: Provider> Conn<P> {
     /// going away; this side's close (an application closing on the refusal) leaves the wait
     /// as it is; any other reason (a shutdown) ends it.
     pub(crate) fn closing(&mut self, reason: CloseReason) -> bool {
-        match (reason, self.reason) {
-            (_, _) if self.peer_wait == PeerWait::No => {}
-            (CloseReason::Local, _) => {}
-            (CloseReason::Peer, Some(CloseReason::Error(s))) => {
-                self.reason = Some(CloseReason::PeerGone(s));
-                self.peer_wait = PeerWait::No;
+        if self.awaits_peer() {
+            match (reason, self.reason) {
+                (CloseReason::Local, _) => {}
+                (CloseReason::Peer, Some(CloseReason::Error(s))) => {
+                    self.reason = Some(CloseReason::PeerGone(s));
+                    self.peer_wait = PeerWait::No;
+                }
+                _ => self.peer_wait = PeerWait::No,
             }
-            _ => self.peer_wait = PeerWait::No,
         }
         self.reason.get_or_insert(reason);
         self.phase = Phase::Closing;
-        let now = self.peer_wait == PeerWait::No && !self.disconnect_sent;
+        let now = !self.awaits_peer() && !self.disconnect_sent;
         self.disconnect_sent |= now;
         now
     }

@@ -113,11 +113,8 @@ impl<P: Provider> Cx<P> {
             .iter()
             .filter(|c| {
                 // (a close waiting for its peer's disconnect waits no longer)
-                c.awaits_peer()
-                    || c.phase == Phase::Open
-                        && (late
-                            || (c.waiting.len == 0
-                                && c.lanes.iter().all(|l| l.sq.posted.is_empty())))
+                let idle = c.waiting.len == 0 && c.lanes.iter().all(|l| l.sq.posted.is_empty());
+                c.awaits_peer() || (c.phase == Phase::Open && (late || idle))
             })
             .map(|c| c.id)
             .take(64)

@@ -300,13 +300,9 @@ impl Mux {
         if look && empty_at != 0 && since_empty < DRAIN_GAP.as_nanos() as u64 {
             return Ok(Lead::Done); // (read empty a moment ago; what came since, a waiter reads)
         }
-        while let Some(ev) = self.ch.take()? {
-            if Mux::key_of(&ev) == key {
-                return Ok(Lead::Mine(ev));
-            }
-            self.queue(ev);
+        if let Some(ev) = self.read_now(Some(key))? {
+            return Ok(Lead::Mine(ev));
         }
-        self.empty_at.store(self.stamp(Instant::now()), Ordering::Release);
         // (A short wait at a time, so that a waiter with an earlier deadline leads soon.)
         let now = Instant::now();
         let until = deadline.map_or(now + LEAD_SLICE, |d| d.min(now + LEAD_SLICE));
@@ -317,6 +313,19 @@ impl Mux {
             Readable::Yes | Readable::TimedOut => Ok(Lead::Again),
             Readable::Woken => Ok(Lead::Done),
         }
+    }
+
+    /// Reads what the channel has now, queuing each event for its id's owner, until it is
+    /// empty (noted: [`DRAIN_GAP`]) or an event of id `mine` comes, which is returned.
+    fn read_now(&self, mine: Option<usize>) -> io::Result<Option<Event>> {
+        while let Some(ev) = self.ch.take()? {
+            if Some(Mux::key_of(&ev)) == mine {
+                return Ok(Some(ev));
+            }
+            self.queue(ev);
+        }
+        self.empty_at.store(self.stamp(Instant::now()), Ordering::Release);
+        Ok(None)
     }
 
     /// Queues `ev` for its id's owner (or acknowledges it, for an id being destroyed).
@@ -340,16 +349,10 @@ impl Mux {
         }
         st.leader = true;
         drop(st);
-        let read = (|| {
-            while let Some(ev) = self.ch.take()? {
-                self.queue(ev);
-            }
-            self.empty_at.store(self.stamp(Instant::now()), Ordering::Release);
-            Ok(())
-        })();
+        let read = self.read_now(None);
         self.lock().leader = false;
         self.cv.notify_all();
-        read
+        read.map(drop)
     }
 
     /// Forgets id `key` before it is destroyed: its queued events are acknowledged (a queued
