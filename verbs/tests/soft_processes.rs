@@ -557,6 +557,12 @@ fn a_post_to_a_stopped_peer_does_not_wait() {
     let pid = child.id() as libc::pid_t;
     // SAFETY: signals to the peer this test spawned (and reaps).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // kill() returns before the stop takes hold: wait until every thread of the peer is stopped,
+    // or it may still answer the send below.
+    let mut st = 0;
+    // SAFETY: the child is this test's; WUNTRACED reports its stop and reaps nothing.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, libc::WUNTRACED) }, pid);
+    assert!(libc::WIFSTOPPED(st), "the peer did not stop: status {st:#x}");
     let sge = e.mr.sge(0, 4).expect("sge");
     // SAFETY: the region outlives the request, polled below.
     unsafe { e.qp.post_send(&[SendWr::new(SENT, SendOp::Send, &[sge])]) }.expect("post_send");
