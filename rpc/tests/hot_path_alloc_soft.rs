@@ -9,12 +9,17 @@
 //! On `soft` only (not in `rpc_ibverbs.rs`): the counting allocator is the whole process's
 //! and its window's statics are one run's, so the check needs a binary of its own; an ibverbs
 //! twin, as the engine's `hot_path_alloc.rs` has, would go here under `feature = "ibverbs"`.
+//!
+//! The same with merging on: echo calls of a mergeable type whose requests take four values,
+//! so that most calls ride on an identical one in flight and merge groups begin and end all the
+//! time (their vectors and the map's room are reused once warm).
 
 mod common;
 mod counting;
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
@@ -37,6 +42,10 @@ const IN_FLIGHT: u64 = 32;
 static MEASURED_ALLOCATIONS: AtomicU64 = AtomicU64::new(u64::MAX);
 /// Calls that did not end with their echo.
 static FAILED: AtomicU64 = AtomicU64::new(0);
+/// Whether the calls are the merging run's (`ECHO` mergeable, four distinct requests).
+static MERGING: AtomicBool = AtomicBool::new(false);
+/// One run at a time (the statics above are the run's).
+static ONE_RUN: Mutex<()> = Mutex::new(());
 
 /// The raw call's continuation: checks the echo, then as `next`.
 fn again(rpc: &mut Rpc<'_, Soft>, outcome: Result<&[u8], RpcError>) {
@@ -50,6 +59,16 @@ fn again(rpc: &mut Rpc<'_, Soft>, outcome: Result<&[u8], RpcError>) {
 /// then as `next`.
 fn again_typed(rpc: &mut Rpc<'_, Soft>, outcome: Result<u64, RpcError>) {
     if outcome.map_or(true, |n| n != 9) {
+        FAILED.fetch_add(1, Ordering::Relaxed);
+    }
+    next(rpc);
+}
+
+/// The merging run's continuation: checks that the echo is one of the four requests, then
+/// as `next`.
+fn again_merged(rpc: &mut Rpc<'_, Soft>, outcome: Result<&[u8], RpcError>) {
+    let echoed = outcome.ok().and_then(|r| r.try_into().ok()).map(u64::from_le_bytes);
+    if echoed.is_none_or(|v| v >= 4) {
         FAILED.fetch_add(1, Ordering::Relaxed);
     }
     next(rpc);
@@ -70,6 +89,9 @@ fn next(rpc: &mut Rpc<'_, Soft>) {
     if ended + IN_FLIGHT <= WARM_UP + MEASURED {
         let Some(s) = SESSION.get() else { return };
         let made = match ended % 2 {
+            _ if MERGING.load(Ordering::Relaxed) => {
+                rpc.call(s, ECHO, &(ended % 4).to_le_bytes(), LONG, again_merged)
+            }
             0 => rpc.call(s, ECHO, &8u64.to_le_bytes(), LONG, again),
             _ => rpc.call_method::<AddOne>(s, &8, LONG, again_typed),
         };
@@ -81,15 +103,37 @@ fn next(rpc: &mut Rpc<'_, Soft>) {
 
 #[test]
 fn steady_state_calls_allocate_nothing_on_the_worker() {
+    let m = steady_state(false, "10.98.15.1");
+    assert_eq!(m.merged, 0, "{m:?}");
+}
+
+#[test]
+fn steady_state_merged_calls_allocate_nothing_on_the_worker() {
+    let m = steady_state(true, "10.98.15.2");
+    // (most calls ride on an identical one: four requests, 32 calls in flight)
+    assert!(m.merged > MEASURED / 2, "{m:?}");
+}
+
+/// Runs the closed loop (merging or not) and checks that its measured window allocated
+/// nothing and every call got its echo; returns the endpoint's metrics.
+fn steady_state(merging: bool, ip: &str) -> corelink_rpc::RpcMetrics {
+    let _one = ONE_RUN.lock().unwrap_or_else(|e| e.into_inner());
+    MEASURED_ALLOCATIONS.store(u64::MAX, Ordering::Release);
+    FAILED.store(0, Ordering::Relaxed);
+    MERGING.store(merging, Ordering::Relaxed);
     // The counter counts.
     COUNTING.set(true);
     let b = std::hint::black_box(Box::new(7u64));
     COUNTING.set(false);
     drop(b);
     assert_eq!(COUNT.get(), 1, "the counter counts");
-    let site = Site::soft("10.98.15.1");
+    let site = Site::soft(ip);
     let at = site.listen;
-    let rig = Rig::<Soft>::start(&site.map(""), IN_FLIGHT as u16, move || {
+    let credits = move |cfg: corelink_rpc::EndpointConfig| cfg.with_credits(IN_FLIGHT as u16);
+    let mergeable = move |ep: &mut corelink_rpc::Endpoint<Soft>| {
+        ep.set_mergeable(ECHO, merging).unwrap();
+    };
+    let rig = Rig::<Soft>::start_setup(&site.map(""), credits, mergeable, move || {
         move |rpc: &mut Rpc<'_, Soft>, ev| match ev {
             Ev::Start => {
                 rpc.connect(at).unwrap();
@@ -114,4 +158,5 @@ fn steady_state_calls_allocate_nothing_on_the_worker() {
     let allocations = MEASURED_ALLOCATIONS.load(Ordering::Relaxed);
     println!("{MEASURED} calls after {WARM_UP} to warm up: {allocations} allocations; {m:?}");
     assert_eq!(allocations, 0, "allocations on the worker in steady state");
+    m
 }

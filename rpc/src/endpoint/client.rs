@@ -9,8 +9,8 @@ use corelink_engine::{Buf, Cx, Done, EngineError};
 
 use super::packer::Outgoing;
 use super::{
-    slot_token, token_slot, Ask, Call, Continuation, Endpoint, MergeGroup, Phase, SlotUse,
-    CLIENT_READ, TOKEN_SEQ_MASK,
+    slot_token, token_slot, Ask, Call, Continuation, Endpoint, Phase, SlotUse, CLIENT_READ,
+    TOKEN_SEQ_MASK,
 };
 use crate::config::EXPIRE_EVERY;
 use crate::error::{Malformed, Result, RpcError};
@@ -61,13 +61,30 @@ impl<P: Provider> Endpoint<P> {
         fill: impl FnOnce(&mut [u8]),
         then: Continuation<P>,
     ) -> Result<CallId, (RpcError, Continuation<P>)> {
-        let Ask { session, ty, len, timeout } = ask;
-        let mut bytes = vec![0u8; len];
+        // The request's bytes, in the endpoint's reused vector (given back on every path).
+        let mut bytes = std::mem::take(&mut self.merging.bytes);
+        bytes.clear();
+        bytes.resize(ask.len, 0);
         fill(&mut bytes);
+        let made = self.merge_or_lead(cx, ask, &mut bytes, then);
+        self.merging.bytes = bytes;
+        made
+    }
+
+    /// [`Endpoint::call_merging`] once the request's bytes are in `bytes` (which a new group
+    /// keeps, leaving a spare vector in their place).
+    fn merge_or_lead(
+        &mut self,
+        cx: &mut Cx<P>,
+        ask: Ask,
+        bytes: &mut Vec<u8>,
+        then: Continuation<P>,
+    ) -> Result<CallId, (RpcError, Continuation<P>)> {
+        let Ask { session, ty, len, timeout } = ask;
         let mut hasher = DefaultHasher::new();
         bytes.hash(&mut hasher);
         let key = (session, ty, hasher.finish());
-        let leader = self.merges.get(&key).map(|g| (g.leader, g.bytes == bytes));
+        let leader = self.merges.get(&key).map(|g| (g.leader, g.bytes == *bytes));
         match leader {
             Some((leader, true)) if self.call_live(leader) => {
                 if self.live_calls >= self.cfg.max_calls as usize {
@@ -95,18 +112,20 @@ impl<P: Provider> Endpoint<P> {
             }
             // Another request with the same hash leads: this one goes on its own.
             Some((leader, false)) if self.call_live(leader) => {
-                self.call_plain(cx, ask, |b| b.copy_from_slice(&bytes), then)
+                self.call_plain(cx, ask, |b| b.copy_from_slice(bytes), then)
             }
             _ => {
-                let fill = |b: &mut [u8]| b.copy_from_slice(&bytes);
-                let id = self.call_plain(cx, ask, fill, then)?;
+                let id = self.call_plain(cx, ask, |b| b.copy_from_slice(bytes), then)?;
                 // (A call that ended at once, refused by the engine, leads nothing.)
                 let entry = self.calls.get_mut(id.index());
                 let live = entry.filter(|e| e.generation == id.generation());
                 if let Some(c) = live.and_then(|e| e.call.as_mut()) {
                     c.group = Some(key.2);
-                    let followers = Vec::new();
-                    self.merges.insert(key, MergeGroup { leader: id, bytes, followers });
+                    let mut group = self.merging.spare_group(id);
+                    std::mem::swap(&mut group.bytes, bytes);
+                    if let Some(stale) = self.merges.insert(key, group) {
+                        self.merging.recycle(stale);
+                    }
                 }
                 Ok(id)
             }

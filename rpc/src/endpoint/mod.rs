@@ -319,6 +319,8 @@ pub struct Endpoint<P: Provider> {
     /// Merge groups: calls of a mergeable type in flight or waiting, by session, type and
     /// the request's hash.
     merges: HashMap<(SessionId, ReqType, u64), MergeGroup>,
+    /// The vectors merging reuses (none allocated once warm).
+    merging: Merging<P>,
     /// Registered on first need when large messages are on (`EndpointConfig::large_max`).
     arena: Option<Arena<P>>,
     /// Groups of client sessions that calls are balanced across, by `GroupId` (never
@@ -539,6 +541,35 @@ struct Call<P: Provider> {
     then: Continuation<P>,
 }
 
+/// What merging reuses from call to call, so that once warm it allocates nothing: the bytes
+/// of the request being looked at, the vectors of groups that ended, and the calls a leader's
+/// end takes with it.
+struct Merging<P: Provider> {
+    bytes: Vec<u8>,
+    spare: Vec<MergeGroup>,
+    ended: Vec<Call<P>>,
+}
+
+impl<P: Provider> Merging<P> {
+    fn new() -> Self {
+        Merging { bytes: Vec::new(), spare: Vec::new(), ended: Vec::new() }
+    }
+
+    /// An empty group led by `leader` (with a spare group's vectors, if any).
+    fn spare_group(&mut self, leader: CallId) -> MergeGroup {
+        let (bytes, followers) =
+            self.spare.pop().map_or_else(Default::default, |g| (g.bytes, g.followers));
+        MergeGroup { leader, bytes, followers }
+    }
+
+    /// Keeps an ended group's vectors for the next group.
+    fn recycle(&mut self, mut g: MergeGroup) {
+        g.bytes.clear();
+        g.followers.clear();
+        self.spare.push(g);
+    }
+}
+
 /// A call of a mergeable type and the identical calls merged with it since it was made.
 struct MergeGroup {
     leader: CallId,
@@ -575,6 +606,7 @@ impl<P: Provider> Endpoint<P> {
             mergeable: vec![false; usize::from(cfg.max_types)],
             classes: vec![None; usize::from(cfg.max_types)],
             merges: HashMap::new(),
+            merging: Merging::new(),
             arena: None,
             groups: Vec::new(),
             by_key: HashMap::new(),
@@ -818,18 +850,23 @@ impl<P: Provider> Endpoint<P> {
             // (most calls: no merge group to end with it)
             return self.run(cx, call.then, outcome);
         };
-        let group = self.merges.remove(&(call.session, call.ty, h));
-        let followers: Vec<Call<P>> = match group {
-            Some(g) => g.followers.into_iter().filter_map(|id| self.take_call(id)).collect(),
-            None => Vec::new(),
-        };
-        let again: Vec<Result<&[u8], RpcError>> = followers
-            .iter()
-            .map(|_| outcome.as_ref().map(|r| *r).map_err(RpcError::again))
-            .collect();
+        // The followers still live are taken out before any continuation runs (in vectors
+        // kept from earlier groups: no allocation once warm).
+        let mut ended = std::mem::take(&mut self.merging.ended);
+        if let Some(mut g) = self.merges.remove(&(call.session, call.ty, h)) {
+            for id in g.followers.drain(..) {
+                ended.extend(self.take_call(id));
+            }
+            self.merging.recycle(g);
+        }
+        let again = outcome.as_ref().map(|r| *r).map_err(RpcError::again);
         self.run(cx, call.then, outcome);
-        for (f, outcome) in followers.into_iter().zip(again) {
-            self.run(cx, f.then, outcome);
+        for f in ended.drain(..) {
+            self.run(cx, f.then, again.as_ref().map(|r| *r).map_err(RpcError::again));
+        }
+        // (a continuation that ended another group meanwhile used a vector of its own)
+        if ended.capacity() > self.merging.ended.capacity() {
+            self.merging.ended = ended;
         }
     }
 

@@ -193,6 +193,20 @@ impl<P: Provider> Rig<P> {
         F: FnMut(&mut Rpc<'_, P>, Ev) + 'static,
         M: Fn() -> F + Send + Sync + 'static,
     {
+        Rig::start_setup(map, tune, |_| {}, make)
+    }
+
+    /// As [`Rig::start_with`], with `setup` run on each endpoint once its types are registered.
+    pub fn start_setup<F, M>(
+        map: &Validated,
+        tune: impl Fn(EndpointConfig) -> EndpointConfig + Send + Sync + 'static,
+        setup: impl Fn(&mut Endpoint<P>) + Send + Sync + 'static,
+        make: M,
+    ) -> Rig<P>
+    where
+        F: FnMut(&mut Rpc<'_, P>, Ev) + 'static,
+        M: Fn() -> F + Send + Sync + 'static,
+    {
         let res = map.map.worker.clone();
         let metrics = Arc::new(Mutex::new(RpcMetrics::default()));
         let published = metrics.clone();
@@ -200,6 +214,7 @@ impl<P: Provider> Rig<P> {
             let cfg = tune(EndpointConfig::for_worker(&res));
             let mut ep = Endpoint::new(cfg, &res).unwrap();
             serve(&mut ep);
+            setup(&mut ep);
             let driver = Driver { f: make(), started: false, metrics: published.clone() };
             RpcHandler::new(ep, driver)
         })
