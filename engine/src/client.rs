@@ -112,6 +112,8 @@ pub(crate) enum ClientRequest {
     StopDial {
         token: u64,
     },
+    /// A vector given back for the worker to copy a later message into.
+    Spare(Vec<u8>),
 }
 
 /// A client's connect, sent straight to the control core (its outcome comes through the
@@ -329,6 +331,16 @@ impl Client {
     /// flight completes or flushes, then [`Event::Closed`] comes (to the connection's owner).
     pub fn close(&mut self, conn: ConnId) -> Result<()> {
         self.send(ClientRequest::Close { conn }).map_err(|(_, e)| e)
+    }
+
+    /// Gives back a vector (an [`Event::Message`]'s `data`, once read, or any other) for the
+    /// worker to copy a later message of this client's connections into: a client that gives
+    /// back what it receives costs its worker no allocation per message once the worker holds
+    /// enough vectors of the messages' size. Dropped when the submission ring is full or the
+    /// worker already keeps [`crate::tunables::CLIENT_RING`] of them (optional: the worker
+    /// allocates a vector for a message when it has none).
+    pub fn recycle(&mut self, data: Vec<u8>) {
+        let _ = self.send(ClientRequest::Spare(data));
     }
 
     /// Puts `r` on the submission ring, or gives it back with why: the ring is full, or the

@@ -165,3 +165,102 @@ fn steady_state_requests_allocate_nothing_on_the_worker_on_ibverbs() {
     let listen = std::net::SocketAddr::new(ip, 0).to_string();
     steady_state::<corelink_verbs::ibverbs::Ibverbs>(&provider, &listen);
 }
+
+/// Where the client test's count window is: asked (by the test) and started, stopped (by the
+/// worker's handler).
+static CLIENT_START: AtomicBool = AtomicBool::new(false);
+static CLIENT_STARTED: AtomicBool = AtomicBool::new(false);
+static CLIENT_STOP: AtomicBool = AtomicBool::new(false);
+/// The window's allocations on the worker, once it closed (`u64::MAX` before).
+static CLIENT_ALLOCATIONS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Echoes every message, and opens and closes the worker's count window as the test asks.
+struct Echo {
+    counting: bool,
+}
+
+impl corelink_engine::Handler<Soft> for Echo {
+    fn on_message(
+        &mut self,
+        cx: &mut corelink_engine::Cx<Soft>,
+        conn: corelink_engine::ConnId,
+        msg: &corelink_engine::Message<'_>,
+    ) {
+        let mut b = cx.alloc(msg.data.len()).unwrap();
+        b.fill(msg.data).unwrap();
+        cx.send(conn, b, None, 0).map_err(|(_, e)| e).unwrap();
+    }
+
+    fn poll(&mut self, _cx: &mut corelink_engine::Cx<Soft>) {
+        if !self.counting && CLIENT_START.load(Ordering::Acquire) {
+            self.counting = true;
+            probe(true);
+            CLIENT_STARTED.store(true, Ordering::Release);
+        } else if self.counting && CLIENT_STOP.load(Ordering::Acquire) {
+            self.counting = false;
+            let (allocations, _) = probe(false);
+            CLIENT_ALLOCATIONS.store(allocations, Ordering::Release);
+        }
+    }
+}
+
+/// A `Client`'s messages: the engine connects to itself through a client (the connection and
+/// its messages are the client's), the handler echoes each message, and the client keeps 16
+/// in flight, giving each echo's vector back (`Client::recycle`) and reusing each send's. The
+/// worker's allocations between echo 10,000 and echo 60,000 are counted.
+#[test]
+fn steady_state_client_messages_allocate_nothing_on_the_worker() {
+    use corelink_engine::{Engine, Event, Op, Placement};
+    const IN_FLIGHT: usize = 16;
+    const WARM: u64 = 10_000;
+    const COUNTED: u64 = 50_000;
+    let text = "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\n\
+                listen = \"10.99.1.2:0\"\n[worker]\nidle_after_us = 0";
+    let map = corelink_config::parse(text).unwrap();
+    let map = map.validate(&corelink_config::MachineTopology::load().unwrap()).unwrap();
+    let mut engine =
+        Engine::<Soft>::start(&map, Placement::RoundRobin, |_| Echo { counting: false }).unwrap();
+    let mut client = engine.client(0).unwrap();
+    client.connect(engine.listen_addr().unwrap(), b"", 1).unwrap();
+    let wait = Duration::from_secs(30);
+    let Some(Event::Connected { conn, .. }) = client.wait(wait) else { panic!("no connection") };
+    let mut free: Vec<Vec<u8>> = (0..IN_FLIGHT).map(|_| vec![7u8; 8]).collect();
+    let (mut owed, mut echoes) = (IN_FLIGHT, 0u64);
+    while echoes < WARM + COUNTED {
+        while owed > 0 {
+            let Some(buf) = free.pop() else { break };
+            client.submit(conn, Op::Send { buf, imm: None }, 2).map_err(|(_, e)| e).unwrap();
+            owed -= 1;
+        }
+        match client.wait(wait).expect("an event") {
+            Event::Message { data, .. } => {
+                assert_eq!(data, [7u8; 8], "the echo");
+                client.recycle(data);
+                echoes += 1;
+                owed += 1;
+                if echoes == WARM {
+                    CLIENT_START.store(true, Ordering::Release);
+                    while !CLIENT_STARTED.load(Ordering::Acquire) {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+            Event::Done(d) => {
+                assert!(d.status.is_success(), "{d:?}");
+                free.extend(d.buf);
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+    CLIENT_STOP.store(true, Ordering::Release);
+    let deadline = std::time::Instant::now() + wait;
+    while CLIENT_ALLOCATIONS.load(Ordering::Acquire) == u64::MAX {
+        assert!(std::time::Instant::now() < deadline, "the window never closed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let metrics = engine.shutdown().unwrap();
+    let allocations = CLIENT_ALLOCATIONS.load(Ordering::Relaxed);
+    println!("client echoes {COUNTED} (after {WARM}): {allocations} allocations on the worker");
+    println!("{}", metrics[0]);
+    assert_eq!(allocations, 0, "allocations on the worker for a client's messages");
+}

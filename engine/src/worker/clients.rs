@@ -19,6 +19,9 @@ struct End {
     overflow: Overflow,
     /// Wakes the client if it waits for an event.
     waiter: Arc<Waiter>,
+    /// Vectors the client gave back ([`crate::Client::recycle`]) for its next messages (at
+    /// most `CLIENT_RING`, reserved at start).
+    spares: Vec<Vec<u8>>,
 }
 
 impl Drop for End {
@@ -56,7 +59,8 @@ impl Clients {
         waiter: Arc<Waiter>,
     ) -> u16 {
         let backlog = VecDeque::with_capacity(CLIENT_RING);
-        self.ends.push(End { requests, events, backlog, overflow, waiter });
+        let spares = Vec::with_capacity(CLIENT_RING);
+        self.ends.push(End { requests, events, backlog, overflow, waiter, spares });
         (self.ends.len() - 1) as u16
     }
 
@@ -73,6 +77,24 @@ impl Clients {
     /// Client `n`'s next submission, if any.
     pub(crate) fn next_request(&mut self, n: usize) -> Option<ClientRequest> {
         self.ends.get_mut(n)?.requests.pop()
+    }
+
+    /// Keeps `data`, given back by client `n`, for one of its next messages (dropped when it
+    /// keeps `CLIENT_RING` already).
+    pub(crate) fn keep_spare(&mut self, n: usize, data: Vec<u8>) {
+        if let Some(end) = self.ends.get_mut(n).filter(|e| e.spares.len() < CLIENT_RING) {
+            end.spares.push(data);
+        }
+    }
+
+    /// A copy of `bytes` for client `n`: in a vector it gave back if it has one (no
+    /// allocation when that holds them), else in a new one.
+    pub(crate) fn copy_for(&mut self, n: u16, bytes: &[u8]) -> Vec<u8> {
+        let spare = self.ends.get_mut(usize::from(n)).and_then(|e| e.spares.pop());
+        let Some(mut v) = spare else { return bytes.to_vec() };
+        v.clear();
+        v.extend_from_slice(bytes);
+        v
     }
 
     /// Tells client `n` `e` (in order after everything told before).
@@ -153,5 +175,24 @@ mod tests {
         assert!(client.pop().is_none());
         let o: Vec<u16> = overflow.lock().unwrap().drain(..).map(|e| slot(Some(e))).collect();
         assert_eq!(o, [4, 5]);
+    }
+
+    #[test]
+    fn a_message_goes_in_a_vector_the_client_gave_back_else_in_a_new_one() {
+        let (_submit, requests) = ring(2);
+        let (events, _client) = ring(2);
+        let mut c = Clients::new(1);
+        let n = c.add(requests, events, Overflow::default(), Arc::default());
+        let spare = Vec::with_capacity(64);
+        let at = spare.as_ptr();
+        c.keep_spare(usize::from(n), spare);
+        let v = c.copy_for(n, b"hello");
+        assert_eq!((v.as_slice(), v.as_ptr(), v.capacity()), (&b"hello"[..], at, 64), "reused");
+        assert_eq!(c.copy_for(n, b"again"), b"again", "none left: a new one");
+        // At most CLIENT_RING are kept (the rest are dropped).
+        for _ in 0..CLIENT_RING + 5 {
+            c.keep_spare(usize::from(n), Vec::new());
+        }
+        assert_eq!(c.ends[0].spares.len(), CLIENT_RING);
     }
 }

@@ -58,6 +58,8 @@ impl<P: Provider> Cx<P> {
                 self.redials.stop(super::redial::DialKey { origin, token });
                 return None;
             }
+            // (the worker keeps a given-back vector with its client before this; dropped here)
+            ClientRequest::Spare(_) => return None,
         };
         // Checked before a buffer is taken for it.
         if let Err(error) = self.check_open(conn) {

@@ -37,7 +37,7 @@ pub use redial::{Reconnect, Redial};
 
 use arrayvec::ArrayVec;
 
-use crate::client::Event;
+use crate::client::{ClientRequest, Event};
 use crate::error::EngineError;
 use crate::handoff::{NewLane, Origin, PrimeFor, Qps, ToControl, ToWorker};
 use crate::metrics::{thread_context_switches, Metrics};
@@ -530,8 +530,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 self.handler.on_message(&mut self.cx, conn, &msg);
             }
             Origin::Client(n) => {
-                // A client's message leaves the worker: its bytes are copied out.
-                let data = buf.as_slice().to_vec();
+                // A client's message leaves the worker: its bytes are copied out (into a
+                // vector the client gave back, if it did).
+                let data = self.clients.copy_for(n, buf.as_slice());
                 self.clients.tell(n, Event::Message { conn, data, imm: wc.imm, written });
             }
         }
@@ -570,6 +571,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             for _ in 0..CLIENT_BATCH {
                 let Some(req) = self.clients.next_request(n) else { break };
                 took = true;
+                if let ClientRequest::Spare(data) = req {
+                    self.clients.keep_spare(n, data);
+                    continue;
+                }
                 if let Some(e) = self.cx.client_request(n as u16, req) {
                     self.clients.tell(n as u16, e);
                 }
