@@ -90,27 +90,29 @@ struct TableInfo {
 struct Hello;
 impl Method for Hello {
     const TYPE: ReqType = ReqType(1);
-    type Request = ();
-    type Response = TableInfo;
+    type Request<'a> = ();
+    type Response<'a> = TableInfo;
 }
 struct Put;
 impl Method for Put {
     const TYPE: ReqType = ReqType(2);
-    type Request = (u64, Vec<u8>);
-    type Response = ();
+    /// The key and the value, read in place by the server (borrowed: no copy until it is
+    /// stored).
+    type Request<'a> = (u64, &'a [u8]);
+    type Response<'a> = ();
 }
 struct Get;
 impl Method for Get {
     const TYPE: ReqType = ReqType(3);
-    type Request = u64;
-    type Response = Option<Vec<u8>>;
+    type Request<'a> = u64;
+    type Response<'a> = Option<Vec<u8>>;
 }
 struct Delete;
 impl Method for Delete {
     const TYPE: ReqType = ReqType(4);
-    type Request = u64;
+    type Request<'a> = u64;
     /// Whether the key was there.
-    type Response = bool;
+    type Response<'a> = bool;
 }
 
 #[derive(Parser, Debug)]
@@ -253,7 +255,7 @@ impl<P: Provider> Store<P> {
         self.write(at, &img[..8]);
     }
 
-    fn put(&mut self, key: u64, value: Vec<u8>) -> Result<(), Reject> {
+    fn put(&mut self, key: u64, value: &[u8]) -> Result<(), Reject> {
         if value.len() > VALUE_MAX {
             return Err(Reject(TOO_LONG));
         }
@@ -261,7 +263,10 @@ impl<P: Provider> Store<P> {
             return Err(Reject(NOT_READY));
         }
         self.counts.puts.fetch_add(1, Relaxed);
-        self.map.insert(key, value);
+        // (an existing key's vector is reused)
+        let kept = self.map.entry(key).or_default();
+        kept.clear();
+        kept.extend_from_slice(value);
         let slot = slot_of(key, SLOTS);
         if self.owner[slot].is_none_or(|k| k == key) {
             self.owner[slot] = Some(key);
@@ -409,7 +414,7 @@ impl Kv {
 
     fn put(&mut self, key: u64, v: Vec<u8>) -> Result<(), Fail> {
         let fail = self.ends.fail("put", self.session);
-        self.rpc.call_method::<Put>(self.session, &(key, v), CALL).map_err(fail)
+        self.rpc.call_method::<Put>(self.session, &(key, &v[..]), CALL).map_err(fail)
     }
 
     fn delete(&mut self, key: u64) -> Result<bool, Fail> {

@@ -53,8 +53,8 @@ const EXEC: ReqType = ReqType(1);
 struct Stats;
 impl Method for Stats {
     const TYPE: ReqType = ReqType(2);
-    type Request = bool;
-    type Response = (u64, u64);
+    type Request<'a> = bool;
+    type Response<'a> = (u64, u64);
 }
 
 #[derive(Parser, Debug)]

@@ -59,14 +59,14 @@ struct Word {
 struct Hello;
 impl Method for Hello {
     const TYPE: ReqType = ReqType(1);
-    type Request = ();
-    type Response = Word;
+    type Request<'a> = ();
+    type Response<'a> = Word;
 }
 struct Next;
 impl Method for Next {
     const TYPE: ReqType = ReqType(2);
-    type Request = ();
-    type Response = u64;
+    type Request<'a> = ();
+    type Response<'a> = u64;
 }
 
 #[derive(Parser, Debug)]

@@ -128,9 +128,11 @@
 //! A [`Method`] names a request type and the Rust types of its request and response, encoded
 //! with `postcard` (serde's compact binary format). [`Endpoint::register_method`] and
 //! [`Rpc::call_method`] encode straight into the registered buffers and decode from the
-//! receive buffer in place, on top of the raw path, which they leave as it was;
+//! receive buffer in place, on top of the raw path, which they leave as it was; a request or
+//! response type may borrow (`type Request<'a> = (u64, &'a [u8])`): its `&[u8]` and `&str`
+//! fields point into the receive buffer, with no copy and no allocation.
 //! [`Handle::call_method`] and [`Handle::call_method_async`] do the same from other threads
-//! (encoding and decoding on the calling thread).
+//! (encoding and decoding on the calling thread; their responses own their data).
 //!
 //! # Service-level scheduling
 //! - **Merging** ([`Endpoint::set_mergeable`]): a call of a mergeable type whose session

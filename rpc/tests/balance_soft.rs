@@ -593,8 +593,8 @@ struct AddOne;
 
 impl corelink_rpc::Method for AddOne {
     const TYPE: ReqType = ReqType(5);
-    type Request = u64;
-    type Response = u64;
+    type Request<'a> = u64;
+    type Response<'a> = u64;
 }
 
 fn again(rpc: &mut Rpc<'_, Soft>, outcome: Result<&[u8], RpcError>) {

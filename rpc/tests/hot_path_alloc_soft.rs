@@ -1,8 +1,9 @@
 //! No allocation on the RPC hot path: with a counting global allocator, one soft worker runs a
 //! closed loop of echo calls on a session to itself (client and server on the same thread, 32
 //! calls in flight), and the allocations the worker makes between call 10,000 and call 60,000
-//! are counted (raw calls and typed ones by turns: the typed layer encodes into and decodes
-//! from the registered buffers in place): request and response buffers come from the
+//! are counted (raw calls, typed ones and typed ones whose request and response borrow, by
+//! turns: the typed layer encodes into and decodes from the registered buffers in place, a
+//! borrowed `&str` pointing into them): request and response buffers come from the
 //! registered pools, the tables were sized at start, and a continuation that captures nothing
 //! (a function, as here) is boxed without an allocation. Start-up, session set-up and warm-up may allocate.
 //!
@@ -64,6 +65,15 @@ fn again_typed(rpc: &mut Rpc<'_, Soft>, outcome: Result<u64, RpcError>) {
     next(rpc);
 }
 
+/// The borrowed typed call's continuation (`Prefix`: request and response decoded in place):
+/// checks the slice, then as `next`.
+fn again_borrowed(rpc: &mut Rpc<'_, Soft>, outcome: Result<&str, RpcError>) {
+    if outcome.map_or(true, |t| t != "hot") {
+        FAILED.fetch_add(1, Ordering::Relaxed);
+    }
+    next(rpc);
+}
+
 /// The merging run's continuation: checks that the echo is one of the four requests, then
 /// as `next`.
 fn again_merged(rpc: &mut Rpc<'_, Soft>, outcome: Result<&[u8], RpcError>) {
@@ -74,7 +84,8 @@ fn again_merged(rpc: &mut Rpc<'_, Soft>, outcome: Result<&[u8], RpcError>) {
     next(rpc);
 }
 
-/// Counts the call, opens or closes the window, calls again: raw and typed calls by turns.
+/// Counts the call, opens or closes the window, calls again: raw calls, typed ones and typed
+/// ones that borrow, by turns.
 fn next(rpc: &mut Rpc<'_, Soft>) {
     let ended = ENDED.get() + 1;
     ENDED.set(ended);
@@ -88,12 +99,13 @@ fn next(rpc: &mut Rpc<'_, Soft>) {
     }
     if ended + IN_FLIGHT <= WARM_UP + MEASURED {
         let Some(s) = SESSION.get() else { return };
-        let made = match ended % 2 {
+        let made = match ended % 3 {
             _ if MERGING.load(Ordering::Relaxed) => {
                 rpc.call(s, ECHO, &(ended % 4).to_le_bytes(), LONG, again_merged)
             }
             0 => rpc.call(s, ECHO, &8u64.to_le_bytes(), LONG, again),
-            _ => rpc.call_method::<AddOne>(s, &8, LONG, again_typed),
+            1 => rpc.call_method::<AddOne>(s, &8, LONG, again_typed),
+            _ => rpc.call_method::<Prefix>(s, &(3, "hot path"), LONG, again_borrowed),
         };
         if made.is_err() {
             FAILED.fetch_add(1, Ordering::Relaxed);

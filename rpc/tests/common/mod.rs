@@ -49,8 +49,19 @@ pub struct AddOne;
 
 impl corelink_rpc::Method for AddOne {
     const TYPE: ReqType = ReqType(5);
-    type Request = u64;
-    type Response = u64;
+    type Request<'a> = u64;
+    type Response<'a> = u64;
+}
+
+/// A typed type whose request and response borrow: the request's text (and how many of its
+/// bytes to answer) is read in place, and the response is a slice of it, decoded in place by
+/// the caller.
+pub struct Prefix;
+
+impl corelink_rpc::Method for Prefix {
+    const TYPE: ReqType = ReqType(6);
+    type Request<'a> = (u8, &'a str);
+    type Response<'a> = &'a str;
 }
 
 /// A call's outcome, as a test reads it: its tag and the response's bytes or the error.
@@ -124,6 +135,8 @@ pub fn serve<P: Provider>(ep: &mut Endpoint<P>) {
     })
     .unwrap();
     ep.register_method::<AddOne>(|_, n| n.checked_add(1).ok_or(Reject(2))).unwrap();
+    ep.register_method::<Prefix>(|_, (n, text)| text.get(..usize::from(n)).ok_or(Reject(3)))
+        .unwrap();
 }
 
 /// What the scripted service hears.

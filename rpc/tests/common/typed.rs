@@ -34,23 +34,23 @@ enum Stored {
 struct PutMethod;
 impl Method for PutMethod {
     const TYPE: ReqType = ReqType(20);
-    type Request = Put;
-    type Response = Stored;
+    type Request<'a> = Put;
+    type Response<'a> = Stored;
 }
 
 struct Add;
 impl Method for Add {
     const TYPE: ReqType = ReqType(21);
-    type Request = (u64, u64);
-    type Response = u64;
+    type Request<'a> = (u64, u64);
+    type Response<'a> = u64;
 }
 
 /// The same type number as `Add`, but a response type its bytes do not decode as.
 struct AddAsText;
 impl Method for AddAsText {
     const TYPE: ReqType = ReqType(21);
-    type Request = (u64, u64);
-    type Response = (String, String, String);
+    type Request<'a> = (u64, u64);
+    type Response<'a> = (String, String, String);
 }
 
 /// On its first iteration, connects to itself and makes typed calls, telling the test.
@@ -58,6 +58,8 @@ struct Typed {
     me: std::net::SocketAddr,
     started: bool,
     told: std::sync::mpsc::Sender<(u64, Result<u64, RpcError>)>,
+    /// Where the borrowed calls (`Prefix`) tell what they got (copied out to tell it).
+    prefixes: std::sync::mpsc::Sender<(u8, Result<String, RpcError>)>,
 }
 
 impl<P: Provider> Service<P> for Typed {
@@ -73,6 +75,14 @@ impl<P: Provider> Service<P> for Typed {
             })
             .unwrap();
         }
+        // Request and response borrowed: the continuation's `&str` is read in place.
+        for n in [0u8, 4, 13, 14] {
+            let told = self.prefixes.clone();
+            rpc.call_method::<Prefix>(s, &(n, "borrowed text"), LONG, move |_, r| {
+                let _ = told.send((n, r.map(str::to_owned)));
+            })
+            .unwrap();
+        }
     }
 }
 
@@ -83,7 +93,8 @@ pub fn typed_calls_on_the_worker_and_through_a_handle<P: Provider>(site: &Site) 
     let res = map.map.worker.clone();
     let (tx, rx) = channel();
     let (htx, hrx) = channel();
-    let tx = Mutex::new(tx);
+    let (ptx, prx) = channel();
+    let (tx, ptx) = (Mutex::new(tx), Mutex::new(ptx));
     let htx = Mutex::new(htx);
     let me = site.listen;
     let engine = Engine::<P>::start(&map, Placement::RoundRobin, move |_| {
@@ -101,7 +112,8 @@ pub fn typed_calls_on_the_worker_and_through_a_handle<P: Provider>(site: &Site) 
         ep.register_method::<Add>(|_, (a, b)| a.checked_add(b).ok_or(Reject(9))).unwrap();
         let (h, inbox) = handle(16);
         htx.lock().unwrap().send(h).unwrap();
-        let svc = Typed { me, started: false, told: tx.lock().unwrap().clone() };
+        let (told, prefixes) = (tx.lock().unwrap().clone(), ptx.lock().unwrap().clone());
+        let svc = Typed { me, started: false, told, prefixes };
         RpcHandler::new(ep, svc).with_inbox(inbox)
     })
     .unwrap();
@@ -112,6 +124,13 @@ pub fn typed_calls_on_the_worker_and_through_a_handle<P: Provider>(site: &Site) 
     for (i, r) in got {
         assert_eq!(r.unwrap(), i + 1000, "call {i}");
     }
+    let mut got: Vec<_> = (0..4).map(|_| prx.recv_timeout(HANG).unwrap()).collect();
+    got.sort_by_key(|(n, _)| *n);
+    let (ok, refused): (Vec<_>, Vec<_>) = got.into_iter().partition(|(n, _)| *n <= 13);
+    let ok: Vec<_> = ok.into_iter().map(|(n, r)| (n, r.unwrap())).collect();
+    let want = [(0, ""), (4, "borr"), (13, "borrowed text")].map(|(n, t)| (n, t.to_owned()));
+    assert_eq!(ok, want, "borrowed request and response");
+    assert!(matches!(refused[0].1, Err(RpcError::Rejected { code: 3 })), "{refused:?}");
 
     // Through a handle.
     let mut h = hrx.recv_timeout(HANG).unwrap();
