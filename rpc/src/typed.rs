@@ -184,9 +184,10 @@ impl Handle {
     /// into a value that owns its data).
     ///
     /// A response that borrows cannot come to another thread this way (it would borrow the
-    /// bytes the call returns):
+    /// bytes the call returns; rustc says that `Deserialize` is "not general enough", an error
+    /// without a code; the same with `type Response<'a> = String` compiles):
     ///
-    /// ```compile_fail,E0277
+    /// ```compile_fail
     /// use corelink_rpc::{Handle, Method, ReqType, SessionId};
     /// struct Prefix;
     /// impl Method for Prefix {
