@@ -126,7 +126,7 @@ fn server_endpoint<P: Provider>(
         }
         let data = blocks.get(&b).ok_or(Reject(NOT_HERE))?;
         executed.fetch_add(1, Relaxed);
-        // Refused only when every large slot is out: the reader hears `PeerBusy`.
+        // Refused only when every large slot is out: the reader hears `Unanswered`.
         resp.write(data).map_err(|_| Reject(BAD_REQUEST))
     })?;
     Ok((ep, NoServer))

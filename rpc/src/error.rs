@@ -43,9 +43,18 @@ pub enum RpcError {
     /// The peer has no handler registered for the request type.
     #[error("the peer has no handler for {0}")]
     NoSuchType(ReqType),
-    /// The peer could not take a buffer for the response (its pools were exhausted).
-    #[error("the peer had no buffer for the response (its pools are exhausted)")]
+    /// The peer had no buffer to take the request in (its pools were exhausted): the request
+    /// did not run, and calling again is safe.
+    #[error("the peer had no buffer for the request (its pools are exhausted); it did not run")]
     PeerBusy,
+    /// The request ran on the peer, but its response found no buffer there (its pools or its
+    /// slots for large messages were exhausted): it is not answered, and calling again runs
+    /// it again.
+    #[error(
+        "the request ran on the peer, but its response found no buffer there (its pools or \
+         large-message slots are exhausted); calling again runs it again"
+    )]
+    Unanswered,
     /// No open session has this id on this endpoint.
     #[error("no session {0} on this endpoint")]
     NoSuchSession(SessionId),
@@ -103,7 +112,7 @@ pub enum RpcError {
     },
     /// Every slot for large messages is out (`EndpointConfig::large_slots`): a handler's
     /// large response could not take one ([`crate::Response::alloc`]; its client hears
-    /// [`RpcError::PeerBusy`]). A large call waits for a slot instead.
+    /// [`RpcError::Unanswered`]). A large call waits for a slot instead.
     #[error("all {slots} slots for large messages are out (EndpointConfig::large_slots)")]
     LargeSlotsBusy {
         /// Slots.
@@ -165,6 +174,7 @@ impl RpcError {
             RpcError::TooLarge { len, max } => RpcError::TooLarge { len: *len, max: *max },
             RpcError::NoSuchType(t) => RpcError::NoSuchType(*t),
             RpcError::PeerBusy => RpcError::PeerBusy,
+            RpcError::Unanswered => RpcError::Unanswered,
             RpcError::NoSuchSession(s) => RpcError::NoSuchSession(*s),
             RpcError::ServiceToken { token, max } => {
                 RpcError::ServiceToken { token: *token, max: *max }

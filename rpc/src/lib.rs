@@ -26,7 +26,9 @@
 //!   making a call reads no clock: a call times out no sooner than its timeout, and at most
 //!   about two checks' periods later), [`RpcError::SessionClosed`],
 //!   [`RpcError::OutcomeUnknown`], [`RpcError::Rejected`] (the handler said no),
-//!   [`RpcError::TooLarge`], [`RpcError::NoSuchType`] or [`RpcError::PeerBusy`]. A call that
+//!   [`RpcError::TooLarge`], [`RpcError::NoSuchType`], [`RpcError::PeerBusy`] (the server had
+//!   no buffer for the request: it did not run) or [`RpcError::Unanswered`] (it ran, but its
+//!   response found no buffer: calling again runs it again). A call that
 //!   timed out keeps its slot until its response comes (the request may still hold one of the
 //!   server's receives), so its credit is not spent twice.
 //! - At most once: each slot's requests carry increasing sequence numbers; the server keeps a
@@ -91,7 +93,7 @@
 //! when it keeps calling). A large call made with every slot out waits (its payload kept in
 //! a vector, [`RpcMetrics::slot_waits`]) until a slot is back, and the calls made after it on
 //! its session wait behind it; a handler's large response with every slot out is answered
-//! [`RpcError::PeerBusy`] ([`Response::alloc`] says [`RpcError::LargeSlotsBusy`]). Beyond
+//! [`RpcError::Unanswered`] ([`Response::alloc`] says [`RpcError::LargeSlotsBusy`]). Beyond
 //! `large_max`, or with large messages off, a call is refused with [`RpcError::TooLarge`],
 //! and a response is answered with it.
 //!

@@ -85,7 +85,7 @@ impl<'a, P: Provider> Response<'a, P> {
                 return Err(RpcError::TooLarge { len, max: self.max });
             };
             let Some(slot) = arena.take() else {
-                self.refused = Some(RpcError::PeerBusy);
+                self.refused = Some(RpcError::Unanswered);
                 return Err(RpcError::LargeSlotsBusy { slots: arena.slots() });
             };
             self.refused = None;
@@ -99,7 +99,7 @@ impl<'a, P: Provider> Response<'a, P> {
                 Ok(&mut b.as_mut_slice()[HEADER..])
             }
             Err(e) => {
-                self.refused = Some(RpcError::PeerBusy);
+                self.refused = Some(RpcError::Unanswered);
                 Err(RpcError::Engine(e))
             }
         }

@@ -51,13 +51,18 @@ pub enum Status {
     TooLarge = 2,
     /// The handler rejected the request (arguments: its code, 0).
     Rejected = 3,
-    /// The server had no buffer for the response (arguments: 0, 0).
+    /// The server had no buffer: for the request, which did not run (arguments: 0, 0), or for
+    /// the response of a request that ran (arguments: [`RAN`], 0).
     Busy = 4,
     /// A request sent again after a reconnect reached a server with no record of its slot
     /// (it restarted, or kept the session less than its resume time): it may have run
     /// (arguments: 0, 0).
     Lost = 5,
 }
+
+/// The first argument of a [`Status::Busy`] error whose request ran (its response found no
+/// buffer).
+pub const RAN: u32 = 1;
 
 impl Status {
     fn from_wire(v: u16) -> Option<Status> {

@@ -37,3 +37,11 @@ fn a_large_call_waiting_for_a_slot_times_out_once() {
         &Site::soft("10.98.16.6"),
     );
 }
+
+#[test]
+fn a_response_without_a_slot_says_its_request_ran() {
+    large::a_response_without_a_slot_says_its_request_ran::<Soft>(
+        &Site::soft("10.98.16.7"),
+        &Site::soft("10.98.16.8"),
+    );
+}

@@ -162,6 +162,12 @@ fn requests_run_in_session_order_across_large_ones() {
 }
 
 #[test]
+fn a_response_without_a_slot_says_its_request_ran() {
+    let (Some(server), Some(client)) = (site(7143), site(7144)) else { return };
+    large::a_response_without_a_slot_says_its_request_ran::<Ibverbs>(&server, &client);
+}
+
+#[test]
 fn a_large_call_waits_for_an_arena_slot_when_all_are_out() {
     let (Some(server), Some(client)) = (site(7117), site(7118)) else { return };
     large::a_large_call_waits_for_an_arena_slot_when_all_are_out::<Ibverbs>(&server, &client);

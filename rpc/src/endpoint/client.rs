@@ -682,6 +682,26 @@ fn error_of(status: Status, payload: &[u8]) -> RpcError {
         Status::TooLarge => RpcError::TooLarge { len: a as usize, max: b as usize },
         Status::Rejected => RpcError::Rejected { code: a },
         Status::Lost => RpcError::OutcomeUnknown,
+        Status::Busy if a == wire::RAN => RpcError::Unanswered,
         Status::Busy | Status::Ok => RpcError::PeerBusy,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: u32, b: u32) -> Vec<u8> {
+        [a.to_le_bytes(), b.to_le_bytes()].concat()
+    }
+
+    #[test]
+    fn a_busy_answer_says_whether_its_request_ran() {
+        assert!(matches!(error_of(Status::Busy, &args(0, 0)), RpcError::PeerBusy));
+        assert!(matches!(error_of(Status::Busy, &args(wire::RAN, 0)), RpcError::Unanswered));
+        // (a short payload reads as no arguments: not run)
+        assert!(matches!(error_of(Status::Busy, &[]), RpcError::PeerBusy));
+        let e = error_of(Status::TooLarge, &args(9, 4));
+        assert!(matches!(e, RpcError::TooLarge { len: 9, max: 4 }), "{e:?}");
     }
 }

@@ -11,7 +11,7 @@ use super::{
 use crate::error::{Malformed, RpcError};
 use crate::ids::{ReqType, SessionId};
 use crate::service::{Reject, Request, Response};
-use crate::wire::{Descriptor, Header, Kind, Status, DESCRIPTOR, ERROR_PAYLOAD, HEADER};
+use crate::wire::{Descriptor, Header, Kind, Status, DESCRIPTOR, ERROR_PAYLOAD, HEADER, RAN};
 
 /// The request an answer goes to: its type, the client's slot and session, its sequence
 /// number (what the answer's header repeats).
@@ -283,16 +283,17 @@ impl<P: Provider> Endpoint<P> {
         let outcome = handler(&request, &mut response);
         let (refused, buf, large) =
             (response.refused.take(), response.buf.take(), response.large.take());
+        // (the handler ran: a response that finds no buffer says so, `RAN`)
         match (outcome, refused) {
             (_, Some(RpcError::TooLarge { len, max })) => {
                 error_reply(cx, Status::TooLarge, len as u32, max as u32)
             }
-            (_, Some(_)) => error_reply(cx, Status::Busy, 0, 0),
+            (_, Some(_)) => error_reply(cx, Status::Busy, RAN, 0),
             (Err(Reject(code)), None) => error_reply(cx, Status::Rejected, code, 0),
             (Ok(()), None) => match (large, buf, arena.zip(region)) {
                 (Some((slot, len)), _, Some((arena, region))) => {
                     let Ok(mut buf) = cx.alloc(HEADER + DESCRIPTOR) else {
-                        return error_reply(cx, Status::Busy, 0, 0);
+                        return error_reply(cx, Status::Busy, RAN, 0);
                     };
                     let d = arena.descriptor(&slot, region, len as u32);
                     buf.as_mut_slice()[HEADER..].copy_from_slice(&d.encode());
@@ -301,7 +302,7 @@ impl<P: Provider> Endpoint<P> {
                 (_, Some(buf), _) => Some((buf, Status::Ok, None)),
                 _ => match cx.alloc(HEADER) {
                     Ok(buf) => Some((buf, Status::Ok, None)),
-                    Err(_) => error_reply(cx, Status::Busy, 0, 0),
+                    Err(_) => error_reply(cx, Status::Busy, RAN, 0),
                 },
             },
         }

@@ -152,3 +152,33 @@ pub fn a_large_call_waiting_for_a_slot_times_out_once<P: Provider>(hole: &Site, 
     client.engine.shutdown().unwrap();
     hole.shutdown().unwrap();
 }
+
+/// A server with one slot for large messages answers two large echoes: the first response
+/// takes the slot (kept until the client's next request on that call's slot acknowledges
+/// it), the second finds none. Its handler ran, and its client hears so:
+/// `RpcError::Unanswered` (calling again would run it again), not `PeerBusy` (which says the
+/// request did not run). The server listens on `server`, the client on `client`.
+pub fn a_response_without_a_slot_says_its_request_ran<P: Provider>(server: &Site, client: &Site) {
+    let at = server.listen;
+    let server = Rig::<P>::start_with(&server.map(POOLS), large(1), || |_: &mut _, _| {});
+    let (tx, rx) = outcomes();
+    let client = Rig::<P>::start_with(&client.map(POOLS), large(4), move || {
+        let tx = tx.clone();
+        move |rpc, ev| {
+            if let Ev::Start = ev {
+                let s = rpc.connect(at).unwrap();
+                // (a session's requests run in order: call 0's handler first)
+                call(rpc, s, ECHO, &pattern(MIB), 0, &tx);
+                call(rpc, s, ECHO, &pattern(MIB), 1, &tx);
+            }
+        }
+    });
+    let mut got = take(&rx, 2);
+    got.sort_by_key(|(tag, _)| *tag);
+    assert!(got[0].1.as_ref().is_ok_and(|r| *r == pattern(MIB)), "call 0: {:?}", got[0].1);
+    assert!(matches!(got[1].1, Err(RpcError::Unanswered)), "call 1: {:?}", got[1].1);
+    let m = server.metrics_when(|m| m.handled == 2);
+    assert_eq!(m.handled, 2, "both handlers ran: {m:?}");
+    client.engine.shutdown().unwrap();
+    server.engine.shutdown().unwrap();
+}
