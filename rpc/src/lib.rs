@@ -68,7 +68,8 @@
 //! | 26 | 2 | flags: bit 0 ([`wire::LARGE`]) the payload is a [`wire::Descriptor`]; bit 1 ([`wire::RESENT`], requests only) sent again after a reconnect; bit 2 ([`wire::PACKED`]) another message follows in the same send; others 0 |
 //!
 //! An error message's payload is two `u32` arguments (the unknown type; a response's length
-//! and the most that fits; the handler's code). [`wire::decode`] refuses every message that is
+//! and the most that fits; the handler's code; for a server without a buffer, [`wire::RAN`]
+//! when the request ran and its response found none). [`wire::decode`] refuses every message that is
 //! not exactly such a header and payload with a [`Malformed`] reason (never a panic), and
 //! [`wire::unpack`] likewise each message of a receive, in order (the first malformed one
 //! ends the receive: what follows cannot be framed); the endpoint drops it and counts it
