@@ -92,6 +92,28 @@ impl Plain {
         (l, req)
     }
 
+    /// Accepts `req` (the engine's, from [`Plain::dialed_by`]) with `data`, and waits for
+    /// client `c` to hear its connection: the server's side, the connection and what the
+    /// engine knows of it.
+    fn accept(
+        &mut self,
+        c: &mut Client,
+        req: <Soft as Provider>::ConnRequest,
+        data: &[u8],
+    ) -> (<Soft as Provider>::Connection, ConnId, ConnInfo) {
+        let server = corelink_engine::verbs::ConnRequest::accept(
+            req,
+            &mut self.qp,
+            &QpAttr::default(),
+            data,
+        )
+        .unwrap();
+        match c.wait(HANG) {
+            Some(Event::Connected { conn, info }) => (server, conn, info),
+            ev => panic!("{ev:?}"),
+        }
+    }
+
     fn wait(&self) -> Wc {
         let deadline = Instant::now() + HANG;
         let mut wc = [Wc::default()];
@@ -208,13 +230,7 @@ fn an_engine_connects_to_a_plain_server() {
     let into = p.mr.sge(0, 64).unwrap();
     // SAFETY: the region outlives the QP's receive (both live to the end of the test).
     unsafe { p.qp.post_recv(&[RecvWr { wr_id: 7, sgl: std::slice::from_ref(&into) }]) }.unwrap();
-    let _conn =
-        corelink_engine::verbs::ConnRequest::accept(req, &mut p.qp, &QpAttr::default(), b"plain")
-            .unwrap();
-    let (conn, info) = match c.wait(HANG) {
-        Some(Event::Connected { conn, info }) => (conn, info),
-        ev => panic!("{ev:?}"),
-    };
+    let (_server, conn, info) = p.accept(&mut c, req, b"plain");
     assert_eq!(&info.private_data[..5], b"plain");
     assert_eq!(info.peer_recv_size, None, "a plain server says nothing of its receives");
     c.submit(conn, Op::Send { buf: b"to a plain server".to_vec(), imm: None }, 2)
@@ -240,13 +256,7 @@ fn a_shutdown_ends_a_close_waiting_for_a_peer_that_never_disconnects() {
     let mut p = Plain::new();
     let mut c = e.client(0).unwrap();
     let (_l, req) = p.dialed_by(&mut c, "10.99.8.7:0");
-    let _conn =
-        corelink_engine::verbs::ConnRequest::accept(req, &mut p.qp, &QpAttr::default(), b"")
-            .unwrap();
-    let conn = match c.wait(HANG) {
-        Some(Event::Connected { conn, .. }) => conn,
-        ev => panic!("{ev:?}"),
-    };
+    let (_server, conn, _) = p.accept(&mut c, req, b"");
     let remote = corelink_engine::verbs::RemoteAddr { addr: 4096, rkey: 77 };
     c.submit(conn, Op::Write { buf: vec![1; 8], remote, imm: None }, 2)
         .map_err(|(_, e)| e)
