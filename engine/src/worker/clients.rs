@@ -74,16 +74,20 @@ impl Clients {
         self.ends.is_empty()
     }
 
-    /// Client `n`'s next submission, if any.
+    /// Client `n`'s next submission, if any (vectors it gave back are kept on the way, for
+    /// its next messages: [`Clients::copy_for`]).
     pub(crate) fn next_request(&mut self, n: usize) -> Option<ClientRequest> {
-        self.ends.get_mut(n)?.requests.pop()
-    }
-
-    /// Keeps `data`, given back by client `n`, for one of its next messages (dropped when it
-    /// keeps `CLIENT_RING` already).
-    pub(crate) fn keep_spare(&mut self, n: usize, data: Vec<u8>) {
-        if let Some(end) = self.ends.get_mut(n).filter(|e| e.spares.len() < CLIENT_RING) {
-            end.spares.push(data);
+        let end = self.ends.get_mut(n)?;
+        loop {
+            match end.requests.pop()? {
+                ClientRequest::Spare(data) => {
+                    // (at most CLIENT_RING kept: the rest are dropped)
+                    if end.spares.len() < CLIENT_RING {
+                        end.spares.push(data);
+                    }
+                }
+                req => return Some(req),
+            }
         }
     }
 
@@ -179,19 +183,21 @@ mod tests {
 
     #[test]
     fn a_message_goes_in_a_vector_the_client_gave_back_else_in_a_new_one() {
-        let (_submit, requests) = ring(2);
+        let (mut submit, requests) = ring(2);
         let (events, _client) = ring(2);
         let mut c = Clients::new(1);
         let n = c.add(requests, events, Overflow::default(), Arc::default());
         let spare = Vec::with_capacity(64);
         let at = spare.as_ptr();
-        c.keep_spare(usize::from(n), spare);
+        submit.push(ClientRequest::Spare(spare)).unwrap();
+        assert!(c.next_request(usize::from(n)).is_none(), "a spare is kept, not handed on");
         let v = c.copy_for(n, b"hello");
         assert_eq!((v.as_slice(), v.as_ptr(), v.capacity()), (&b"hello"[..], at, 64), "reused");
         assert_eq!(c.copy_for(n, b"again"), b"again", "none left: a new one");
         // At most CLIENT_RING are kept (the rest are dropped).
         for _ in 0..CLIENT_RING + 5 {
-            c.keep_spare(usize::from(n), Vec::new());
+            submit.push(ClientRequest::Spare(Vec::new())).unwrap();
+            assert!(c.next_request(usize::from(n)).is_none());
         }
         assert_eq!(c.ends[0].spares.len(), CLIENT_RING);
     }

@@ -58,7 +58,7 @@ impl<P: Provider> Cx<P> {
                 self.redials.stop(super::redial::DialKey { origin, token });
                 return None;
             }
-            // (the worker keeps a given-back vector with its client before this; dropped here)
+            // (never here: `Clients::next_request` keeps given-back vectors for the client)
             ClientRequest::Spare(_) => return None,
         };
         // Checked before a buffer is taken for it.

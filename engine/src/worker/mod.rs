@@ -37,7 +37,7 @@ pub use redial::{Reconnect, Redial};
 
 use arrayvec::ArrayVec;
 
-use crate::client::{ClientRequest, Event};
+use crate::client::Event;
 use crate::error::EngineError;
 use crate::handoff::{NewLane, Origin, PrimeFor, Qps, ToControl, ToWorker};
 use crate::metrics::{thread_context_switches, Metrics};
@@ -571,10 +571,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             for _ in 0..CLIENT_BATCH {
                 let Some(req) = self.clients.next_request(n) else { break };
                 took = true;
-                if let ClientRequest::Spare(data) = req {
-                    self.clients.keep_spare(n, data);
-                    continue;
-                }
                 if let Some(e) = self.cx.client_request(n as u16, req) {
                     self.clients.tell(n as u16, e);
                 }
