@@ -142,12 +142,12 @@ impl<P: Provider> Engine<P> {
             let own_context = wctx.own;
             // (a context shared with the control core: its events are not the worker's)
             let own = own_context.then(|| wctx.ctx.clone());
-            // The worker's QPs, made ahead on its PD and CQ (in RESET until a connection).
+            // The worker's QPs, made ahead on its PD and CQ (ready in INIT until a connection).
             let qps = QpPool::new(
                 i,
-                pd.clone(),
-                cq.clone(),
+                (pd.clone(), cq.clone()),
                 cap,
+                &attr,
                 w.qps.pool as usize,
                 w.qps.max as usize,
             )?;

@@ -232,7 +232,7 @@ pub struct WorkerCounts {
     pub connections: u64,
     /// QPs of the worker that exist now: in use and pooled (at most `worker.qps.max`).
     pub qps_live: u64,
-    /// QPs ready in the worker's pool now (in RESET).
+    /// QPs in the worker's pool now (ready in INIT, or given back and made ready when the loop idles).
     pub qps_pooled: u64,
     /// QPs created since start: the pool's at start, refills, and lanes that found the pool
     /// empty.

@@ -248,7 +248,7 @@ impl<P: Provider> Control<P> {
     /// Takes `k` QPs from worker `w`'s pool, in INIT, where the worker can post receives on
     /// them.
     fn qps_for(&mut self, w: usize, k: usize) -> Result<Qps<P>, EngineError> {
-        let qps = self.workers[w].qps.take_init(k.min(MAX_QPS_PER_CONN), &self.cfg.attr)?;
+        let qps = self.workers[w].qps.take(k.min(MAX_QPS_PER_CONN))?;
         Ok(qps.into_iter().collect())
     }
 

@@ -1,14 +1,17 @@
 //! A worker's QP pool, as the control core keeps it: RC QPs on the worker's PD and CQ, created
-//! ahead (at engine start, and again in the control loop when it is idle) and kept in RESET, so
-//! that a new connection's lanes take ready QPs instead of creating them; a released lane's QP
-//! comes back for reuse, reset when the loop is idle (resets and creates are slow system calls:
-//! neither should delay a connection coming up) or, if a connection needs it first, then. The
+//! ahead (at engine start, and again in the control loop when it is idle) and kept ready in
+//! INIT with the engine's attributes (where the worker posts a connection's receives before
+//! the connection manager's exchange), so that a new connection's lanes take ready QPs instead
+//! of creating them or moving them; a released lane's QP comes back for reuse, reset and moved
+//! to INIT again when the loop is idle (creates and moves are slow system calls, about 80 us
+//! each in the emulated guest: none should delay a connection coming up) or, if a connection
+//! needs it first, then. The
 //! pool also enforces `worker.qps.max`: the QPs of the worker that exist (in use and pooled)
 //! never exceed it.
 //!
 //! Reuse, per provider:
 //! - `soft`: a QP moved to RESET forgets its queues and its peer; `connect` and `accept` take
-//!   it from RESET again (INIT, RTR towards the new peer's QP number, RTS).
+//!   it from INIT again (RTR towards the new peer's QP number, RTS).
 //! - `ibverbs`: the engine's QPs are its own (`ibv_create_qp`), not librdmacm's, so a cm id
 //!   never owns one: `connect` and `accept` drive the QP through INIT, RTR and RTS by hand with
 //!   `rdma_init_qp_attr`'s attributes for the new id (its port, P_Key, path, destination QP
@@ -36,10 +39,13 @@ pub(crate) struct QpPool<P: Provider> {
     pd: Arc<P::Pd>,
     cq: Arc<P::Cq>,
     cap: QpCap,
-    /// Ready QPs in RESET, oldest first, each with whether a connection used it before.
+    /// What a ready QP is moved to INIT with (the engine's port, GID and access).
+    init: QpAttr,
+    /// Ready QPs in INIT with `init`, oldest first, each with whether a connection used it
+    /// before.
     idle: VecDeque<(P::Qp, bool)>,
-    /// QPs given back and not reset yet (their connection-manager sides dropped), oldest
-    /// first: reset by [`QpPool::settle_one`], or as they are taken.
+    /// QPs given back and not made ready yet (their connection-manager sides dropped),
+    /// oldest first: reset and moved to INIT by [`QpPool::settle_one`], or as they are taken.
     released: VecDeque<P::Qp>,
     /// QPs the pool keeps ready (`worker.qps.pool`).
     size: usize,
@@ -53,12 +59,13 @@ pub(crate) struct QpPool<P: Provider> {
 }
 
 impl<P: Provider> QpPool<P> {
-    /// A pool of `size` new QPs (at most `max` QPs in all) for worker `worker`.
+    /// A pool of `size` new QPs (at most `max` QPs in all) for worker `worker`, each made
+    /// ready in INIT with `attr` (its state aside).
     pub(crate) fn new(
         worker: usize,
-        pd: Arc<P::Pd>,
-        cq: Arc<P::Cq>,
+        (pd, cq): (Arc<P::Pd>, Arc<P::Cq>),
         cap: QpCap,
+        attr: &QpAttr,
         size: usize,
         max: usize,
     ) -> Result<Self> {
@@ -68,6 +75,7 @@ impl<P: Provider> QpPool<P> {
             pd,
             cq,
             cap,
+            init: QpAttr { state: QpState::Init, ..*attr },
             idle: VecDeque::with_capacity(size),
             released: VecDeque::with_capacity(size),
             size,
@@ -83,6 +91,7 @@ impl<P: Provider> QpPool<P> {
         Ok(pool)
     }
 
+    /// A new QP, ready (in INIT); none if it cannot be created or moved.
     fn create(&mut self) -> Result<P::Qp> {
         let attr = QpInitAttr::<P> {
             qp_type: QpType::Rc,
@@ -92,15 +101,20 @@ impl<P: Provider> QpPool<P> {
             cap: self.cap,
             sq_sig_all: false,
         };
-        let qp = self.pd.create_qp(&attr)?;
+        let mut qp = self.pd.create_qp(&attr)?;
         self.live += 1;
         self.counts.qps_created += 1;
+        if let Err(e) = qp.modify(&self.init) {
+            self.destroy(qp);
+            return Err(e.into());
+        }
         Ok(qp)
     }
 
-    /// `n` QPs in RESET for a connection's lanes: pooled ones first (ready ones, then given
-    /// back ones, reset now), new ones for the rest. Fails, taking none, when the worker would
-    /// have more than `worker.qps.max` QPs or a QP cannot be created.
+    /// `n` QPs in INIT for a connection's lanes (where its worker can post their receives
+    /// before the connection manager's exchange): pooled ones first (ready ones, then given
+    /// back ones, made ready now), new ones for the rest. Fails, taking none, when the worker
+    /// would have more than `worker.qps.max` QPs or a QP cannot be created.
     pub(crate) fn take(&mut self, n: usize) -> Result<Vec<P::Qp>> {
         while self.idle.len() < n && self.settle_one() {}
         let pooled = self.idle.len() + self.released.len();
@@ -140,23 +154,9 @@ impl<P: Provider> QpPool<P> {
         Ok(out)
     }
 
-    /// [`QpPool::take`], each QP moved to INIT with `attr` (where its worker can post its
-    /// receives before the connection manager's exchange); all go back if one cannot move.
-    pub(crate) fn take_init(&mut self, n: usize, attr: &QpAttr) -> Result<Vec<P::Qp>> {
-        let mut qps = self.take(n)?;
-        let init = QpAttr { state: QpState::Init, ..*attr };
-        if let Some(e) = qps.iter_mut().find_map(|qp| qp.modify(&init).err()) {
-            for qp in qps {
-                self.give_back(qp);
-            }
-            return Err(e.into());
-        }
-        Ok(qps)
-    }
-
     /// Takes back a QP of this worker whose connection-manager side is gone (dropped first):
-    /// keeps it for reuse (reset later, [`QpPool::settle_one`]) if the pool is below its size,
-    /// else destroys it.
+    /// keeps it for reuse (made ready later, [`QpPool::settle_one`]) if the pool is below its
+    /// size, else destroys it.
     pub(crate) fn give_back(&mut self, qp: P::Qp) {
         if self.idle.len() + self.released.len() < self.size {
             self.released.push_back(qp);
@@ -165,11 +165,12 @@ impl<P: Provider> QpPool<P> {
         }
     }
 
-    /// Resets the oldest QP given back and makes it ready (or destroys it if it cannot be
-    /// reset); for the control loop when it is idle. Returns whether there was one.
+    /// Resets the oldest QP given back and moves it to INIT, ready (or destroys it if it
+    /// cannot be moved); for the control loop when it is idle. Returns whether there was one.
     pub(crate) fn settle_one(&mut self) -> bool {
         let Some(mut qp) = self.released.pop_front() else { return false };
-        match qp.modify(&QpAttr { state: QpState::Reset, ..QpAttr::default() }) {
+        let reset = QpAttr { state: QpState::Reset, ..QpAttr::default() };
+        match qp.modify(&reset).and_then(|()| qp.modify(&self.init)) {
             Ok(()) => self.idle.push_back((qp, true)),
             Err(_) => self.destroy(qp),
         }
@@ -248,7 +249,12 @@ mod tests {
             max_recv_sge: 1,
             max_inline_data: 0,
         };
-        QpPool::new(3, pd, cq, cap, size, max).unwrap()
+        QpPool::new(3, (pd, cq), cap, &QpAttr::default(), size, max).unwrap()
+    }
+
+    /// The states of the QPs given back and not made ready yet.
+    fn qps_states(p: &QpPool<Soft>) -> Vec<QpState> {
+        p.released.iter().map(|q| q.state()).collect()
     }
 
     #[test]
@@ -256,18 +262,17 @@ mod tests {
         let mut p = pool(4, 8);
         assert_eq!((p.counts().qps_created, p.counts().qps_pooled), (4, 4));
         let mut qps = p.take(2).unwrap();
-        assert!(qps.iter().all(|q| q.state() == QpState::Reset));
+        assert!(qps.iter().all(|q| q.state() == QpState::Init), "ready in INIT");
         let attr = QpAttr::default();
-        qps[0].modify(&QpAttr { state: QpState::Init, ..attr }).unwrap();
         qps[0].modify(&QpAttr { state: QpState::Err, ..attr }).unwrap();
         for qp in qps {
             p.give_back(qp);
         }
         let c = p.counts();
         assert_eq!((c.qps_created, c.qps_pooled, c.qps_live, c.qps_destroyed), (4, 4, 4, 0));
-        // FIFO: the two never used come first, then the two given back (reset).
+        // FIFO: the two never used come first, then the two given back (made ready again).
         let qps = p.take(4).unwrap();
-        assert!(qps.iter().all(|q| q.state() == QpState::Reset));
+        assert!(qps.iter().all(|q| q.state() == QpState::Init));
         assert_eq!(p.counts().qps_reused, 2);
         // Beyond the pool: new ones, up to the limit.
         let more = p.take(4).unwrap();
@@ -280,31 +285,31 @@ mod tests {
     }
 
     #[test]
-    fn a_qp_given_back_is_reset_when_the_loop_is_idle_or_when_taken() {
+    fn a_qp_given_back_is_made_ready_when_the_loop_is_idle_or_when_taken() {
         let mut p = pool(2, 4);
         let attr = QpAttr::default();
         let mut qps = p.take(2).unwrap();
         for qp in &mut qps {
-            qp.modify(&QpAttr { state: QpState::Init, ..attr }).unwrap();
             qp.modify(&QpAttr { state: QpState::Err, ..attr }).unwrap();
         }
         let mut qps = qps.into_iter();
         p.give_back(qps.next().unwrap());
         p.give_back(qps.next().unwrap());
         assert_eq!(p.counts().qps_pooled, 2, "kept, not reset yet");
-        // The idle loop resets one (a refill step resets before it creates).
+        assert!(qps_states(&p).iter().all(|s| *s == QpState::Err), "given back as they were");
+        // The idle loop makes one ready (a refill step does that before it creates).
         assert!(p.settle_one());
         assert!(p.refill_one());
-        assert!(!p.settle_one(), "both reset");
+        assert!(!p.settle_one(), "both ready");
         let qps = p.take(2).unwrap();
-        assert!(qps.iter().all(|q| q.state() == QpState::Reset));
-        // A QP taken before the loop reset it is reset as it is taken.
+        assert!(qps.iter().all(|q| q.state() == QpState::Init));
+        // A QP taken before the loop made it ready is made ready as it is taken.
         let mut qps = qps.into_iter();
         let mut q = qps.next().unwrap();
         q.modify(&QpAttr { state: QpState::Err, ..attr }).unwrap();
         p.give_back(q);
         let again = p.take(1).unwrap();
-        assert_eq!(again[0].state(), QpState::Reset);
+        assert_eq!(again[0].state(), QpState::Init);
         assert_eq!(p.counts().qps_created, 2, "reused, not created");
     }
 

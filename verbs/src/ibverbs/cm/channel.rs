@@ -137,21 +137,36 @@ const DRAIN_GAP: std::time::Duration = std::time::Duration::from_micros(20);
 /// The process's channel, once made.
 static MUX: OnceLock<Arc<Mux>> = OnceLock::new();
 
+thread_local! {
+    /// This thread's waiter has read the channel empty since its last wait began: until its
+    /// next wait, a look of this thread (a zero timeout) takes what is queued and reads
+    /// nothing (what comes meanwhile makes the descriptor readable, and the next wait reads
+    /// it), so that a pass over the objects a waiter named costs no `rdma_get_cm_event`
+    /// system call beyond the waiter's own.
+    static DRAINED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// For a waiter: whether this thread's looks may skip reading the channel (see [`DRAINED`]).
+pub(crate) fn set_drained(drained: bool) {
+    DRAINED.with(|d| d.set(drained));
+}
+
 /// For a waiter: reads what the process's channel has now into its ids' queues (with `drain`,
 /// unless another thread is reading it, which queues them itself), then puts in `out`, sorted,
 /// the ids (as [`crate::Watch`] keys) that have events queued. Returns how many events were
 /// ever queued (a waiter that sees it moved knows that events came which the channel's
 /// descriptor no longer shows).
-pub(crate) fn queued_keys(drain: bool, out: &mut Vec<usize>) -> io::Result<u64> {
+/// With `drain`, it also says whether it read the channel empty itself.
+pub(crate) fn queued_keys(drain: bool, out: &mut Vec<usize>) -> io::Result<(u64, bool)> {
     out.clear();
-    let Some(m) = MUX.get() else { return Ok(0) };
-    let read = if drain { m.drain() } else { Ok(()) };
+    let Some(m) = MUX.get() else { return Ok((0, drain)) };
+    let read = if drain { m.drain() } else { Ok(false) };
     let st = m.lock();
     out.extend(st.queues.keys().copied());
     let ever = st.queued_ever;
     drop(st);
     out.sort_unstable();
-    read.map(|()| ever)
+    read.map(|emptied| (ever, emptied))
 }
 
 /// How long a waiter waits for the leader before it looks again (its `wake`, or to lead).
@@ -184,6 +199,8 @@ fn take_wake(fd: c_int) -> bool {
 struct MuxState {
     /// Someone reads the channel (see [`Mux::next`]).
     leader: bool,
+    /// Threads waiting on the condition variable (none: nobody to wake, no system call).
+    sleepers: usize,
     /// Events read for ids other than their reader's, by id; an id with none has no entry.
     queues: HashMap<usize, VecDeque<Event>>,
     /// Events ever queued.
@@ -272,15 +289,20 @@ impl Mux {
                 if deadline.is_some_and(|d| now >= d) {
                     return Ok(None);
                 }
+                st.sleepers += 1;
                 st = self.cv.wait_timeout(st, until - now).unwrap_or_else(|e| e.into_inner()).0;
+                st.sleepers -= 1;
                 continue;
+            }
+            if DRAINED.with(|d| d.get()) && deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None); // (a look after this thread's waiter read the channel empty)
             }
             st.leader = true;
             drop(st);
             let read = self.lead(key, deadline, wake);
             st = self.lock();
             st.leader = false;
-            self.cv.notify_all();
+            self.wake_sleepers(&st);
             match read {
                 Ok(Lead::Mine(ev)) => return Ok(Some(ev)),
                 Ok(Lead::Again) => {}
@@ -335,24 +357,33 @@ impl Mux {
         if !st.dying.contains(&k) {
             st.queues.entry(k).or_default().push_back(ev);
             st.queued_ever += 1;
-            self.cv.notify_all();
+            self.wake_sleepers(&st);
         }
         // (else acked on drop, after the lock)
     }
 
+    /// Wakes the threads waiting for an event or to lead, if any (`st` is the locked state).
+    fn wake_sleepers(&self, st: &MuxState) {
+        if st.sleepers > 0 {
+            self.cv.notify_all();
+        }
+    }
+
     /// Reads everything the channel has now into its ids' queues, unless someone leads (who
-    /// queues what comes).
-    fn drain(&self) -> io::Result<()> {
+    /// queues what comes); returns whether it read the channel empty.
+    fn drain(&self) -> io::Result<bool> {
         let mut st = self.lock();
         if st.leader {
-            return Ok(());
+            return Ok(false);
         }
         st.leader = true;
         drop(st);
         let read = self.read_now(None);
-        self.lock().leader = false;
-        self.cv.notify_all();
-        read.map(drop)
+        let mut st = self.lock();
+        st.leader = false;
+        self.wake_sleepers(&st);
+        drop(st);
+        read.map(|_| true)
     }
 
     /// Forgets id `key` before it is destroyed: its queued events are acknowledged (a queued

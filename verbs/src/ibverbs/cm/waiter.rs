@@ -69,7 +69,9 @@ impl CmWaiter for IbvCmWaiter {
         // waiter's owner looking at one object) for a watched object: look, do not sleep (the
         // descriptor no longer shows them). (Not for events queued before: an object whose
         // owner leaves one there must not keep its owner from sleeping.)
-        let ever = super::channel::queued_keys(false, &mut self.ready).map_err(Error::CmWait)?;
+        super::channel::set_drained(false);
+        let (ever, _) =
+            super::channel::queued_keys(false, &mut self.ready).map_err(Error::CmWait)?;
         let queued =
             ever != self.seen && watched.iter().any(|w| w.fd.is_some() && self.has_events(w.key));
         let timeout = if queued { Duration::ZERO } else { timeout };
@@ -98,9 +100,13 @@ impl CmWaiter for IbvCmWaiter {
             let _ = unsafe { libc::read(wake, (&mut count as *mut u64).cast(), 8) };
         }
         // What the channel has now goes to its ids' queues; the ids with events are ready.
+        // Read empty (or not readable when the wait ended), it needs no read from this
+        // thread's looks until the next wait.
         let readable = self.fds[1..].iter().any(|p| p.revents != 0);
-        self.seen =
+        let (seen, emptied) =
             super::channel::queued_keys(readable, &mut self.ready).map_err(Error::CmWait)?;
+        self.seen = seen;
+        super::channel::set_drained(emptied || (rc >= 0 && self.fds.len() > 1 && !readable));
         Ok(())
     }
 
