@@ -138,17 +138,27 @@ const DRAIN_GAP: std::time::Duration = std::time::Duration::from_micros(20);
 static MUX: OnceLock<Arc<Mux>> = OnceLock::new();
 
 thread_local! {
-    /// This thread's waiter has read the channel empty since its last wait began: until its
-    /// next wait, a look of this thread (a zero timeout) takes what is queued and reads
-    /// nothing (what comes meanwhile makes the descriptor readable, and the next wait reads
-    /// it), so that a pass over the objects a waiter named costs no `rdma_get_cm_event`
-    /// system call beyond the waiter's own.
-    static DRAINED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// When this thread's waiter read the channel empty, if it did since its last wait
+    /// began: until its next wait (for [`DRAINED_FOR`] at most), a look of this thread (a
+    /// zero timeout) takes what is queued and reads nothing (what comes meanwhile makes the
+    /// descriptor readable, and the next wait reads it), so that a pass over the objects a
+    /// waiter named costs no `rdma_get_cm_event` system call beyond the waiter's own.
+    static DRAINED: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
 }
 
-/// For a waiter: whether this thread's looks may skip reading the channel (see [`DRAINED`]).
+/// How long after its waiter's wait a thread's looks rely on it (a pass of a control loop
+/// takes far less): a thread that stops waiting reads the channel again on its own after it.
+const DRAINED_FOR: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// For a waiter: this thread's waiter read the channel empty now (`true`), or its looks read
+/// the channel again (see [`DRAINED`]).
 pub(crate) fn set_drained(drained: bool) {
-    DRAINED.with(|d| d.set(drained));
+    DRAINED.with(|d| d.set(drained.then(Instant::now)));
+}
+
+/// Whether a look of this thread at `now` may leave the channel unread (see [`DRAINED`]).
+fn drained_at(now: Instant) -> bool {
+    DRAINED.with(|d| d.get()).is_some_and(|t| now.saturating_duration_since(t) < DRAINED_FOR)
 }
 
 /// For a waiter: reads what the process's channel has now into its ids' queues (with `drain`,
@@ -294,8 +304,11 @@ impl Mux {
                 st.sleepers -= 1;
                 continue;
             }
-            if DRAINED.with(|d| d.get()) && deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(None); // (a look after this thread's waiter read the channel empty)
+            if DRAINED.with(|d| d.get()).is_some() {
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) && drained_at(now) {
+                    return Ok(None); // (a look after this thread's waiter read it empty)
+                }
             }
             st.leader = true;
             drop(st);
@@ -597,5 +610,25 @@ impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: an event from rdma_get_cm_event, acked once.
         unsafe { rdma_sys::rdma_ack_cm_event(self.0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_look_relies_on_its_threads_waiter_until_the_next_wait_and_not_for_long() {
+        let now = Instant::now();
+        assert!(!drained_at(now), "no wait yet: a look reads");
+        set_drained(true);
+        let now = Instant::now();
+        assert!(drained_at(now), "right after a wait that read the channel empty");
+        assert!(!drained_at(now + DRAINED_FOR), "a thread that stopped waiting reads again");
+        let other = std::thread::spawn(|| drained_at(Instant::now())).join().unwrap();
+        assert!(!other, "another thread's looks read the channel themselves");
+        set_drained(false);
+        assert!(!drained_at(Instant::now() + Duration::from_micros(1)), "a new wait began");
     }
 }
