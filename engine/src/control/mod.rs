@@ -173,6 +173,8 @@ pub(crate) struct Control<P: Provider> {
     incoming: lanes::Incoming<P>,
     published: Arc<Mutex<ControlMetrics>>,
     last_published: ControlMetrics,
+    /// The counters of this pass, before they are compared with the last published.
+    gathered: ControlMetrics,
     shutting_down: bool,
     /// Iterations in a row with nothing to do (see [`SLOWER_AFTER`]).
     idle: u32,
@@ -215,6 +217,7 @@ impl<P: Provider> Control<P> {
             incoming: lanes::Incoming::new(),
             published,
             last_published: ControlMetrics::default(),
+            gathered: ControlMetrics::default(),
             shutting_down: false,
             idle: 0,
             foreign_refused: 0,
@@ -331,30 +334,28 @@ impl<P: Provider> Control<P> {
         !self.targeted || self.waiter.ready(w)
     }
 
-    /// Publishes the counters if they changed.
+    /// Publishes the counters if they changed (once a pass: gathered into a reused record,
+    /// so that a pass allocates nothing and takes the lock only for a change).
     fn publish(&mut self) {
-        let now = ControlMetrics {
-            workers: self
-                .workers
-                .iter()
-                .map(|w| WorkerCounts {
-                    connections: w.budget.conns() as u64,
-                    conns_refused: w.budget.refused(),
-                    lanes: w.lanes,
-                    ..w.qps.counts()
-                })
-                .collect(),
-            foreign_refused: self.foreign_refused,
-            accepts_waiting: self.incoming.confirming() as u64,
-            wait_errors: self.wait_errors,
-            async_events: self.async_events,
-        };
+        let mut now = std::mem::take(&mut self.gathered);
+        now.workers.clear();
+        now.workers.extend(self.workers.iter().map(|w| WorkerCounts {
+            connections: w.budget.conns() as u64,
+            conns_refused: w.budget.refused(),
+            lanes: w.lanes,
+            ..w.qps.counts()
+        }));
+        now.foreign_refused = self.foreign_refused;
+        now.accepts_waiting = self.incoming.confirming() as u64;
+        now.wait_errors = self.wait_errors;
+        now.async_events = self.async_events;
         if now != self.last_published {
             if let Ok(mut m) = self.published.lock() {
-                *m = now.clone();
+                m.clone_from(&now);
             }
-            self.last_published = now;
+            std::mem::swap(&mut self.last_published, &mut now);
         }
+        self.gathered = now;
     }
 
     fn send(&mut self, w: usize, m: ToWorker<P>) {
