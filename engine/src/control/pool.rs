@@ -5,9 +5,8 @@
 //! of creating them or moving them; a released lane's QP comes back for reuse, reset and moved
 //! to INIT again when the loop is idle (creates and moves are slow system calls, about 80 us
 //! each in the emulated guest: none should delay a connection coming up) or, if a connection
-//! needs it first, then. The
-//! pool also enforces `worker.qps.max`: the QPs of the worker that exist (in use and pooled)
-//! never exceed it.
+//! needs it first, then. The pool also enforces `worker.qps.max`: the QPs of the worker that
+//! exist (in use and pooled) never exceed it.
 //!
 //! Reuse, per provider:
 //! - `soft`: a QP moved to RESET forgets its queues and its peer; `connect` and `accept` take

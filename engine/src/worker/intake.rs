@@ -115,8 +115,8 @@ impl<P: Provider> Cx<P> {
             .iter()
             .filter(|c| {
                 // (a close waiting for its peer's disconnect waits no longer)
-                let idle = c.waiting.len == 0 && c.lanes.iter().all(|l| l.sq.posted.is_empty());
-                c.awaits_peer() || (c.phase == Phase::Open && (late || idle))
+                let idle = || c.waiting.len == 0 && c.lanes.iter().all(|l| l.sq.posted.is_empty());
+                c.awaits_peer() || (c.phase == Phase::Open && (late || idle()))
             })
             .map(|c| c.id)
             .take(64)

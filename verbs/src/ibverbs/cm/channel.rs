@@ -304,12 +304,6 @@ impl Mux {
                 st.sleepers -= 1;
                 continue;
             }
-            if DRAINED.with(|d| d.get()).is_some() {
-                let now = Instant::now();
-                if deadline.is_some_and(|d| now >= d) && drained_at(now) {
-                    return Ok(None); // (a look after this thread's waiter read it empty)
-                }
-            }
             st.leader = true;
             drop(st);
             let read = self.lead(key, deadline, wake);
@@ -325,15 +319,20 @@ impl Mux {
         }
     }
 
+    /// Whether a look at `now` may leave the channel unread: anyone read it empty a moment
+    /// ago ([`DRAIN_GAP`]), or this thread's waiter did since its last wait ([`DRAINED`]).
+    fn read_empty_lately(&self, now: Instant) -> bool {
+        let empty_at = self.empty_at.load(Ordering::Acquire);
+        let since_empty = self.stamp(now).saturating_sub(empty_at);
+        (empty_at != 0 && since_empty < DRAIN_GAP.as_nanos() as u64) || drained_at(now)
+    }
+
     /// As the leader: everything the channel has now (queued for its owners, or ours), then a
     /// wait for more until `deadline` or `wake`.
     fn lead(&self, key: usize, deadline: Option<Instant>, wake: Option<c_int>) -> io::Result<Lead> {
         let now = Instant::now();
-        let look = deadline.is_some_and(|d| now >= d);
-        let empty_at = self.empty_at.load(Ordering::Acquire);
-        let since_empty = self.stamp(now).saturating_sub(empty_at);
-        if look && empty_at != 0 && since_empty < DRAIN_GAP.as_nanos() as u64 {
-            return Ok(Lead::Done); // (read empty a moment ago; what came since, a waiter reads)
+        if deadline.is_some_and(|d| now >= d) && self.read_empty_lately(now) {
+            return Ok(Lead::Done); // (a look: what came since, a waiter reads)
         }
         if let Some(ev) = self.read_now(Some(key))? {
             return Ok(Lead::Mine(ev));
