@@ -3,6 +3,10 @@
 //! messages of the connections it opened, and closes them. Requests go to one worker over an
 //! SPSC ring and [`Event`]s come back over another; a full submission ring hands the request
 //! back, and no event is ever dropped (one the ring cannot take waits on the worker, in order).
+//! A connect goes to the control core directly, which tells the client of its new connection
+//! itself as it hands the connection to the worker: the application hears of it without
+//! waiting for the worker to wake, every event of the connection comes after, and a request
+//! made on it at once waits in the worker for the handover.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -116,8 +120,20 @@ pub(crate) enum ClientRequest {
     Spare(Vec<u8>),
 }
 
-/// A client's connect, sent straight to the control core (its outcome comes through the
-/// client's worker, which will own the connection).
+impl ClientRequest {
+    /// The connection it names, if any.
+    pub(crate) fn conn(&self) -> Option<ConnId> {
+        match self {
+            ClientRequest::Submit { conn, .. } | ClientRequest::Close { conn } => Some(*conn),
+            _ => None,
+        }
+    }
+}
+
+/// A client's connect, sent straight to the control core. Its connection is told to the client
+/// by the control core itself, through `waiter` ([`Waiter::tell`]), as it hands the connection
+/// to the client's worker (no wait for the worker to take it); a failure comes through the
+/// worker.
 #[derive(Debug)]
 pub(crate) struct ConnectOrder {
     pub(crate) worker: usize,
@@ -126,6 +142,7 @@ pub(crate) struct ConnectOrder {
     pub(crate) addr: SocketAddr,
     pub(crate) private_data: ArrayVec<u8, MAX_PRIVATE_DATA>,
     pub(crate) token: u64,
+    pub(crate) waiter: Arc<Waiter>,
 }
 
 /// A connect's private data as it travels (refused beyond [`crate::MAX_APP_PRIVATE_DATA`]).
@@ -143,11 +160,17 @@ pub(crate) type Overflow = Arc<Mutex<VecDeque<Event>>>;
 
 /// How a client waiting in [`Client::wait`] hears that an event came: it arms this before it
 /// parks, and the worker unparks it after giving it an event (a worker pays one load per event
-/// while nobody waits; a waiting client takes no core from the worker and the device).
+/// while nobody waits; a waiting client takes no core from the worker and the device). It
+/// also carries the events the control core tells the client itself (its connects' new
+/// connections), which the client reads before its ring's.
 #[derive(Debug, Default)]
 pub(crate) struct Waiter {
     armed: AtomicBool,
     thread: Mutex<Option<std::thread::Thread>>,
+    /// Events from the control core, in order.
+    told: Mutex<VecDeque<Event>>,
+    /// Whether `told` holds any (set and cleared under its lock; read without it first).
+    any_told: AtomicBool,
 }
 
 impl Waiter {
@@ -161,6 +184,33 @@ impl Waiter {
                 }
             }
         }
+    }
+
+    /// Gives the client `e` from the control core, which wakes it ([`Waiter::wake`]) once its
+    /// pass is done (once for all it told in the pass). The control core tells a connection
+    /// before it hands the connection to the worker, so the client has it before any event
+    /// the worker gives about it ([`Client::poll`]).
+    pub(crate) fn tell(&self, e: Event) {
+        if let Ok(mut told) = self.told.lock() {
+            told.push_back(e);
+            // (SeqCst, as `armed`: either the client's last look sees this, or the wake that
+            // follows sees it armed)
+            self.any_told.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// The oldest event told by the control core, if any (one load when there is none).
+    #[inline]
+    fn take_told(&self) -> Option<Event> {
+        if !self.any_told.load(Ordering::SeqCst) {
+            return None;
+        }
+        let mut told = self.told.lock().ok()?;
+        let e = told.pop_front();
+        if told.is_empty() {
+            self.any_told.store(false, Ordering::Release);
+        }
+        e
     }
 }
 
@@ -235,6 +285,9 @@ pub struct Client {
     /// wakes.
     pub(crate) connects: std::sync::mpsc::Sender<ConnectOrder>,
     pub(crate) wake: corelink_verbs::Waker,
+    /// An event from the worker's ring, set aside for one the control core told meanwhile
+    /// (which comes first: see [`Client::poll`]).
+    pub(crate) held: Option<Event>,
 }
 
 impl Client {
@@ -253,6 +306,7 @@ impl Client {
             addr,
             private_data: data,
             token,
+            waiter: self.waiter.clone(),
         };
         self.connects.send(order).map_err(|_| EngineError::ShuttingDown)?;
         self.wake.wake();
@@ -358,6 +412,27 @@ impl Client {
 
     /// The next event, if one is there.
     pub fn poll(&mut self) -> Option<Event> {
+        // The control core tells a connection before its worker has it, so an event of the
+        // worker about it was given after: one read from the ring is returned after any
+        // told meanwhile.
+        if let Some(e) = self.waiter.take_told() {
+            return Some(e);
+        }
+        if let Some(e) = self.held.take() {
+            return Some(e);
+        }
+        let e = self.worker_event()?;
+        match self.waiter.take_told() {
+            Some(told) => {
+                self.held = Some(e);
+                Some(told)
+            }
+            None => Some(e),
+        }
+    }
+
+    /// The next event from the worker (its ring, then, once it stopped, what it handed over).
+    fn worker_event(&mut self) -> Option<Event> {
         if let Some(e) = self.events.pop() {
             return Some(e);
         }
@@ -419,6 +494,7 @@ mod tests {
             number: 0,
             connects: std::sync::mpsc::channel().0,
             wake: corelink_verbs::Waker::new(|| {}),
+            held: None,
         };
         (c, worker_end, worker_events)
     }
@@ -472,5 +548,46 @@ mod tests {
         drop(e);
         assert!(matches!(c.poll(), Some(Event::Closed { conn, .. }) if conn.slot == 2));
         assert!(c.poll().is_none());
+    }
+
+    #[test]
+    fn a_connection_the_control_core_told_comes_before_the_workers_events() {
+        let (mut c, _w, mut e) = client(4);
+        let connected = |slot| Event::Connected {
+            conn: ConnId { worker: 0, slot, generation: 1 },
+            info: ConnInfo {
+                private_data: Vec::new(),
+                peer_recv_size: None,
+                initiated: true,
+                token: 7,
+                lanes: 1,
+                recvs_per_lane: 1,
+            },
+        };
+        let message = |slot| Event::Message {
+            conn: ConnId { worker: 0, slot, generation: 1 },
+            data: vec![1],
+            imm: None,
+            written: None,
+        };
+        // Told first, then the worker's message: in that order.
+        c.waiter.tell(connected(1));
+        e.push(message(1)).unwrap();
+        assert!(matches!(c.poll(), Some(Event::Connected { conn, .. }) if conn.slot == 1));
+        assert!(matches!(c.poll(), Some(Event::Message { conn, .. }) if conn.slot == 1));
+        // A message read from the ring while a connection was being told waits for it: the
+        // told one comes first, then the message, then nothing.
+        e.push(message(2)).unwrap();
+        let from_ring = c.worker_event().unwrap();
+        c.waiter.tell(connected(2));
+        c.held = Some(from_ring);
+        assert!(matches!(c.poll(), Some(Event::Connected { conn, .. }) if conn.slot == 2));
+        assert!(matches!(c.poll(), Some(Event::Message { conn, .. }) if conn.slot == 2));
+        e.push(message(3)).unwrap();
+        c.waiter.tell(connected(3));
+        assert!(matches!(c.poll(), Some(Event::Connected { conn, .. }) if conn.slot == 3));
+        assert!(matches!(c.poll(), Some(Event::Message { conn, .. }) if conn.slot == 3));
+        assert!(c.poll().is_none());
+        assert!(!c.waiter.any_told.load(Ordering::Acquire));
     }
 }

@@ -210,6 +210,7 @@ impl<P: Provider> Engine<P> {
                 budget: Budget::new(i, w),
                 lanes: 0,
                 stopped: false,
+                wake: false,
                 shares_context: !own_context,
             });
             workers.push(jh);
@@ -309,7 +310,18 @@ impl<P: Provider> Engine<P> {
             .map_err(|_| EngineError::ShuttingDown)?;
         self.wake.wake();
         let (connects, wake) = (self.connects.clone(), self.wake.clone());
-        Ok(Client { worker, submit, events, overflow, thread, waiter, number, connects, wake })
+        Ok(Client {
+            worker,
+            submit,
+            events,
+            overflow,
+            thread,
+            waiter,
+            number,
+            connects,
+            wake,
+            held: None,
+        })
     }
 
     /// Every worker's metrics, as last published (every few thousand iterations and at exit).

@@ -51,12 +51,13 @@ pub(crate) enum ToWorker<P: Provider> {
     /// Post a coming connection's receives on these QPs (its lanes, in INIT).
     Prime { prime: PrimeFor, qps: Qps<P> },
     /// A connection, now the worker's (primed as `conn`): its QPs (lanes; at least one), all
-    /// in RTS.
+    /// in RTS. `told`: its client (`origin`) heard of it from the control core already.
     NewConn {
         conn: ConnId,
         lanes: ArrayVec<NewLane<P>, MAX_QPS_PER_CONN>,
         info: ConnInfo,
         origin: Origin,
+        told: bool,
     },
     /// The connection primed as `conn` did not come up: its QPs back, to flush and release.
     Unprime { conn: ConnId, qps: Qps<P> },

@@ -196,3 +196,79 @@ fn connects_that_fail_after_their_receives_were_posted_give_back_slot_and_qps() 
 struct Nothing;
 
 impl Handler<Soft> for Nothing {}
+
+/// Greets each connection it accepts with `MSGS` messages at once, and echoes what comes.
+struct Greeter;
+
+impl Handler<Soft> for Greeter {
+    fn on_connected(&mut self, cx: &mut Cx<Soft>, conn: ConnId, _info: &ConnInfo) {
+        for m in 0..MSGS {
+            let mut b = cx.alloc(1).unwrap();
+            b.fill(&[m]).unwrap();
+            cx.send(conn, b, None, 0).map_err(|(_, e)| e).unwrap();
+        }
+    }
+
+    fn on_message(&mut self, cx: &mut Cx<Soft>, conn: ConnId, msg: &Message<'_>) {
+        let mut b = cx.alloc(msg.data.len()).unwrap();
+        b.fill(msg.data).unwrap();
+        cx.send(conn, b, None, 0).map_err(|(_, e)| e).unwrap();
+    }
+}
+
+/// An external client hears of its connection from the control core, before the worker takes
+/// it over: the connection's events still all come after `Event::Connected` (the accepting
+/// side sends at once), and a request submitted the moment it is told of the connection is
+/// taken (it waits in the worker for the handover), never refused.
+#[test]
+fn a_client_told_of_its_connection_first_hears_its_events_after_and_submits_at_once() {
+    let server =
+        Engine::<Soft>::start(&map(Some("10.79.0.4:7000")), Placement::RoundRobin, |_| Greeter)
+            .unwrap();
+    let client_map = map(None);
+    // (what the worker posts on a one-lane connection, which the control core tells)
+    let recvs_per_lane = client_map.map.worker.recvs_per_lane(1);
+    let mut client_engine =
+        Engine::<Soft>::start(&client_map, Placement::RoundRobin, |_| Nothing).unwrap();
+    let mut client = client_engine.client(0).unwrap();
+    let to = server.listen_addr().unwrap();
+    const ROUNDS: u64 = 4;
+    let (mut connected, mut messages, mut done) = (Vec::new(), HashMap::new(), 0);
+    for round in 0..ROUNDS {
+        for token in 0..CONNS {
+            client.connect(to, b"", round * CONNS + token).unwrap();
+        }
+        let want = (round + 1) * CONNS;
+        let deadline = Instant::now() + HANG;
+        while done < want || messages.values().sum::<u64>() < want * (u64::from(MSGS) + 1) {
+            match client.wait(deadline.saturating_duration_since(Instant::now())) {
+                Some(Event::Connected { conn, info }) => {
+                    assert_eq!((info.lanes, info.recvs_per_lane), (1, recvs_per_lane));
+                    assert!(info.initiated, "{info:?}");
+                    connected.push(conn);
+                    let echo = Op::Send { buf: b"echo".to_vec(), imm: None };
+                    client.submit(conn, echo, 0).map_err(|(_, e)| e).unwrap();
+                }
+                Some(Event::Message { conn, .. }) => {
+                    assert!(connected.contains(&conn), "{conn}'s message came before Connected");
+                    *messages.entry(conn).or_insert(0u64) += 1;
+                }
+                Some(Event::Done(d)) => {
+                    assert!(d.status.is_success(), "{d:?}");
+                    done += 1;
+                }
+                other => panic!("round {round}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(connected.len() as u64, ROUNDS * CONNS);
+    assert!(messages.values().all(|&n| n == u64::from(MSGS) + 1), "{messages:?}");
+    for conn in connected {
+        client.close(conn).unwrap();
+    }
+    let misses: u64 = client_engine.metrics().iter().map(|m| m.invariant_misses).sum();
+    assert_eq!(misses, 0);
+    drop(client);
+    client_engine.shutdown().unwrap();
+    server.shutdown().unwrap();
+}

@@ -71,6 +71,12 @@ impl Budget {
         self.cqes = self.cqes.saturating_sub(r.cqes);
     }
 
+    /// Receives the worker posts on each lane of a connection of `lanes` lanes (what its
+    /// `ConnInfo::recvs_per_lane` says).
+    pub(crate) fn recvs_per_lane(&self, lanes: u32) -> u32 {
+        self.res.recvs_per_lane(lanes)
+    }
+
     /// Connections reserved now.
     pub(crate) fn conns(&self) -> usize {
         self.conns as usize

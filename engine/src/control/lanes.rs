@@ -27,6 +27,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corelink_verbs::{
@@ -36,6 +37,7 @@ use corelink_verbs::{
 
 use super::header::{nonce, reject_data, reject_reason, Header, MAX_APP_PRIVATE_DATA};
 use super::{Control, Reservation};
+use crate::client::Waiter;
 use crate::error::EngineError;
 use crate::handoff::{Origin, PrimeFor, Qps, ToWorker};
 use crate::request::{ConnId, ConnInfo};
@@ -115,6 +117,8 @@ struct Connecting<P: Provider> {
     addr: SocketAddr,
     /// What it holds of the worker's budget.
     reservation: Reservation,
+    /// An external client's connect: the client, told of its connection by the control core.
+    tell: Option<Arc<Waiter>>,
 }
 
 /// The connects in progress and their lanes' connects.
@@ -260,6 +264,7 @@ impl<P: Provider> Control<P> {
         app: &[u8],
         token: u64,
         origin: Origin,
+        tell: Option<Arc<Waiter>>,
     ) {
         let refuse = if self.shutting_down {
             Some(EngineError::ShuttingDown)
@@ -324,6 +329,7 @@ impl<P: Provider> Control<P> {
             error: None,
             addr,
             reservation,
+            tell,
         };
         self.outgoing.groups.insert(id, group);
         self.send(w, ToWorker::Prime { prime: PrimeFor::Connect(id), qps });
@@ -513,7 +519,7 @@ impl<P: Provider> Control<P> {
             lanes: 0,
             recvs_per_lane: 0,
         };
-        self.hand_off(w, conn, up, info, origin, g.reservation);
+        self.hand_off(w, conn, up, info, origin, g.reservation, g.tell);
     }
 
     /// Takes one lane's request if one is waiting; returns whether one was.
@@ -756,7 +762,9 @@ impl<P: Provider> Control<P> {
         let Some(g) = self.incoming.groups.remove(&nonce) else { return };
         let up = g.lanes.into_iter().flatten().collect();
         match (g.conn, g.reservation) {
-            (Some(conn), Some(r)) => self.hand_off(g.worker, conn, up, g.info, Origin::Handler, r),
+            (Some(conn), Some(r)) => {
+                self.hand_off(g.worker, conn, up, g.info, Origin::Handler, r, None)
+            }
             // (never: a group that failed takes no lanes)
             _ => {
                 for (qp, cm) in up {

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use arrayvec::ArrayVec;
 use corelink_verbs::{CmEvent, CmWaiter as _, Connection, Listener as _, Provider, QpAttr, Watch};
 
-use crate::client::ConnectOrder;
+use crate::client::{ConnectOrder, Event, Waiter};
 use crate::handoff::{NewLane, Origin, ToControl, ToWorker};
 use crate::metrics::{ControlMetrics, WorkerCounts};
 use crate::request::ConnInfo;
@@ -108,6 +108,8 @@ pub(crate) struct WorkerLink<P: Provider> {
     /// Lanes handed to it since start.
     pub(crate) lanes: u64,
     pub(crate) stopped: bool,
+    /// Something was put on its ring this pass: it is woken at the pass's end.
+    pub(crate) wake: bool,
     /// It has no context of its own (it shares the control core's): the control core reads
     /// its QPs' and CQ's device events and hands them over.
     pub(crate) shares_context: bool,
@@ -176,6 +178,8 @@ pub(crate) struct Control<P: Provider> {
     /// The counters of this pass, before they are compared with the last published.
     gathered: ControlMetrics,
     shutting_down: bool,
+    /// Clients told of new connections in this pass, woken at its end.
+    told: Vec<Arc<Waiter>>,
     /// Iterations in a row with nothing to do (see [`SLOWER_AFTER`]).
     idle: u32,
     /// Requests without the engine's header rejected (`accept_foreign` off).
@@ -219,6 +223,7 @@ impl<P: Provider> Control<P> {
             last_published: ControlMetrics::default(),
             gathered: ControlMetrics::default(),
             shutting_down: false,
+            told: Vec::new(),
             idle: 0,
             foreign_refused: 0,
             wait_errors: 0,
@@ -250,6 +255,7 @@ impl<P: Provider> Control<P> {
                 }
             }
             self.publish();
+            self.wake_told();
             if self.shutting_down
                 && self.outgoing.connecting() == 0
                 && self.workers.iter().all(|w| w.stopped)
@@ -380,7 +386,21 @@ impl<P: Provider> Control<P> {
                 }
             }
         }
-        link.thread.unpark();
+        // (woken once at the end of the pass, after the clients told of connections in it:
+        // a wake of a parked worker costs the control core tens of microseconds in the guest)
+        link.wake = true;
+    }
+
+    /// The end of a pass: wakes the clients told of connections in it, then the workers given
+    /// something (each once).
+    fn wake_told(&mut self) {
+        for client in self.told.drain(..) {
+            client.wake();
+        }
+        for link in self.workers.iter_mut().filter(|l| l.wake) {
+            link.wake = false;
+            link.thread.unpark();
+        }
     }
 
     fn commands(&mut self) -> bool {
@@ -405,7 +425,7 @@ impl<P: Provider> Control<P> {
         while let Ok(o) = self.connects.try_recv() {
             any = true;
             let origin = Origin::Client(o.client);
-            self.start_connect(o.worker, o.addr, &o.private_data, o.token, origin);
+            self.start_connect(o.worker, o.addr, &o.private_data, o.token, origin, Some(o.waiter));
         }
         any
     }
@@ -429,7 +449,10 @@ impl<P: Provider> Control<P> {
     }
 
     /// Gives a connection's lanes (in lane order, all up) to worker `w`, with what it
-    /// reserved of the worker's budget (given back when its last lane is released).
+    /// reserved of the worker's budget (given back when its last lane is released). An
+    /// external client's connect (`tell`) is told to the client here, before the worker has
+    /// it: the client need not wait for the worker to wake and take it.
+    #[allow(clippy::too_many_arguments)]
     fn hand_off(
         &mut self,
         w: usize,
@@ -438,6 +461,7 @@ impl<P: Provider> Control<P> {
         info: ConnInfo,
         origin: Origin,
         reservation: Reservation,
+        tell: Option<Arc<Waiter>>,
     ) {
         let id = self.next_conn;
         self.next_conn += 1;
@@ -456,7 +480,21 @@ impl<P: Provider> Control<P> {
         }
         self.conns.insert(id, (lanes.len(), reservation));
         self.workers[w].lanes += lanes.len() as u64;
-        self.send(w, ToWorker::NewConn { conn, lanes, info, origin });
+        // (not to a worker that stops: its clients hear of nothing new)
+        let tell = tell.filter(|_| !self.shutting_down && !self.workers[w].stopped);
+        let told = tell.is_some();
+        if let Some(waiter) = tell {
+            // What the worker's `ConnInfo` says too: its lanes and the receives it posted.
+            let lanes = lanes.len() as u32;
+            let recvs_per_lane = self.workers[w].budget.recvs_per_lane(lanes);
+            let info = ConnInfo { lanes, recvs_per_lane, ..info.clone() };
+            waiter.tell(Event::Connected { conn, info });
+            // (woken at the end of the pass, once however many it was told, before the worker)
+            if !self.told.iter().any(|t| Arc::ptr_eq(t, &waiter)) {
+                self.told.push(waiter);
+            }
+        }
+        self.send(w, ToWorker::NewConn { conn, lanes, info, origin, told });
     }
 
     fn worker_messages(&mut self) -> bool {
@@ -466,7 +504,7 @@ impl<P: Provider> Control<P> {
                 any = true;
                 match m {
                     ToControl::Connect { addr, private_data, token, origin } => {
-                        self.start_connect(w, addr, &private_data, token, origin)
+                        self.start_connect(w, addr, &private_data, token, origin, None)
                     }
                     ToControl::Disconnect { cm_key } => {
                         if let Some(l) = self.lanes.get_mut(&cm_key) {

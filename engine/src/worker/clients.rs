@@ -22,6 +22,8 @@ struct End {
     /// Vectors the client gave back ([`crate::Client::recycle`]) for its next messages (at
     /// most `CLIENT_RING`, reserved at start).
     spares: Vec<Vec<u8>>,
+    /// A request taken that waits (for its connection, still coming up), before the ring's.
+    held: Option<ClientRequest>,
 }
 
 impl Drop for End {
@@ -60,7 +62,7 @@ impl Clients {
     ) -> u16 {
         let backlog = VecDeque::with_capacity(CLIENT_RING);
         let spares = Vec::with_capacity(CLIENT_RING);
-        self.ends.push(End { requests, events, backlog, overflow, waiter, spares });
+        self.ends.push(End { requests, events, backlog, overflow, waiter, spares, held: None });
         (self.ends.len() - 1) as u16
     }
 
@@ -78,6 +80,9 @@ impl Clients {
     /// its next messages: [`Clients::copy_for`]).
     pub(crate) fn next_request(&mut self, n: usize) -> Option<ClientRequest> {
         let end = self.ends.get_mut(n)?;
+        if let Some(req) = end.held.take() {
+            return Some(req);
+        }
         loop {
             match end.requests.pop()? {
                 ClientRequest::Spare(data) => {
@@ -88,6 +93,13 @@ impl Clients {
                 }
                 req => return Some(req),
             }
+        }
+    }
+
+    /// Keeps client `n`'s request `req` (just taken) to be taken again first, next time.
+    pub(crate) fn hold(&mut self, n: usize, req: ClientRequest) {
+        if let Some(end) = self.ends.get_mut(n) {
+            end.held = Some(req);
         }
     }
 
@@ -136,7 +148,7 @@ impl Clients {
 
     /// Submissions queued in the clients' rings now.
     pub(crate) fn queued(&self) -> usize {
-        self.ends.iter().map(|e| e.requests.len()).sum()
+        self.ends.iter().map(|e| e.requests.len() + usize::from(e.held.is_some())).sum()
     }
 }
 
@@ -200,5 +212,26 @@ mod tests {
             assert!(c.next_request(usize::from(n)).is_none());
         }
         assert_eq!(c.ends[0].spares.len(), CLIENT_RING);
+    }
+
+    #[test]
+    fn a_held_request_comes_again_first_and_counts_as_queued() {
+        let (mut submit, requests) = ring(4);
+        let (events, _client) = ring(2);
+        let mut c = Clients::new(1);
+        let n = usize::from(c.add(requests, events, Overflow::default(), Arc::default()));
+        let close = |slot| ClientRequest::Close { conn: ConnId { worker: 0, slot, generation: 1 } };
+        submit.push(close(1)).unwrap();
+        submit.push(close(2)).unwrap();
+        let first = c.next_request(n).unwrap();
+        assert_eq!(first.conn().map(|c| c.slot), Some(1));
+        c.hold(n, first);
+        assert_eq!(c.queued(), 2, "the held one and the one in the ring");
+        let slots: Vec<u16> = std::iter::from_fn(|| c.next_request(n))
+            .filter_map(|r| r.conn())
+            .map(|c| c.slot)
+            .collect();
+        assert_eq!(slots, [1, 2]);
+        assert_eq!(c.queued(), 0);
     }
 }

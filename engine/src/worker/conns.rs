@@ -61,6 +61,13 @@ impl<P: Provider> Conns<P> {
         Some(ConnId { worker: self.worker, slot, generation: *gen })
     }
 
+    /// Whether `id` is a connection coming up: a kept slot, not yet filled (one load while
+    /// none is kept).
+    #[inline]
+    pub(crate) fn coming_up(&self, id: ConnId) -> bool {
+        self.kept > 0 && self.reserved(id)
+    }
+
     /// Whether `id` is a kept slot, not yet filled.
     fn reserved(&self, id: ConnId) -> bool {
         let s = usize::from(id.slot);

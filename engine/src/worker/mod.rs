@@ -571,6 +571,13 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             for _ in 0..CLIENT_BATCH {
                 let Some(req) = self.clients.next_request(n) else { break };
                 took = true;
+                if !self.cx.stopping && req.conn().is_some_and(|c| self.cx.conns.coming_up(c)) {
+                    // A connection the control core told the client of before handing it over
+                    // (the handover is on its way): the request, and the client's after it,
+                    // wait for it.
+                    self.clients.hold(n, req);
+                    break;
+                }
                 if let Some(e) = self.cx.client_request(n as u16, req) {
                     self.clients.tell(n as u16, e);
                 }
@@ -609,8 +616,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         while let Some(m) = self.from_control.pop() {
             match m {
                 ToWorker::Prime { prime, qps } => self.prime(prime, qps),
-                ToWorker::NewConn { conn, lanes, info, origin } => {
-                    self.add_conn(conn, lanes, info, origin)
+                ToWorker::NewConn { conn, lanes, info, origin, told } => {
+                    self.add_conn(conn, lanes, info, origin, told)
                 }
                 ToWorker::Unprime { conn, qps } => self.unprime(conn, qps),
                 ToWorker::ConnectFailed { token, origin, error } => {
@@ -684,13 +691,15 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     /// Connection `id` (primed) is up: it opens in its kept slot with the receives posted then,
-    /// and what arrived meanwhile is delivered after the connect's issuer hears of it.
+    /// and what arrived meanwhile is delivered after the connect's issuer hears of it (from the
+    /// control core already, when `told`).
     fn add_conn(
         &mut self,
         id: ConnId,
         new: ArrayVec<NewLane<P>, MAX_QPS_PER_CONN>,
         info: ConnInfo,
         origin: Origin,
+        told: bool,
     ) {
         let Some(opened) = self.primes.open(id) else {
             // Never: the control core hands over only what was primed. Count it, give the QPs
@@ -700,7 +709,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 self.cx.tell_control(ToControl::Disconnect { cm_key: l.cm_key });
                 self.cx.tell_control(ToControl::Release { cm_key: l.cm_key, qp: l.qp });
             }
-            if info.initiated {
+            if let (true, Origin::Client(n)) = (told, origin) {
+                // (it heard of the connection: it hears of its end)
+                let reason = CloseReason::Error(corelink_verbs::WcStatus::GeneralErr);
+                self.clients.tell(n, Event::Closed { conn: id, reason });
+            } else if info.initiated {
                 let error = EngineError::Limit {
                     worker: self.cx.index,
                     limit: crate::error::Limit::Connections,
@@ -735,6 +748,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             Origin::Handler | Origin::Keepalive => {
                 self.handler.on_connected(&mut self.cx, id, &info)
             }
+            Origin::Client(_) if told => {}
             Origin::Client(n) => self.clients.tell(n, Event::Connected { conn: id, info }),
         }
         for wc in &opened.early {
