@@ -245,6 +245,8 @@ impl<P: Provider> Control<P> {
             self.idle = if busy { 0 } else { self.idle.saturating_add(1) };
             self.watch_events();
             self.expire_incoming();
+            // Before anything slow (a refill creates QPs): what the pass gave goes now.
+            self.wake_told();
             if !busy && !self.shutting_down && self.outgoing.is_empty() && self.incoming.is_empty()
             {
                 // Off the critical path: nothing else to do in this iteration, and no connection
@@ -255,7 +257,6 @@ impl<P: Provider> Control<P> {
                 }
             }
             self.publish();
-            self.wake_told();
             if self.shutting_down
                 && self.outgoing.connecting() == 0
                 && self.workers.iter().all(|w| w.stopped)
@@ -391,8 +392,8 @@ impl<P: Provider> Control<P> {
         link.wake = true;
     }
 
-    /// The end of a pass: wakes the clients told of connections in it, then the workers given
-    /// something (each once).
+    /// Once a pass has done its work: wakes the clients told of connections in it, then the
+    /// workers given something (each once).
     fn wake_told(&mut self) {
         for client in self.told.drain(..) {
             client.wake();
