@@ -108,7 +108,7 @@ pub(crate) struct WorkerLink<P: Provider> {
     /// Lanes handed to it since start.
     pub(crate) lanes: u64,
     pub(crate) stopped: bool,
-    /// Something was put on its ring this pass: it is woken at the pass's end.
+    /// Something was put on its ring this pass: it is woken once the pass's work is done.
     pub(crate) wake: bool,
     /// It has no context of its own (it shares the control core's): the control core reads
     /// its QPs' and CQ's device events and hands them over.
@@ -178,7 +178,7 @@ pub(crate) struct Control<P: Provider> {
     /// The counters of this pass, before they are compared with the last published.
     gathered: ControlMetrics,
     shutting_down: bool,
-    /// Clients told of new connections in this pass, woken at its end.
+    /// Clients told of new connections in this pass, woken once its work is done.
     told: Vec<Arc<Waiter>>,
     /// Iterations in a row with nothing to do (see [`SLOWER_AFTER`]).
     idle: u32,
@@ -387,7 +387,7 @@ impl<P: Provider> Control<P> {
                 }
             }
         }
-        // (woken once at the end of the pass, after the clients told of connections in it:
+        // (woken once the pass's work is done, after the clients told of connections in it:
         // a wake of a parked worker costs the control core tens of microseconds in the guest)
         link.wake = true;
     }
@@ -490,7 +490,7 @@ impl<P: Provider> Control<P> {
             let recvs_per_lane = self.workers[w].budget.recvs_per_lane(lanes);
             let info = ConnInfo { lanes, recvs_per_lane, ..info.clone() };
             waiter.tell(Event::Connected { conn, info });
-            // (woken at the end of the pass, once however many it was told, before the worker)
+            // (woken once the pass's work is done, however many it was told, before the worker)
             if !self.told.iter().any(|t| Arc::ptr_eq(t, &waiter)) {
                 self.told.push(waiter);
             }
