@@ -71,8 +71,8 @@ impl Budget {
         self.cqes = self.cqes.saturating_sub(r.cqes);
     }
 
-    /// Receives the worker posts on each lane of a connection of `lanes` lanes (what its
-    /// `ConnInfo::recvs_per_lane` says).
+    /// Receives the worker posts on each lane of a connection of `lanes` lanes when it primes
+    /// them (its `ConnInfo::recvs_per_lane`).
     pub(crate) fn recvs_per_lane(&self, lanes: u32) -> u32 {
         self.res.recvs_per_lane(lanes)
     }

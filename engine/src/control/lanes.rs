@@ -510,7 +510,7 @@ impl<P: Provider> Control<P> {
             ),
             _ => (Vec::new(), None),
         };
-        // (lanes and receives: filled in by the worker, which posted them)
+        // (lanes and receives: filled in at the handover)
         let info = ConnInfo {
             private_data,
             peer_recv_size,
@@ -583,6 +583,7 @@ impl<P: Provider> Control<P> {
                         return true;
                     }
                 };
+                // (lanes and receives: filled in at the handover)
                 let info = ConnInfo {
                     private_data: hdr.app,
                     peer_recv_size: hdr.recv_size,

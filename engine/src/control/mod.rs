@@ -246,7 +246,7 @@ impl<P: Provider> Control<P> {
             self.watch_events();
             self.expire_incoming();
             // Before anything slow (a refill creates QPs): what the pass gave goes now.
-            self.wake_told();
+            self.wake_given();
             if !busy && !self.shutting_down && self.outgoing.is_empty() && self.incoming.is_empty()
             {
                 // Off the critical path: nothing else to do in this iteration, and no connection
@@ -394,7 +394,7 @@ impl<P: Provider> Control<P> {
 
     /// Once a pass has done its work: wakes the clients told of connections in it, then the
     /// workers given something (each once).
-    fn wake_told(&mut self) {
+    fn wake_given(&mut self) {
         for client in self.told.drain(..) {
             client.wake();
         }
@@ -481,15 +481,15 @@ impl<P: Provider> Control<P> {
         }
         self.conns.insert(id, (lanes.len(), reservation));
         self.workers[w].lanes += lanes.len() as u64;
+        // Its lanes, and the receives the worker posted on each when it primed them.
+        let n = lanes.len() as u32;
+        let info =
+            ConnInfo { lanes: n, recvs_per_lane: self.workers[w].budget.recvs_per_lane(n), ..info };
         // (not to a worker that stops: its clients hear of nothing new)
         let tell = tell.filter(|_| !self.shutting_down && !self.workers[w].stopped);
         let told = tell.is_some();
         if let Some(waiter) = tell {
-            // What the worker's `ConnInfo` says too: its lanes and the receives it posted.
-            let lanes = lanes.len() as u32;
-            let recvs_per_lane = self.workers[w].budget.recvs_per_lane(lanes);
-            let info = ConnInfo { lanes, recvs_per_lane, ..info.clone() };
-            waiter.tell(Event::Connected { conn, info });
+            waiter.tell(Event::Connected { conn, info: info.clone() });
             // (woken once the pass's work is done, however many it was told, before the worker)
             if !self.told.iter().any(|t| Arc::ptr_eq(t, &waiter)) {
                 self.told.push(waiter);

@@ -725,8 +725,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             }
             return;
         };
-        let per_lane = opened.lanes.first().map_or(0, |l| l.recvs.len());
-        let info = ConnInfo { lanes: new.len() as u32, recvs_per_lane: per_lane as u32, ..info };
         let mut lanes = ArrayVec::new();
         for (NewLane { qp, cm_key }, primed) in new.into_iter().zip(opened.lanes) {
             let (recvs, recvs_posted) = (primed.recvs, primed.posted);
