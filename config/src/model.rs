@@ -52,9 +52,9 @@ pub enum CoreSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolClass {
-    /// Bytes per buffer.
+    /// Bytes per buffer (8 B..=1 GiB).
     pub size: usize,
-    /// Buffers in the class.
+    /// Buffers in the class (at most [`crate::limits::MAX_BUFFERS_PER_CLASS`]).
     pub count: usize,
 }
 
@@ -96,7 +96,8 @@ pub struct WorkerResources {
     /// with few contexts or doorbell pages; the control core then reads the workers' device
     /// events and hands them over).
     pub own_context: bool,
-    /// Registered buffer size classes, smallest first.
+    /// Registered buffer size classes, smallest first (at most
+    /// [`crate::limits::MAX_POOL_CLASSES`]).
     pub pools: Vec<PoolClass>,
     /// Engine connections one worker holds at most (each end counts on its own worker); a
     /// connect or accept beyond is refused with this key's name.
@@ -106,7 +107,8 @@ pub struct WorkerResources {
     pub recvs_per_conn: u32,
     /// Bytes of each receive buffer: the largest send a peer may make to this side (a larger
     /// one is refused at submit). The receive buffers are registered at start, apart from
-    /// `pools`: `max_conns * recvs_per_conn` of them.
+    /// `pools`: `max_conns * recvs_per_conn` of them (at most
+    /// [`crate::limits::MAX_BUFFERS_PER_CLASS`]).
     pub recv_size: u32,
     /// RNR retries of a send that finds no receive posted (0..=6; 7 retries for ever, which a
     /// peer that stopped posting receives then hangs).

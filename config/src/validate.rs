@@ -36,6 +36,12 @@ pub mod limits {
     pub const MAX_CONNS_PER_WORKER: u32 = 1 << 16;
     /// Receives one connection may keep posted at most (`worker.recvs_per_conn`).
     pub const MAX_RECVS_PER_CONN: u32 = 1 << 13;
+    /// Buffers one pool size class may have at most (`worker.pools[i].count`; the receive
+    /// buffers, `worker.max_conns * worker.recvs_per_conn`, are one class too): a buffer's
+    /// index in its class is 24 bits of the engine's buffer handle.
+    pub const MAX_BUFFERS_PER_CLASS: u32 = 1 << 24;
+    /// Size classes one worker's pool may have at most (`worker.pools`).
+    pub const MAX_POOL_CLASSES: usize = 64;
     /// Receives each lane keeps posted at least (when `worker.recvs_per_conn` is this or more).
     pub const MIN_RECVS_PER_LANE: u32 = 8;
     /// The largest RNR retry count that is finite (`worker.rnr_retry`; 7 retries for ever).
@@ -275,6 +281,25 @@ impl CoreMap {
         if w.pools.is_empty() {
             return Err(invalid("worker.pools", "[]", "at least one size class is needed"));
         }
+        if w.pools.len() > limits::MAX_POOL_CLASSES {
+            return Err(invalid(
+                "worker.pools",
+                format!("{} classes", w.pools.len()),
+                format!("at most {} size classes", limits::MAX_POOL_CLASSES),
+            ));
+        }
+        let recv_buffers = u64::from(w.max_conns) * u64::from(w.recvs_per_conn);
+        if recv_buffers > u64::from(limits::MAX_BUFFERS_PER_CLASS) {
+            return Err(invalid(
+                "worker.recvs_per_conn",
+                w.recvs_per_conn,
+                format!(
+                    "the receive buffers (worker.max_conns * worker.recvs_per_conn = \
+                     {recv_buffers}) are one class of at most {} buffers: lower either",
+                    limits::MAX_BUFFERS_PER_CLASS
+                ),
+            ));
+        }
         // The receive buffers are registered with the pools.
         let mut total: u128 =
             u128::from(w.max_conns) * u128::from(w.recvs_per_conn) * u128::from(w.recv_size);
@@ -294,11 +319,11 @@ impl CoreMap {
                     "size classes go smallest first, each larger",
                 ));
             }
-            if p.count == 0 {
+            if p.count == 0 || p.count > limits::MAX_BUFFERS_PER_CLASS as usize {
                 return Err(invalid(
                     format!("worker.pools[{i}].count"),
                     p.count,
-                    "must be at least 1",
+                    format!("must be 1..={}", limits::MAX_BUFFERS_PER_CLASS),
                 ));
             }
             prev = p.size;
@@ -495,6 +520,12 @@ mod tests {
             ("[worker]\npoll_budget = 0", "worker.poll_budget"),
             ("[worker]\npools = []", "worker.pools"),
             ("[[worker.pools]]\nsize = 64\ncount = 0", "worker.pools[0].count"),
+            ("[[worker.pools]]\nsize = 64\ncount = 16777217", "worker.pools[0].count"),
+            (
+                "[worker]\nmax_conns = 65536\nrecvs_per_conn = 512\nrecv_queue_depth = 512\n\
+                 recv_size = 64\ncq_depth = 4096",
+                "worker.recvs_per_conn",
+            ),
             (
                 "[[worker.pools]]\nsize = 64\ncount = 1\n[[worker.pools]]\nsize = 32\ncount = 1",
                 "worker.pools[1].size",

@@ -44,13 +44,19 @@ impl<P: Provider> fmt::Debug for Pool<P> {
 impl<P: Provider> Pool<P> {
     /// Registers `classes` (`(size, count)`, sizes strictly increasing) on `pd`.
     pub fn new(pd: &P::Pd, classes: &[(usize, usize)]) -> Result<Self> {
+        if classes.len() > MAX_CLASSES {
+            let (size, count) = classes[MAX_CLASSES];
+            return Err(EngineError::PoolClass { size, count, why: "at most 256 classes" });
+        }
         let mut out = Vec::with_capacity(classes.len());
         let mut prev = 0;
         for &(size, count) in classes {
             let why = if size <= prev {
                 Some("sizes must increase")
-            } else if count == 0 || count > u32::MAX as usize {
-                Some("counts must be 1..=2^32-1")
+            } else if size > MAX_BUF {
+                Some("sizes must be at most 2^32-1 (a gather entry's length)")
+            } else if count == 0 || count > MAX_COUNT {
+                Some("counts must be 1..=2^24")
             } else {
                 None
             };
@@ -83,7 +89,8 @@ impl<P: Provider> Pool<P> {
         };
         for (i, c) in classes.iter().enumerate().skip(first) {
             if let Some(index) = c.free.borrow_mut().pop() {
-                return Ok(Buf { pool: Rc::clone(&self.inner), class: i as u8, index, len });
+                let at = BufAt::new(i, index, len);
+                return Ok(Buf { pool: Rc::clone(&self.inner), at });
             }
         }
         Err(EngineError::PoolExhausted { size: classes[first].size, count: classes[first].count })
@@ -105,39 +112,86 @@ impl<P: Provider> Pool<P> {
 /// ```
 pub struct Buf<P: Provider> {
     pool: Rc<Inner<P>>,
-    class: u8,
-    index: u32,
-    len: usize,
+    at: BufAt,
+}
+
+/// Classes a pool may have at most (a buffer's class is 8 bits of its [`BufAt`]).
+const MAX_CLASSES: usize = 256;
+/// Buffers a class may have at most (a buffer's index is 24 bits).
+const MAX_COUNT: usize = corelink_config::limits::MAX_BUFFERS_PER_CLASS as usize;
+/// Bytes a buffer may have at most (its length is 32 bits, as a gather entry's).
+const MAX_BUF: usize = u32::MAX as usize;
+
+// (every pool a valid core map asks for fits: its classes, with the receive buffers' class,
+// its counts and its sizes, at most 1 GiB)
+const _: () = assert!(corelink_config::limits::MAX_POOL_CLASSES < MAX_CLASSES);
+const _: () = assert!(MAX_COUNT <= 1 << 24);
+const _: () = assert!(1 << 30 <= MAX_BUF);
+
+/// Where a [`Buf`] is and how much of it is in use, in one word: its class (bits 56..64),
+/// its index in the class (bits 32..56) and its length (bits 0..32). A `Buf` is then two
+/// words, which the compiler keeps in registers and moves whole: a fresh buffer written field
+/// by field and then moved by a wider load cannot have its stores forwarded, and the load
+/// waits for them to reach the cache (once per buffer, on the hot path).
+#[derive(Clone, Copy)]
+struct BufAt(u64);
+
+impl BufAt {
+    #[inline(always)]
+    fn new(class: usize, index: u32, len: usize) -> BufAt {
+        BufAt((class as u64) << 56 | u64::from(index) << 32 | len as u64)
+    }
+
+    #[inline(always)]
+    fn class(self) -> usize {
+        (self.0 >> 56) as usize
+    }
+
+    #[inline(always)]
+    fn index(self) -> u32 {
+        (self.0 >> 32) as u32 & 0xff_ffff
+    }
+
+    #[inline(always)]
+    fn len(self) -> usize {
+        self.0 as u32 as usize
+    }
+
+    /// The same buffer with `len` bytes in use (at most its capacity, so at most `MAX_BUF`).
+    #[inline(always)]
+    fn with_len(self, len: usize) -> BufAt {
+        BufAt(self.0 & !u64::from(u32::MAX) | len as u64)
+    }
 }
 
 impl<P: Provider> fmt::Debug for Buf<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Buf").field("len", &self.len).field("capacity", &self.capacity()).finish()
+        f.debug_struct("Buf").field("len", &self.len()).field("capacity", &self.capacity()).finish()
     }
 }
 
 impl<P: Provider> Buf<P> {
     #[inline(always)]
     fn class(&self) -> &Class<P> {
-        &self.pool.classes[self.class as usize]
+        &self.pool.classes[self.at.class()]
     }
 
     #[inline(always)]
     fn ptr(&self) -> *mut u8 {
         let c = self.class();
         // SAFETY: index < count and the region holds size * count bytes.
-        unsafe { c.mr.as_ptr().add(self.index as usize * c.size) }
+        unsafe { c.mr.as_ptr().add(self.at.index() as usize * c.size) }
     }
 
     /// Bytes in use.
     #[inline(always)]
     pub fn len(&self) -> usize {
-        self.len
+        self.at.len()
     }
 
     /// Whether no byte is in use.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Bytes the buffer can hold.
@@ -151,7 +205,7 @@ impl<P: Provider> Buf<P> {
         if len > self.capacity() {
             return Err(EngineError::BufferTooLarge { len, largest: self.capacity() });
         }
-        self.len = len;
+        self.at = self.at.with_len(len);
         Ok(())
     }
 
@@ -168,26 +222,26 @@ impl<P: Provider> Buf<P> {
         // SAFETY: the range lies in the pool's region, which lives as long as `self.pool`; no
         // peer may write it (registered without remote rights) and the device writes it only
         // for a posted request, during which the engine holds this `Buf` (not the application).
-        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len()) }
     }
 
     /// The bytes in use, writable.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`; `&mut self` makes the slice unique.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len()) }
     }
 
     /// The scatter/gather entry of the bytes in use (`len`) or of the whole buffer.
     #[inline(always)]
     pub fn sge(&self, whole: bool) -> Sge {
-        let length = if whole { self.capacity() } else { self.len } as u32;
+        let length = if whole { self.capacity() } else { self.len() } as u32;
         Sge { addr: self.ptr() as u64, length, lkey: self.class().mr.lkey() }
     }
 }
 
 impl<P: Provider> Drop for Buf<P> {
     fn drop(&mut self) {
-        self.class().free.borrow_mut().push(self.index);
+        self.class().free.borrow_mut().push(self.at.index());
     }
 }
 
@@ -233,5 +287,30 @@ mod tests {
         let pd = ctx.alloc_pd().unwrap();
         assert!(Pool::<Soft>::new(&pd, &[(64, 1), (32, 1)]).is_err());
         assert!(Pool::<Soft>::new(&pd, &[(64, 0)]).is_err());
+        // Past what a buffer's handle holds: its index (24 bits), its length (32 bits), its
+        // class (8 bits); refused before anything is registered.
+        let e = Pool::<Soft>::new(&pd, &[(64, MAX_COUNT + 1)]).unwrap_err();
+        assert!(matches!(e, EngineError::PoolClass { why, .. } if why.contains("2^24")), "{e}");
+        assert!(Pool::<Soft>::new(&pd, &[(MAX_BUF + 1, 1)]).is_err());
+        let many: Vec<_> = (1..=MAX_CLASSES + 1).map(|i| (i * 8, 1)).collect();
+        assert!(Pool::<Soft>::new(&pd, &many).is_err());
+    }
+
+    #[test]
+    fn a_buffer_handle_keeps_its_class_index_and_length_apart() {
+        let at = BufAt::new(255, (1 << 24) - 1, u32::MAX as usize);
+        assert_eq!((at.class(), at.index(), at.len()), (255, (1 << 24) - 1, u32::MAX as usize));
+        let at = at.with_len(7);
+        assert_eq!((at.class(), at.index(), at.len()), (255, (1 << 24) - 1, 7));
+        let at = BufAt::new(3, 5, 0).with_len(1 << 30);
+        assert_eq!((at.class(), at.index(), at.len()), (3, 5, 1 << 30));
+        // A pool's buffers: each its own place, lengths set and read back.
+        let p = pool();
+        let (mut a, mut b, c) = (p.get(1).unwrap(), p.get(64).unwrap(), p.get(100).unwrap());
+        a.fill(&[1; 64]).unwrap();
+        b.fill(&[2; 3]).unwrap();
+        assert_eq!((a.len(), b.len(), c.len(), c.capacity()), (64, 3, 100, 4096));
+        assert_eq!((a.as_slice(), b.as_slice()), (&[1u8; 64][..], &[2u8; 3][..]));
+        assert_ne!(a.sge(true).addr, b.sge(true).addr);
     }
 }

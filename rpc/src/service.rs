@@ -73,7 +73,21 @@ impl<'a, P: Provider> Response<'a, P> {
     /// client's receive a slot of the endpoint's arena for large messages, which the client
     /// reads. Refused when `len` exceeds [`Response::max`] or no buffer or slot is free; the
     /// client then gets that error, whatever the handler returns.
+    #[inline(always)]
     pub fn alloc(&mut self, len: usize) -> Result<&mut [u8]> {
+        // (the common case, a first small response that a buffer is free for, in a few
+        // instructions; the rest out of line)
+        if len <= self.max && self.buf.is_none() && self.large.is_none() && self.refused.is_none() {
+            if let Ok(b) = self.cx.alloc(HEADER + len) {
+                return Ok(&mut self.buf.insert(b).as_mut_slice()[HEADER..]);
+            }
+        }
+        self.alloc_slow(len)
+    }
+
+    /// [`Response::alloc`] in every other case.
+    #[inline(never)]
+    fn alloc_slow(&mut self, len: usize) -> Result<&mut [u8]> {
         self.buf = None;
         self.large = None;
         if len > self.max() {
@@ -106,6 +120,7 @@ impl<'a, P: Provider> Response<'a, P> {
     }
 
     /// Copies `data` in as the response's payload.
+    #[inline(always)]
     pub fn write(&mut self, data: &[u8]) -> Result<()> {
         self.alloc(data.len())?.copy_from_slice(data);
         Ok(())

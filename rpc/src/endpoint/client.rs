@@ -54,6 +54,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// A call of a mergeable type: merged with an identical one of the session in flight or
     /// waiting (it is not sent, and ends with that one), else made, leading a new group.
+    #[inline(never)]
     fn call_merging(
         &mut self,
         cx: &mut Cx<P>,
@@ -287,7 +288,7 @@ impl<P: Provider> Endpoint<P> {
             return Err(RpcError::TooManyCalls { max: self.cfg.max_calls as usize }.into());
         }
         if !large {
-            let mut buf = cx.alloc(HEADER + len).map_err(RpcError::from)?;
+            let mut buf = self.request_buf(cx, HEADER + len).map_err(RpcError::from)?;
             fill(&mut buf.as_mut_slice()[HEADER..]);
             return Ok((buf, None, false));
         }
@@ -303,6 +304,16 @@ impl<P: Provider> Endpoint<P> {
         };
         fill(arena.bytes_mut(&mut slot, len));
         Ok((buf, Some(slot), true))
+    }
+
+    /// A buffer of `len` bytes for a request: the spare one when it holds them, else the
+    /// pool's.
+    #[inline(always)]
+    fn request_buf(&mut self, cx: &Cx<P>, len: usize) -> Result<Buf<P>, EngineError> {
+        match self.spare.take() {
+            Some(mut b) if len <= b.capacity() => b.set_len(len).map(|()| b),
+            _ => cx.alloc(len),
+        }
     }
 
     /// Gives call `id` (waiting at the head of its session's queue) an arena slot for its
@@ -561,6 +572,7 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// A large response's payload is here: its call ends.
+    #[inline(never)]
     pub(super) fn response_read(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         let (session, slot, seq) = token_slot(done.token);
         let Some(cs) = self.session_mut(session).and_then(|s| s.slots.get_mut(usize::from(slot)))

@@ -348,6 +348,9 @@ pub struct Endpoint<P: Provider> {
     unslotted: Vec<(CallId, Box<[u8]>)>,
     /// Small messages waiting for the end of the pass, to go packed.
     packer: packer::Packer<Buf<P>>,
+    /// A sent request's buffer, for the next call's request (a buffer of the worker's pools
+    /// either way: this one saves the pool a round trip per call).
+    spare: Option<Buf<P>>,
     metrics: RpcMetrics,
     _thread_bound: PhantomData<Rc<()>>,
 }
@@ -419,6 +422,7 @@ impl<P: Provider> Session<P> {
 
     /// Frees client slot `slot` (its credit back): what it was used for (`Free`: nothing,
     /// or no such slot).
+    #[inline(always)]
     fn free_slot(&mut self, slot: u16) -> SlotUse {
         match self.slots.get_mut(usize::from(slot)) {
             Some(cs) if cs.used != SlotUse::Free => {
@@ -615,10 +619,12 @@ impl<P: Provider> Endpoint<P> {
             ended: Vec::new(),
             want_slot: Vec::new(),
             unslotted: Vec::new(),
+            spare: None,
             packer: packer::Packer::new(
                 cfg.pack_max,
                 PACK_CONNS,
                 res.pools.iter().map(|c| c.size).max().unwrap_or(0),
+                res.max_conns as usize,
             ),
             metrics: RpcMetrics::default(),
             cfg,
@@ -703,7 +709,7 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// Sends `buf` (a message of type `ty`) on `conn` in `ty`'s class, if it has one.
-    #[inline]
+    #[inline(always)]
     fn send_typed(
         &self,
         cx: &mut Cx<P>,
@@ -826,6 +832,7 @@ impl<P: Provider> Endpoint<P> {
         Some(c)
     }
 
+    #[inline(always)]
     fn insert_call(&mut self, call: Call<P>) -> Result<CallId, (RpcError, Continuation<P>)> {
         let max = self.cfg.max_calls as usize;
         let index = match self.free_calls.pop() {
@@ -846,10 +853,22 @@ impl<P: Provider> Endpoint<P> {
     /// merge group, the continuations of the calls merged with it (still live), with the same
     /// outcome.
     fn finish(&mut self, cx: &mut Cx<P>, call: Call<P>, outcome: Result<&[u8], RpcError>) {
-        let Some(h) = call.group else {
+        match call.group {
             // (most calls: no merge group to end with it)
-            return self.run(cx, call.then, outcome);
-        };
+            None => self.run(cx, call.then, outcome),
+            Some(h) => self.finish_group(cx, call, h, outcome),
+        }
+    }
+
+    /// [`Endpoint::finish`] of a call that leads merge group `h`.
+    #[inline(never)]
+    fn finish_group(
+        &mut self,
+        cx: &mut Cx<P>,
+        call: Call<P>,
+        h: u64,
+        outcome: Result<&[u8], RpcError>,
+    ) {
         // The followers still live are taken out before any continuation runs (in vectors
         // kept from earlier groups: no allocation once warm).
         let mut ended = std::mem::take(&mut self.merging.ended);
@@ -1158,6 +1177,7 @@ impl<P: Provider> Endpoint<P> {
     /// again, when its request came again meanwhile); a large payload read is handled.
     /// A completion of the endpoint's own requests; one of the service's ([`Rpc::submit`])
     /// comes back, with its own token.
+    #[inline(always)]
     pub(crate) fn on_completion(
         &mut self,
         cx: &mut Cx<P>,
@@ -1171,6 +1191,7 @@ impl<P: Provider> Endpoint<P> {
         None
     }
 
+    #[inline(always)]
     fn own_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         match done.token & TOKEN_KIND {
             // (kept for a resend even when it failed: the connection is going down)

@@ -73,6 +73,19 @@ struct Pack<B, K> {
     parts: Vec<Part>,
 }
 
+/// What names a connection to the packer: the engine's `ConnId` (a number in the tests).
+pub(super) trait PackKey: Copy + PartialEq {
+    /// Its slot on the worker (below `worker.max_conns`): where its pass mark is kept.
+    fn slot(self) -> usize;
+}
+
+impl PackKey for ConnId {
+    #[inline(always)]
+    fn slot(self) -> usize {
+        self.index()
+    }
+}
+
 /// The connections sent to in this pass, and their packs (`K` names a connection: the
 /// engine's `ConnId`; a number in the tests).
 pub(super) struct Packer<B, K = ConnId> {
@@ -80,8 +93,12 @@ pub(super) struct Packer<B, K = ConnId> {
     max: usize,
     /// Bytes of the worker's largest pool buffer: what one pack may hold at most.
     largest: usize,
-    /// Connections a message went to in this pass (the next ones to them pack).
-    seen: Vec<K>,
+    /// The pass's number (never 0; a new pass is a new number: nothing to clear).
+    pass: u32,
+    /// Per connection slot, the last pass a message went to it (the next ones in that pass
+    /// pack). A slot's later connection in the same pass counts as seen: it packs, which
+    /// only defers its message to the end of the pass.
+    marks: Vec<u32>,
     /// Packs `..open` are this pass's; those after are kept for their vectors' room.
     packs: Vec<Pack<B, K>>,
     open: usize,
@@ -89,15 +106,17 @@ pub(super) struct Packer<B, K = ConnId> {
     cap: usize,
 }
 
-impl<B: PackBuf, K: Copy + PartialEq> Packer<B, K> {
+impl<B: PackBuf, K: PackKey> Packer<B, K> {
     /// A packer for messages of at most `max` bytes, into buffers of at most `largest` bytes,
-    /// with at most `cap` connections' packs open at once.
-    pub(super) fn new(max: usize, cap: usize, largest: usize) -> Self {
+    /// with at most `cap` connections' packs open at once, for a worker of `conns`
+    /// connection slots.
+    pub(super) fn new(max: usize, cap: usize, largest: usize, conns: usize) -> Self {
         let cap = if max == 0 { 0 } else { cap };
         Packer {
             max,
             largest,
-            seen: Vec::with_capacity(cap),
+            pass: 1,
+            marks: vec![0; if cap == 0 { 0 } else { conns }],
             packs: Vec::with_capacity(cap),
             open: 0,
             cap,
@@ -112,26 +131,30 @@ impl<B: PackBuf, K: Copy + PartialEq> Packer<B, K> {
     }
 
     /// Notes a message to `conn` in this pass; false when one went before (this one packs).
+    /// A connection past the slots the packer was made for is never seen (its messages go
+    /// alone).
     #[inline]
     fn first_to(&mut self, conn: K) -> bool {
-        if self.seen.contains(&conn) {
-            return false;
+        let Some(mark) = self.marks.get_mut(conn.slot()) else { return true };
+        let first = *mark != self.pass;
+        *mark = self.pass;
+        first
+    }
+
+    /// Starts a new pass: every connection's next message is its first.
+    #[inline]
+    fn next_pass(&mut self) {
+        self.pass = self.pass.wrapping_add(1);
+        if self.pass == 0 {
+            // (after 2^32 passes: the marks, which may hold any number, start over)
+            self.marks.fill(0);
+            self.pass = 1;
         }
-        if self.seen.len() < self.cap {
-            self.seen.push(conn);
-        }
-        true
     }
 
     #[cfg(test)]
     fn is_empty_of_packs(&self) -> bool {
         self.open == 0
-    }
-
-    /// Whether the pass has anything to send or forget.
-    #[inline]
-    pub(super) fn is_idle(&self) -> bool {
-        self.seen.is_empty() && self.open == 0
     }
 
     /// The open pack of `conn`.
@@ -222,11 +245,15 @@ impl<P: Provider> Endpoint<P> {
     #[inline]
     pub(super) fn queue_send(&mut self, cx: &mut Cx<P>, o: Outgoing<P>) {
         let packs = self.packer.takes(o.buf.len(), o.room) && self.class(o.ty).is_none();
-        if !packs || self.packer.first_to(o.conn) {
-            self.send_pack_of(cx, o.conn);
-            return self.send_alone(cx, o);
+        if packs && !self.packer.first_to(o.conn) {
+            return self.pack(cx, o);
         }
-        self.pack(cx, o);
+        self.send_pack_of(cx, o.conn);
+        // (what `send_alone` does, in the common path's own code: no call for it)
+        let Outgoing { conn, ty, token, session, slot, buf, .. } = o;
+        if let Err((_, e)) = self.send_typed(cx, conn, ty, buf, token) {
+            self.refused(cx, token, session, slot, e);
+        }
     }
 
     /// Sends `conn`'s pack, if one is open (before something else goes on the connection).
@@ -241,6 +268,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// Copies `o` into its connection's pack (opened, or sent and opened again, when it
     /// does not hold `o`); alone when no buffer is free for a pack.
+    #[inline(never)]
     fn pack(&mut self, cx: &mut Cx<P>, o: Outgoing<P>) {
         let len = o.buf.len();
         let i = match self.packer.find(o.conn) {
@@ -273,16 +301,14 @@ impl<P: Provider> Endpoint<P> {
     /// before the engine posts its sends).
     #[inline]
     pub(crate) fn flush_sends(&mut self, cx: &mut Cx<P>) {
-        if self.packer.is_idle() {
-            return;
-        }
+        self.packer.next_pass();
         while self.packer.open > 0 {
             self.send_pack(cx, self.packer.open - 1);
         }
-        self.packer.seen.clear();
     }
 
     /// Sends open pack `i`.
+    #[inline(never)]
     fn send_pack(&mut self, cx: &mut Cx<P>, i: usize) {
         let Some((conn, packed)) = self.packer.close(i) else {
             return self.metrics.invariant_misses += 1; // (a pack holds its buffer)
@@ -321,6 +347,8 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// The engine refused to send the message with `token` (for `session`'s `slot`).
+    #[cold]
+    #[inline(never)]
     fn refused(
         &mut self,
         cx: &mut Cx<P>,
@@ -344,6 +372,12 @@ mod tests {
     use super::*;
     use crate::ids::ReqType;
     use crate::wire::{unpack, Header, Kind, Status};
+
+    impl PackKey for u8 {
+        fn slot(self) -> usize {
+            usize::from(self)
+        }
+    }
 
     impl PackBuf for Vec<u8> {
         fn bytes_mut(&mut self) -> &mut [u8] {
@@ -380,26 +414,35 @@ mod tests {
 
     #[test]
     fn the_first_message_to_a_peer_in_a_pass_goes_alone_the_next_ones_pack() {
-        let mut p: Packer<Vec<u8>, u8> = Packer::new(1024, 2, 4096);
-        assert!(p.is_idle());
+        let mut p: Packer<Vec<u8>, u8> = Packer::new(1024, 2, 4096, 3);
+        assert!(p.is_empty_of_packs());
         assert!(p.first_to(1));
         assert!(!p.first_to(1));
         assert!(p.first_to(2));
-        // Past `cap` peers, each message goes alone (nothing is remembered of it).
+        // Past the connection slots it was made for, each message goes alone (nothing is
+        // remembered of it).
         assert!(p.first_to(3) && p.first_to(3));
-        assert!(!p.is_idle());
+        // A new pass: each peer's next message is its first again.
+        p.next_pass();
+        assert!(p.first_to(1) && p.first_to(2) && !p.first_to(1));
+        // The pass number wraps past 0 with the marks cleared (no peer counts as seen).
+        p.pass = u32::MAX;
+        assert!(p.first_to(1) && !p.first_to(1));
+        p.next_pass();
+        assert_eq!(p.pass, 1);
+        assert!(p.first_to(1) && p.first_to(2));
         // Small messages that fit beside another pack; large ones and those no receive holds
         // twice do not; a packer of `max` 0 packs nothing.
         assert!(p.takes(1024, 4096) && !p.takes(1025, 4096) && !p.takes(100, 100 + HEADER - 1));
         // The largest pool buffer bounds a pack as the peer's receive does.
-        let small_pool: Packer<Vec<u8>, u8> = Packer::new(8192, 2, 256);
+        let small_pool: Packer<Vec<u8>, u8> = Packer::new(8192, 2, 256, 3);
         assert!(small_pool.takes(200, 1 << 20) && !small_pool.takes(300, 1 << 20));
-        assert!(!Packer::<Vec<u8>, u8>::new(0, 2, 4096).takes(1, 4096));
+        assert!(!Packer::<Vec<u8>, u8>::new(0, 2, 4096, 3).takes(1, 4096));
     }
 
     #[test]
     fn a_pack_holds_its_messages_in_order_until_the_next_does_not_fit() {
-        let mut p: Packer<Vec<u8>, u8> = Packer::new(1024, 2, 4096);
+        let mut p: Packer<Vec<u8>, u8> = Packer::new(1024, 2, 4096, 3);
         let msgs = [msg(0, b"one"), msg(1, b""), msg(2, b"three")];
         let room = msgs.iter().map(|(_, m)| m.len()).sum::<usize>();
         let i = p.start(7, room, vec![0; room]).unwrap();
@@ -424,7 +467,7 @@ mod tests {
 
     #[test]
     fn packs_open_for_cap_peers_at_most_and_close_in_any_order() {
-        let mut p: Packer<Vec<u8>, u8> = Packer::new(1024, 2, 4096);
+        let mut p: Packer<Vec<u8>, u8> = Packer::new(1024, 2, 4096, 3);
         let a = p.start(1, 256, vec![0; 256]).unwrap();
         let b = p.start(2, 256, vec![0; 256]).unwrap();
         assert!(p.start(3, 256, vec![0; 256]).is_err());

@@ -148,10 +148,14 @@ impl<P: Provider> Endpoint<P> {
 
     /// A call's request went (or failed, its connection going down): on a resumable session,
     /// while the call waits for its answer, its buffer is kept to send again.
-    #[inline]
+    #[inline(always)]
     pub(super) fn request_sent(&mut self, token: u64, buf: Option<Buf<P>>) {
         if self.resumable == 0 {
-            return; // (the buffer goes back to the pool)
+            // (the next call's request buffer, or back to the pool when one is kept)
+            if self.spare.is_none() {
+                self.spare = buf;
+            }
+            return;
         }
         let id = CallId(token);
         let Some(e) = self.calls.get(id.index()) else { return };
@@ -168,6 +172,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// A large request's payload could not be read (the connection is going down): the
     /// request did not run, nor did those held behind it; each runs when it comes again.
+    #[inline(never)]
     pub(super) fn request_unread(&mut self, done: Done<Buf<P>>) {
         let (session, slot, seq) = super::token_slot(done.token);
         let Some(s) = self.session_mut(session) else { return };

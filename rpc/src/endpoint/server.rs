@@ -2,7 +2,7 @@
 //! at-most-once execution.
 
 use corelink_engine::verbs::{Provider, RemoteAddr, RemoteRegion};
-use corelink_engine::{Buf, Cx, Done};
+use corelink_engine::{Buf, ConnId, Cx, Done};
 
 use super::packer::Outgoing;
 use super::{
@@ -10,6 +10,7 @@ use super::{
 };
 use crate::error::{Malformed, RpcError};
 use crate::ids::{ReqType, SessionId};
+use crate::large::{Arena, ArenaSlot};
 use crate::service::{Reject, Request, Response};
 use crate::wire::{Descriptor, Header, Kind, Status, DESCRIPTOR, ERROR_PAYLOAD, HEADER, RAN};
 
@@ -65,7 +66,7 @@ impl<P: Provider> Session<P> {
 impl<P: Provider> Endpoint<P> {
     /// The answer with `token` went (its send completed, or it was packed): its buffer is
     /// kept for its slot, or sent again when its request came again meanwhile.
-    #[inline]
+    #[inline(always)]
     pub(super) fn answer_sent(&mut self, cx: &mut Cx<P>, token: u64, buf: Option<Buf<P>>) {
         let (session, slot, seq) = token_slot(token);
         let Some(s) = self.session_mut(session) else { return };
@@ -75,15 +76,22 @@ impl<P: Provider> Endpoint<P> {
             return; // an older response (acknowledged since), or a second copy
         }
         match (std::mem::take(&mut ss.resend), conn, buf) {
-            (true, Some(conn), Some(buf)) => {
-                let ty = header_type(&buf);
-                self.queue_send(cx, Outgoing { conn, ty, token, room, session, slot, buf });
-            }
+            (true, Some(conn), Some(buf)) => self.resend(cx, conn, room, token, buf),
             (_, _, buf) => ss.stored = buf,
         }
     }
 
+    /// Sends the stored answer `buf` (with `token`) again on `conn`, whose client's receive
+    /// holds `room` bytes.
+    #[inline(never)]
+    fn resend(&mut self, cx: &mut Cx<P>, conn: ConnId, room: usize, token: u64, buf: Buf<P>) {
+        let (session, slot, _) = token_slot(token);
+        let ty = header_type(&buf);
+        self.queue_send(cx, Outgoing { conn, ty, token, room, session, slot, buf });
+    }
+
     /// A large request's payload is here: its handler runs.
+    #[inline(never)]
     pub(super) fn request_read(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         let (session, slot, seq) = token_slot(done.token);
         let Some(ss) = self.session_mut(session).and_then(|s| s.served.get_mut(usize::from(slot)))
@@ -107,6 +115,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// Runs `session`'s held requests that are ready, in order, up to the first whose payload
     /// is still being read.
+    #[inline(never)]
     fn run_held(&mut self, cx: &mut Cx<P>, session: SessionId) {
         loop {
             let Some(s) = self.session_mut(session) else { return };
@@ -147,6 +156,7 @@ impl<P: Provider> Endpoint<P> {
         let large_max = self.cfg.large_max;
         let Some(s) = self.session_mut(session) else { return Ok(()) };
         let (conn, room, behind) = (s.conn, s.room(), !s.held.is_empty());
+        let (peer_max, region) = (s.peer_max, s.region);
         let ss = s.served.get_mut(usize::from(h.slot)).ok_or(Malformed::Slot(h.slot))?;
         let Some(conn) = conn else { return Ok(()) };
         // Sent before, to a server that kept no record of the session (a restart, or its
@@ -183,7 +193,8 @@ impl<P: Provider> Endpoint<P> {
                 // (a large request before it is still being read: it runs after that one)
                 self.hold_small(session, Asked::of(h), payload);
             } else {
-                self.answer(cx, session, Asked::of(h), payload);
+                let to = To { conn, room, peer_max, region };
+                self.answer_on(cx, session, Asked::of(h), payload, to);
             }
             return Ok(());
         }
@@ -226,6 +237,27 @@ impl<P: Provider> Endpoint<P> {
         self.send_answer(cx, session, asked, reply);
     }
 
+    /// [`Endpoint::answer`] of a request that came on `to.conn` and runs at once (most do):
+    /// the session's values at hand, a small answer goes with no second look at it.
+    #[inline(always)]
+    fn answer_on(
+        &mut self,
+        cx: &mut Cx<P>,
+        session: SessionId,
+        asked: Asked,
+        payload: &[u8],
+        to: To,
+    ) {
+        let reply = self.run_handler(cx, session, asked.ty, payload, to.peer_max, to.region);
+        let Some((mut buf, status, None)) = reply else {
+            return self.send_answer(cx, session, asked, reply);
+        };
+        answer_header(asked, status, &buf, false).write_to(buf.as_mut_slice());
+        let (conn, room, ty, slot) = (to.conn, to.room, asked.ty, asked.slot);
+        let token = slot_token(RESPONSE_TOKEN, session, slot, asked.seq);
+        self.queue_send(cx, Outgoing { conn, ty, token, room, session, slot, buf });
+    }
+
     /// Sends `reply` (header room, then the payload or a large one's descriptor) as the answer
     /// to `session`'s request on `slot`; a large one's arena slot is kept with the slot.
     fn send_answer(
@@ -235,17 +267,12 @@ impl<P: Provider> Endpoint<P> {
         asked: Asked,
         reply: Option<Reply<P>>,
     ) {
-        let Asked { ty, slot, client, seq } = asked;
+        let Asked { ty, slot, seq, .. } = asked;
         let Some((mut buf, status, arena)) = reply else {
             self.metrics.no_buffer += 1;
             return;
         };
-        let kind = if status == Status::Ok { Kind::Response } else { Kind::Error };
-        let len = (buf.len() - HEADER) as u32;
-        let large = arena.is_some();
-        let header =
-            Header { kind, ty, slot, session: client, seq, len, status, large, resent: false };
-        header.write_to(buf.as_mut_slice());
+        answer_header(asked, status, &buf, arena.is_some()).write_to(buf.as_mut_slice());
         let Some(s) = self.session_mut(session) else { return };
         let room = s.room();
         let Some(ss) = s.served.get_mut(usize::from(slot)) else { return };
@@ -263,6 +290,7 @@ impl<P: Provider> Endpoint<P> {
     /// The reply to a new request (header room, then the payload or a large one's
     /// descriptor), its status and a large payload's arena slot: its handler's response, or
     /// an error message; `None` when no buffer was free even for an error.
+    #[inline(always)]
     fn run_handler(
         &mut self,
         cx: &mut Cx<P>,
@@ -281,32 +309,72 @@ impl<P: Provider> Endpoint<P> {
         let arena = arena.as_ref().filter(|_| region.is_some());
         let mut response = Response::new(cx, peer_max, arena);
         let outcome = handler(&request, &mut response);
-        let (refused, buf, large) =
-            (response.refused.take(), response.buf.take(), response.large.take());
-        // (the handler ran: a response that finds no buffer says so, `RAN`)
-        match (outcome, refused) {
-            (_, Some(RpcError::TooLarge { len, max })) => {
-                error_reply(cx, Status::TooLarge, len as u32, max as u32)
+        let Response { buf, refused, large, .. } = response;
+        match (outcome, refused, large, buf) {
+            // (most answers: the small response the handler wrote)
+            (Ok(()), None, None, Some(buf)) => Some((buf, Status::Ok, None)),
+            (outcome, refused, large, buf) => {
+                reply_of(cx, outcome, refused, buf, large, arena.zip(region))
             }
-            (_, Some(_)) => error_reply(cx, Status::Busy, RAN, 0),
-            (Err(Reject(code)), None) => error_reply(cx, Status::Rejected, code, 0),
-            (Ok(()), None) => match (large, buf, arena.zip(region)) {
-                (Some((slot, len)), _, Some((arena, region))) => {
-                    let Ok(mut buf) = cx.alloc(HEADER + DESCRIPTOR) else {
-                        return error_reply(cx, Status::Busy, RAN, 0);
-                    };
-                    let d = arena.descriptor(&slot, region, len as u32);
-                    buf.as_mut_slice()[HEADER..].copy_from_slice(&d.encode());
-                    Some((buf, Status::Ok, Some(slot)))
-                }
-                (_, Some(buf), _) => Some((buf, Status::Ok, None)),
-                _ => match cx.alloc(HEADER) {
-                    Ok(buf) => Some((buf, Status::Ok, None)),
-                    Err(_) => error_reply(cx, Status::Busy, RAN, 0),
-                },
-            },
         }
     }
+}
+
+/// The reply to a request whose handler ran, as [`Endpoint::run_handler`] makes it in every
+/// case but a small response.
+#[inline(never)]
+fn reply_of<P: Provider>(
+    cx: &mut Cx<P>,
+    outcome: Result<(), Reject>,
+    refused: Option<RpcError>,
+    buf: Option<Buf<P>>,
+    large: Option<(ArenaSlot, usize)>,
+    arena: Option<(&Arena<P>, RemoteRegion)>,
+) -> Option<Reply<P>> {
+    // (the handler ran: a response that finds no buffer says so, `RAN`)
+    match (outcome, refused) {
+        (_, Some(RpcError::TooLarge { len, max })) => {
+            error_reply(cx, Status::TooLarge, len as u32, max as u32)
+        }
+        (_, Some(_)) => error_reply(cx, Status::Busy, RAN, 0),
+        (Err(Reject(code)), None) => error_reply(cx, Status::Rejected, code, 0),
+        (Ok(()), None) => match (large, buf, arena) {
+            (Some((slot, len)), _, Some((arena, region))) => {
+                let Ok(mut buf) = cx.alloc(HEADER + DESCRIPTOR) else {
+                    return error_reply(cx, Status::Busy, RAN, 0);
+                };
+                let d = arena.descriptor(&slot, region, len as u32);
+                buf.as_mut_slice()[HEADER..].copy_from_slice(&d.encode());
+                Some((buf, Status::Ok, Some(slot)))
+            }
+            (_, Some(buf), _) => Some((buf, Status::Ok, None)),
+            _ => match cx.alloc(HEADER) {
+                Ok(buf) => Some((buf, Status::Ok, None)),
+                Err(_) => error_reply(cx, Status::Busy, RAN, 0),
+            },
+        },
+    }
+}
+
+/// Where a request's answer goes: its connection, the bytes one send to the client may
+/// carry (its receive), the payload bytes of a small answer at most, and the endpoint's arena
+/// as the client reads it (large answers).
+#[derive(Clone, Copy)]
+struct To {
+    conn: ConnId,
+    room: usize,
+    peer_max: usize,
+    region: Option<RemoteRegion>,
+}
+
+/// The header of the answer to `asked` in `buf` (header room, then its payload or a large
+/// one's descriptor), with `status`.
+#[inline(always)]
+fn answer_header<P: Provider>(asked: Asked, status: Status, buf: &Buf<P>, large: bool) -> Header {
+    let kind = if status == Status::Ok { Kind::Response } else { Kind::Error };
+    let Asked { ty, slot, client, seq } = asked;
+    let len = (buf.len() - HEADER) as u32;
+    Header { kind, ty, slot, session: client, seq, len, status, large, resent: false }
 }
 
 /// The request type a stored answer's header names (bytes 4..6).
@@ -316,6 +384,8 @@ fn header_type<P: Provider>(buf: &Buf<P>) -> ReqType {
 }
 
 /// An error message's buffer (header room, then the two arguments) and its status.
+#[cold]
+#[inline(never)]
 fn error_reply<P: Provider>(cx: &Cx<P>, status: Status, a: u32, b: u32) -> Option<Reply<P>> {
     let mut buf = cx.alloc(HEADER + ERROR_PAYLOAD).ok()?;
     let m = buf.as_mut_slice();
