@@ -191,11 +191,15 @@ fn client_run(c: &mut Client, to: SocketAddr, ledger: &Mutex<Ledger>) {
                 ledger.lock().unwrap().end(d.token, Some(d.status), d.closed_by);
                 in_flight -= 1;
             }
-            Some(Event::Refused { token, .. }) => {
+            Some(Event::Refused { conn, token, .. }) => {
                 // The worker refused it as it took it (its connection was closing): its end.
+                // (A refusal may come after the next connection's grant, for a request made
+                // on the last one: only a refusal on the connection in use stops its use.)
                 ledger.lock().unwrap().end(token, None, None);
                 in_flight -= 1;
-                at = None;
+                if at.is_some_and(|(c, _)| c == conn) {
+                    at = None;
+                }
             }
             Some(e @ Event::Message { .. }) => {
                 if let Some(region) = grant::granted_event(&e) {
