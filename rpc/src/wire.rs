@@ -222,8 +222,9 @@ fn seq_of(head: &[u8; HEADER]) -> u64 {
     u64::from(u32_at(head, 12)) | u64::from(u32_at(head, 16)) << 32
 }
 
-/// The header `head` of a message of kind `kind` as its numbers read (type, slot, session,
-/// sequence number, length), a request's status and flags (what the caller checked).
+/// The header `head` holds for a message of kind `kind`: its numbers (type, slot, session,
+/// sequence number, length) as they read, with status `Ok` and no flags (the caller puts in
+/// those it checked).
 #[inline(always)]
 fn ids_of(head: &[u8; HEADER], kind: Kind) -> Header {
     Header {
