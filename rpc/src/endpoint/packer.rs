@@ -249,11 +249,14 @@ impl<P: Provider> Endpoint<P> {
             return self.pack(cx, o);
         }
         self.send_pack_of(cx, o.conn);
-        // (what `send_alone` does, in the common path's own code: no call for it)
-        let Outgoing { conn, ty, token, session, slot, buf, .. } = o;
-        if let Err((_, e)) = self.send_typed(cx, conn, ty, buf, token) {
-            self.refused(cx, token, session, slot, e);
-        }
+        self.send_alone(cx, o);
+    }
+
+    /// [`Endpoint::queue_send`] in a call of its own, for rare paths of hot functions (its
+    /// code stays out of theirs).
+    #[inline(never)]
+    pub(super) fn queue_send_apart(&mut self, cx: &mut Cx<P>, o: Outgoing<P>) {
+        self.queue_send(cx, o);
     }
 
     /// Sends `conn`'s pack, if one is open (before something else goes on the connection).
@@ -329,7 +332,9 @@ impl<P: Provider> Endpoint<P> {
         self.packer.give_parts(at, parts);
     }
 
-    /// Sends `o` in a send of its own, from its buffer.
+    /// Sends `o` in a send of its own, from its buffer (in its callers' code: the common
+    /// path, `queue_send`, makes no call for it).
+    #[inline(always)]
     fn send_alone(&mut self, cx: &mut Cx<P>, o: Outgoing<P>) {
         let Outgoing { conn, ty, token, session, slot, buf, .. } = o;
         if let Err((_, e)) = self.send_typed(cx, conn, ty, buf, token) {

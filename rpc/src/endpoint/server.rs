@@ -76,18 +76,12 @@ impl<P: Provider> Endpoint<P> {
             return; // an older response (acknowledged since), or a second copy
         }
         match (std::mem::take(&mut ss.resend), conn, buf) {
-            (true, Some(conn), Some(buf)) => self.resend(cx, conn, room, token, buf),
+            (true, Some(conn), Some(buf)) => {
+                let ty = header_type(&buf);
+                self.queue_send_apart(cx, Outgoing { conn, ty, token, room, session, slot, buf });
+            }
             (_, _, buf) => ss.stored = buf,
         }
-    }
-
-    /// Sends the stored answer `buf` (with `token`) again on `conn`, whose client's receive
-    /// holds `room` bytes.
-    #[inline(never)]
-    fn resend(&mut self, cx: &mut Cx<P>, conn: ConnId, room: usize, token: u64, buf: Buf<P>) {
-        let (session, slot, _) = token_slot(token);
-        let ty = header_type(&buf);
-        self.queue_send(cx, Outgoing { conn, ty, token, room, session, slot, buf });
     }
 
     /// A large request's payload is here: its handler runs.
@@ -176,7 +170,7 @@ impl<P: Provider> Endpoint<P> {
             let token = slot_token(RESPONSE_TOKEN, session, h.slot, h.seq);
             if let Some(buf) = stored {
                 let (ty, slot) = (header_type(&buf), h.slot);
-                self.queue_send(cx, Outgoing { conn, ty, token, room, session, slot, buf });
+                self.queue_send_apart(cx, Outgoing { conn, ty, token, room, session, slot, buf });
             }
             return Ok(());
         }
