@@ -20,6 +20,10 @@ pub(crate) enum Origin {
     /// The worker's own keepalive probe (nobody is told how it ended; a failure closes its
     /// connection).
     Keepalive,
+    /// The worker's own fence: a signalled zero-length write posted on a closing connection's
+    /// lane behind quiet requests that asked for no completion, so that one comes and retires
+    /// them (nobody is told how it ended).
+    Fence,
 }
 
 /// The QPs of one connection (its lanes, in lane order).

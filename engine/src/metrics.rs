@@ -111,6 +111,12 @@ pub struct Metrics {
     /// Of those, the ones that failed (each closed its connection with
     /// `CloseReason::Unanswered`, or was flushed by its close).
     pub keepalive_failures: u64,
+    /// Quiet requests (`Cx::send_quiet`) that succeeded, their buffers back in the pool
+    /// untold (their completions are in `ops`, `bytes` and `statuses` as any request's).
+    pub quiet: u64,
+    /// Fences posted: signalled zero-length writes behind a closing connection's quiet
+    /// requests that asked for no completion, so that one retires them.
+    pub fences: u64,
     /// Parks of a worker with connections that was idle for `worker.park_after_us` (a slice
     /// each, `tunables::PARK_SLICE`).
     pub parks: u64,
@@ -159,6 +165,8 @@ impl Metrics {
         m.late_completions = d(m.late_completions, earlier.late_completions);
         m.keepalive_probes = d(m.keepalive_probes, earlier.keepalive_probes);
         m.keepalive_failures = d(m.keepalive_failures, earlier.keepalive_failures);
+        m.quiet = d(m.quiet, earlier.quiet);
+        m.fences = d(m.fences, earlier.fences);
         m.parks = d(m.parks, earlier.parks);
         m.voluntary_switches = d(m.voluntary_switches, earlier.voluntary_switches);
         m.involuntary_switches = d(m.involuntary_switches, earlier.involuntary_switches);
@@ -212,6 +220,8 @@ impl fmt::Display for Metrics {
             ("late completions", self.late_completions),
             ("keepalive probes", self.keepalive_probes),
             ("keepalive probes failed", self.keepalive_failures),
+            ("quiet requests", self.quiet),
+            ("fences", self.fences),
             ("parks with connections", self.parks),
         ] {
             if n > 0 {

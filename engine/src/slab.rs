@@ -125,6 +125,20 @@ impl<T> Slab<T> {
         Ok(Id::new(slot.generation, i))
     }
 
+    /// Stores the value `make` builds from `arg`, written straight into a free slot, if the
+    /// slab is not full; else gives `arg` back (`make` unrun).
+    #[inline(always)]
+    pub fn insert_from<A>(&mut self, arg: A, make: impl FnOnce(A) -> T) -> Result<Id, A> {
+        let Some(&i) = self.free.last() else { return Err(arg) };
+        let Some(slot) = self.slots.get_mut(i as usize) else { return Err(arg) };
+        debug_assert!(!slot.full());
+        // SAFETY: as in `insert_with`.
+        unsafe { slot.value.as_mut_ptr().write(make(arg)) };
+        self.free.pop();
+        slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK;
+        Ok(Id::new(slot.generation, i))
+    }
+
     /// The slot of `id` if `id` is current (a current id's slot holds a value: its generation
     /// is odd).
     #[inline(always)]

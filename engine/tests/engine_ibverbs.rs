@@ -1,5 +1,5 @@
 //! The engine end to end on the `ibverbs` provider (the checks are in `common/e2e.rs`,
-//! `common/sched.rs`, `common/memory.rs` and `common/contexts.rs`, shared with `engine_soft.rs`,
+//! `common/sched.rs`, `common/memory.rs`, `common/quiet.rs` and `common/contexts.rs`, shared with `engine_soft.rs`,
 //! `sched_soft.rs`, `memory_soft.rs` and `contexts_soft.rs`), against the device named by
 //! `CORELINK_IBV_DEVICE` (e.g. Soft-RoCE's `rxe0`), on port `CORELINK_IBV_PORT` (default 1)
 //! with GID index `CORELINK_IBV_GID_INDEX` (default 0), listening on `CORELINK_IP` with a port
@@ -24,6 +24,8 @@ mod grant;
 mod ibverbs_env;
 #[path = "common/memory.rs"]
 mod memory;
+#[path = "common/quiet.rs"]
+mod quiet;
 #[path = "common/sched.rs"]
 mod sched;
 
@@ -42,6 +44,12 @@ fn target() -> Option<(String, IpAddr)> {
 fn every_request_kind_through_the_engine() {
     let Some((map, _)) = target() else { return };
     e2e::every_request_kind_through_the_engine::<Ibverbs>(&map);
+}
+
+#[test]
+fn quiet_sends_arrive_untold_and_a_close_drains_them() {
+    let Some((map, _)) = target() else { return };
+    quiet::quiet_sends_arrive_untold_and_a_close_drains_them::<Ibverbs>(&map);
 }
 
 #[test]

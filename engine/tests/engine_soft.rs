@@ -8,6 +8,8 @@
 mod e2e;
 #[path = "common/grant.rs"]
 mod grant;
+#[path = "common/quiet.rs"]
+mod quiet;
 
 use corelink_verbs::soft::Soft;
 
@@ -51,4 +53,9 @@ fn every_acknowledged_message_reaches_the_handler_before_its_close() {
     e2e::every_acknowledged_message_reaches_the_handler_before_its_close::<Soft>(&map(
         "10.99.0.5:0",
     ));
+}
+
+#[test]
+fn quiet_sends_arrive_untold_and_a_close_drains_them() {
+    quiet::quiet_sends_arrive_untold_and_a_close_drains_them::<Soft>(&map("10.99.0.8:0"));
 }

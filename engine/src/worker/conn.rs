@@ -34,8 +34,9 @@ pub(crate) struct Req<P: Provider> {
     /// The lane it went on (once posted).
     pub(crate) lane: u8,
     pub(crate) kind: OpKind,
-    /// Its buffer (an atomic's holds the old value).
-    pub(crate) buf: Buf<P>,
+    /// Its buffer (an atomic's holds the old value); none once it is a quiet send posted
+    /// inline (the device copied its bytes at the post: the buffer went back to the pool).
+    pub(crate) buf: Option<Buf<P>>,
     pub(crate) remote: RemoteAddr,
     /// Bytes it moves.
     pub(crate) len: u32,
@@ -50,6 +51,9 @@ pub(crate) struct Req<P: Provider> {
     pub(crate) next: Option<super::ReqId>,
     /// While it is in the worker's merge table: the write epoch of its key there.
     pub(crate) merge_epoch: Option<u32>,
+    /// Its success is not told ([`crate::Cx::send_quiet`]): its work request asks for no
+    /// completion of its own unless one is due, and its buffer goes back to the pool.
+    pub(crate) quiet: bool,
 }
 
 impl<P: Provider> Req<P> {
@@ -61,22 +65,6 @@ impl<P: Provider> Req<P> {
             addr: self.remote.addr,
             len: self.len,
             rkey: self.remote.rkey,
-        }
-    }
-
-    /// The operation back, for a request refused before it was stored.
-    pub(crate) fn into_op(self) -> crate::request::Op<Buf<P>> {
-        use crate::request::Op;
-        let buf = self.buf;
-        match self.kind {
-            OpKind::Send => Op::Send { buf, imm: self.imm },
-            OpKind::Write => Op::Write { buf, remote: self.remote, imm: self.imm },
-            OpKind::Read => Op::Read { buf, remote: self.remote },
-            // (the old-value buffer goes back to the pool)
-            OpKind::CompareSwap => {
-                Op::CompareSwap { remote: self.remote, compare: self.arg, swap: self.swap }
-            }
-            OpKind::FetchAdd => Op::FetchAdd { remote: self.remote, add: self.arg },
         }
     }
 
@@ -162,12 +150,16 @@ pub(crate) struct SendQueue {
     pub(crate) rd_outstanding: u32,
     /// Unsignalled work requests posted since the last signalled one.
     pub(crate) unsignalled: u32,
+    /// Whether one of those is loud (not quiet): a signalled one must follow it in the same
+    /// flush. Outside a flush, any unsignalled ones are quiet, and a closing connection's
+    /// lane posts a fence behind them.
+    pub(crate) loud: bool,
 }
 
 impl SendQueue {
     /// An empty one, `depth` deep.
     pub(crate) fn new(depth: u32) -> Self {
-        SendQueue { posted: Posted::new(depth), rd_outstanding: 0, unsignalled: 0 }
+        SendQueue { posted: Posted::new(depth), rd_outstanding: 0, unsignalled: 0, loud: false }
     }
 
     /// Work requests on the device.

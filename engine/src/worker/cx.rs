@@ -68,18 +68,21 @@ pub struct Cx<P: Provider> {
 /// A request refused before it was queued: the operation and what it carried back, and why.
 pub(crate) type Refusal<P, E> = (Op<Buf<P>>, E, EngineError);
 
-/// Stores the request `make` builds with what it carries; when the slab is full, everything
-/// comes back (the record built and undone) with [`EngineError::TooManyRequests`].
+/// Stores the request `make` builds from `arg` with what it carries; when the slab is full,
+/// everything comes back (the operation made again from `arg` by `back`, `make` unrun) with
+/// [`EngineError::TooManyRequests`].
 #[allow(clippy::result_large_err)]
 #[inline(always)]
-fn store<P: Provider, E: Carried>(
+fn store<P: Provider, E: Carried, A>(
     reqs: &mut Requests<P>,
     ext: E,
-    make: impl FnOnce() -> Req<P>,
+    arg: A,
+    make: impl FnOnce(A) -> Req<P>,
+    back: impl FnOnce(A) -> Op<Buf<P>>,
 ) -> Result<ReqId, Refusal<P, E>> {
-    reqs.insert_with(ext, make).map_err(|(make, ext)| {
+    reqs.insert_from(ext, arg, make).map_err(|(arg, ext)| {
         let limit = reqs.len();
-        (make().into_op(), ext, EngineError::TooManyRequests { limit })
+        (back(arg), ext, EngineError::TooManyRequests { limit })
     })
 }
 
@@ -242,7 +245,7 @@ impl<P: Provider> Cx<P> {
         if usize::from(class) >= CLASSES {
             return Err((op, EngineError::NoSuchClass { class, classes: CLASSES }));
         }
-        self.accept_with(conn, op, token, Origin::Handler, (), Some(class))
+        self.accept_with(conn, op, token, Origin::Handler, (), Some(class), false)
             .map(|_| ())
             .map_err(|(op, (), e)| (op, e))
     }
@@ -294,14 +297,14 @@ impl<P: Provider> Cx<P> {
         token: u64,
         origin: Origin,
     ) -> Result<ReqId, (Op<Buf<P>>, EngineError)> {
-        self.accept_with(conn, op, token, origin, (), None).map_err(|(op, (), e)| (op, e))
+        self.accept_with(conn, op, token, origin, (), None, false).map_err(|(op, (), e)| (op, e))
     }
 
     /// Checks `conn` and makes `op` a request (with an external client's vector `ext`, given
     /// back in its completion), queued in `class` if one is given (with the one lookup of the
     /// connection); returns its id, or everything back with why (unboxed: a refusal allocates
-    /// nothing).
-    #[allow(clippy::result_large_err)]
+    /// nothing). A `quiet` one tells only a failure ([`Cx::send_quiet`]).
+    #[allow(clippy::result_large_err, clippy::too_many_arguments)]
     #[inline(always)]
     pub(crate) fn accept_with<E: Carried>(
         &mut self,
@@ -311,6 +314,7 @@ impl<P: Provider> Cx<P> {
         origin: Origin,
         ext: E,
         class: Option<u8>,
+        quiet: bool,
     ) -> Result<ReqId, Refusal<P, E>> {
         let Cx { conns, reqs, pool, cfg, stopping, .. } = self;
         let c = match conns.taking(conn, *stopping) {
@@ -330,7 +334,7 @@ impl<P: Provider> Cx<P> {
             conn,
             lane: 0,
             kind,
-            buf,
+            buf: Some(buf),
             remote,
             len,
             imm,
@@ -340,31 +344,57 @@ impl<P: Provider> Cx<P> {
             origin,
             next: None,
             merge_epoch: None,
+            quiet,
         };
         let stored = match op {
-            Op::Write { buf, remote, imm } => {
-                let len = buf.len() as u32;
-                store(reqs, ext, move || req(OpKind::Write, buf, remote, len, imm, 0, 0))
-            }
-            Op::Send { buf, imm } => {
-                let len = buf.len() as u32;
-                let remote = RemoteAddr::default();
-                store(reqs, ext, move || req(OpKind::Send, buf, remote, len, imm, 0, 0))
-            }
-            Op::Read { buf, remote } => {
-                let len = buf.len() as u32;
-                store(reqs, ext, move || req(OpKind::Read, buf, remote, len, None, 0, 0))
-            }
+            Op::Write { buf, remote, imm } => store(
+                reqs,
+                ext,
+                (buf, remote, imm),
+                |(buf, remote, imm)| {
+                    let len = buf.len() as u32;
+                    req(OpKind::Write, buf, remote, len, imm, 0, 0)
+                },
+                |(buf, remote, imm)| Op::Write { buf, remote, imm },
+            ),
+            Op::Send { buf, imm } => store(
+                reqs,
+                ext,
+                (buf, imm),
+                |(buf, imm)| {
+                    let len = buf.len() as u32;
+                    req(OpKind::Send, buf, RemoteAddr::default(), len, imm, 0, 0)
+                },
+                |(buf, imm)| Op::Send { buf, imm },
+            ),
+            Op::Read { buf, remote } => store(
+                reqs,
+                ext,
+                (buf, remote),
+                |(buf, remote)| {
+                    let len = buf.len() as u32;
+                    req(OpKind::Read, buf, remote, len, None, 0, 0)
+                },
+                |(buf, remote)| Op::Read { buf, remote },
+            ),
             Op::FetchAdd { remote, add } => match pool.get(8) {
-                Ok(b) => {
-                    store(reqs, ext, move || req(OpKind::FetchAdd, b, remote, 8, None, add, 0))
-                }
+                Ok(b) => store(
+                    reqs,
+                    ext,
+                    b,
+                    |b| req(OpKind::FetchAdd, b, remote, 8, None, add, 0),
+                    |_| Op::FetchAdd { remote, add },
+                ),
                 Err(e) => return Err((Op::FetchAdd { remote, add }, ext, e)),
             },
             Op::CompareSwap { remote, compare, swap } => match pool.get(8) {
-                Ok(b) => store(reqs, ext, move || {
-                    req(OpKind::CompareSwap, b, remote, 8, None, compare, swap)
-                }),
+                Ok(b) => store(
+                    reqs,
+                    ext,
+                    b,
+                    |b| req(OpKind::CompareSwap, b, remote, 8, None, compare, swap),
+                    |_| Op::CompareSwap { remote, compare, swap },
+                ),
                 Err(e) => return Err((Op::CompareSwap { remote, compare, swap }, ext, e)),
             },
         };
@@ -385,7 +415,7 @@ impl<P: Provider> Cx<P> {
     pub(crate) fn probe(&mut self, conn: ConnId) {
         let queued = self.pool.get(0).ok().is_some_and(|buf| {
             let op = Op::Write { buf, remote: RemoteAddr::default(), imm: None };
-            self.accept_with(conn, op, 0, Origin::Keepalive, (), Some(0)).is_ok()
+            self.accept_with(conn, op, 0, Origin::Keepalive, (), Some(0), false).is_ok()
         });
         match self.conns.get_mut(conn) {
             Ok(c) if !queued => c.live.probing = false,
@@ -405,6 +435,12 @@ impl<P: Provider> Cx<P> {
     /// Checks that `conn` takes requests (see [`Conns::taking`]).
     pub(crate) fn check_open(&mut self, conn: ConnId) -> Result<()> {
         self.conns.taking(conn, self.stopping).map(|_| ())
+    }
+
+    /// The bytes a send may carry inline (`worker.max_inline`): what a quiet send
+    /// ([`Cx::send_quiet`]) may have to hold no buffer and ask for no completion.
+    pub fn max_inline(&self) -> usize {
+        self.cfg.max_inline as usize
     }
 
     /// The largest message this worker's connections take (`worker.recv_size`): a peer's send
@@ -479,6 +515,36 @@ impl<P: Provider> Cx<P> {
         token: u64,
     ) -> Result<(), (Op<Buf<P>>, EngineError)> {
         self.submit(conn, Op::Send { buf, imm }, token)
+    }
+
+    /// Sends `buf`'s bytes as [`Cx::send`] does (no immediate), but tells only a failure:
+    /// on success the buffer goes back to the pool and the handler hears nothing. For
+    /// protocols whose answers already say a message arrived (an RPC layer's requests and
+    /// responses): the sender keeps what it needs of the bytes itself.
+    ///
+    /// A quiet send of at most [`Cx::max_inline`] bytes goes inline: its buffer goes back to
+    /// the pool as soon as it is posted, and its work request asks for no completion of its
+    /// own unless one is due (one in `worker.batching.signal_every`, or a loud request's
+    /// before it in the same flush), so it costs the device no completion and the worker no
+    /// dispatch; a later signalled request on its lane retires it, at the latest a fence the
+    /// worker posts when the connection closes. A larger one asks for its completion as any
+    /// request (which then frees its buffer untold). A failure or a flush ends a quiet send
+    /// with [`Handler::on_completion`] and `token`, as any request (without its buffer, if it
+    /// went inline).
+    ///
+    /// [`Handler::on_completion`]: super::Handler::on_completion
+    #[inline(always)]
+    pub fn send_quiet(
+        &mut self,
+        conn: ConnId,
+        buf: Buf<P>,
+        token: u64,
+    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
+        let class = self.cfg.classes[OpKind::Send.index()];
+        let op = Op::Send { buf, imm: None };
+        self.accept_with(conn, op, token, Origin::Handler, (), Some(class), true)
+            .map(|_| ())
+            .map_err(|(op, (), e)| (op, e))
     }
 
     /// Writes `buf`'s bytes to `remote` (with an immediate if `imm`).
@@ -742,8 +808,8 @@ impl<P: Provider> Cx<P> {
     /// [`Cx::flush`] of the connections with work.
     #[inline(never)]
     fn flush_dirty(&mut self) -> bool {
-        let Cx { conns, reqs, outbox, metrics, cfg, .. } = self;
-        sched::flush(conns, reqs, outbox, metrics, cfg)
+        let Cx { conns, reqs, pool, outbox, metrics, cfg, .. } = self;
+        sched::flush(conns, reqs, pool, outbox, metrics, cfg)
     }
 
     /// A lookup that cannot fail did: counted (and a debug assertion).

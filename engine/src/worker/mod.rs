@@ -525,7 +525,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         c.live.heard = true;
         match c.owner {
             // (a probe owns no connection)
-            Origin::Handler | Origin::Keepalive => {
+            Origin::Handler | Origin::Keepalive | Origin::Fence => {
                 let msg = Message { data: buf.as_slice(), imm: wc.imm, written };
                 self.handler.on_message(&mut self.cx, conn, &msg);
             }
@@ -597,7 +597,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 Notice::Closed(owner, id, reason) => {
                     match owner {
                         // (a probe owns no connection)
-                        Origin::Handler | Origin::Keepalive => {
+                        Origin::Handler | Origin::Keepalive | Origin::Fence => {
                             self.handler.on_closed(&mut self.cx, id, &reason)
                         }
                         Origin::Client(n) => {
@@ -743,7 +743,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
         match origin {
             // (a probe connects nothing)
-            Origin::Handler | Origin::Keepalive => {
+            Origin::Handler | Origin::Keepalive | Origin::Fence => {
                 self.handler.on_connected(&mut self.cx, id, &info)
             }
             Origin::Client(_) if told => {}
@@ -811,7 +811,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     fn tell_connect_failed(&mut self, key: DialKey, error: EngineError) {
         let token = key.token;
         match key.origin {
-            Origin::Handler | Origin::Keepalive => {
+            Origin::Handler | Origin::Keepalive | Origin::Fence => {
                 self.handler.on_connect_failed(&mut self.cx, token, &error)
             }
             Origin::Client(n) => self.clients.tell(n, Event::ConnectFailed { token, error }),
@@ -845,7 +845,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
         let token = key.token;
         match key.origin {
-            Origin::Handler | Origin::Keepalive => {
+            Origin::Handler | Origin::Keepalive | Origin::Fence => {
                 let step = Redial { token, attempt, after, failed: failed.as_ref() };
                 self.handler.on_redial(&mut self.cx, &step);
             }

@@ -34,13 +34,13 @@ impl<P: Provider> Notice<P> {
         closed_by: Option<CloseReason>,
     ) -> Option<Notice<P>> {
         Some(match r.origin {
-            Origin::Keepalive => return None,
+            Origin::Keepalive | Origin::Fence => return None,
             Origin::Handler => Notice::Done(Done {
                 conn: r.conn,
                 token: r.token,
                 kind: r.kind,
                 status,
-                buf: Some(r.buf),
+                buf: r.buf,
                 old_value: None,
                 closed_by,
             }),

@@ -37,21 +37,24 @@ pub(crate) struct Retired<P: Provider> {
     pub(crate) id: ReqId,
     pub(crate) conn: ConnId,
     pub(crate) kind: OpKind,
-    pub(crate) buf: Buf<P>,
+    /// Its buffer (none once a quiet inline send was posted: `Req::buf`).
+    pub(crate) buf: Option<Buf<P>>,
     /// Bytes it moved.
     pub(crate) len: u32,
     pub(crate) token: u64,
     pub(crate) origin: Origin,
     /// The next request riding on its work request.
     pub(crate) next: Option<ReqId>,
+    /// Its success is not told (`Req::quiet`).
+    pub(crate) quiet: bool,
 }
 
 impl<P: Provider> Retired<P> {
     /// The parts of request `id`, taken out as `r`.
     #[inline(always)]
     pub(crate) fn of(id: ReqId, r: Req<P>) -> Self {
-        let Req { conn, kind, buf, len, token, origin, next, .. } = r;
-        Retired { id, conn, kind, buf, len, token, origin, next }
+        let Req { conn, kind, buf, len, token, origin, next, quiet, .. } = r;
+        Retired { id, conn, kind, buf, len, token, origin, next, quiet }
     }
 
     /// Whether it counted against the QP's outstanding reads and atomics.
@@ -73,7 +76,7 @@ impl<P: Provider> Retired<P> {
             OpKind::FetchAdd | OpKind::CompareSwap => None,
             OpKind::Read if status.is_success() => {
                 data.clear();
-                data.extend_from_slice(self.buf.as_slice());
+                data.extend_from_slice(self.buf.as_ref().map_or(&[][..], |b| b.as_slice()));
                 Some(data)
             }
             _ => Some(data),
@@ -84,8 +87,8 @@ impl<P: Provider> Retired<P> {
 }
 
 /// A plain request taken out for its completion (`Requests::take_plain`): its connection,
-/// token, kind, buffer and the bytes it moved.
-pub(crate) type Plain<P> = (ConnId, u64, OpKind, Buf<P>, u32);
+/// token, kind, buffer, the bytes it moved, and whether it is quiet (its success untold).
+pub(crate) type Plain<P> = (ConnId, u64, OpKind, Option<Buf<P>>, u32, bool);
 
 /// What a request carries beside its record until it completes: nothing (the handler's
 /// requests, at no cost), or an external client's vector (kept by slot, given back in its
@@ -145,6 +148,24 @@ impl<P: Provider> Requests<P> {
                 Ok(id)
             }
             Err(make) => Err((make, ext)),
+        }
+    }
+
+    /// Stores the request `make` builds from `arg` (in its slot), with what it carries; gives
+    /// both back when the slab is full (`make` unrun).
+    #[inline(always)]
+    pub(crate) fn insert_from<A, E: Carried>(
+        &mut self,
+        ext: E,
+        arg: A,
+        make: impl FnOnce(A) -> Req<P>,
+    ) -> Result<ReqId, (A, E)> {
+        match self.slab.insert_from(arg, make) {
+            Ok(id) => {
+                ext.keep(&mut self.ext[id.slot()]);
+                Ok(id)
+            }
+            Err(arg) => Err((arg, ext)),
         }
     }
 
@@ -215,6 +236,7 @@ impl<P: Provider> Requests<P> {
                 origin,
                 next,
                 merge_epoch,
+                quiet,
             } = r;
             let plain = *origin == Origin::Handler
                 && next.is_none()
@@ -225,7 +247,7 @@ impl<P: Provider> Requests<P> {
             }
             // SAFETY: the buffer is read out once, here, and the record forgotten after.
             let buf = unsafe { std::ptr::read(buf) };
-            Some((*conn, *token, *kind, buf, *len))
+            Some((*conn, *token, *kind, buf, *len, *quiet))
         };
         // SAFETY: of a request's fields only its buffer needs dropping (`NO_DROP_BUT_BUF`);
         // `read` moves it out exactly when it returns `Some`.
@@ -237,7 +259,7 @@ impl<P: Provider> Requests<P> {
     pub(crate) fn vector(&mut self, id: ReqId, origin: Origin) -> Vec<u8> {
         match origin {
             Origin::Client(_) => std::mem::take(&mut self.ext[id.slot()]),
-            Origin::Handler | Origin::Keepalive => Vec::new(),
+            Origin::Handler | Origin::Keepalive | Origin::Fence => Vec::new(),
         }
     }
 

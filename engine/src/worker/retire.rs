@@ -61,14 +61,22 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             let status = if mine { wc.status } else { WcStatus::Success };
             // The common case: a plain request of the handler, succeeded.
             let plain = if status == WcStatus::Success { cx.reqs.take_plain(id) } else { None };
-            let Some((conn, token, kind, buf, len)) = plain else {
+            let Some((conn, token, kind, buf, len, quiet)) = plain else {
                 return Retiring::Other { id, status };
             };
             if kind == OpKind::Read {
                 lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
             }
             cx.metrics.completion(wc_opcode(kind), status, len);
-            let buf = Some(buf);
+            if quiet {
+                // Its success is not told: the buffer goes back to the pool.
+                cx.metrics.quiet += 1;
+                drop(buf);
+                if mine {
+                    return Retiring::Mine;
+                }
+                continue;
+            }
             let d = Done { conn, token, kind, status, buf, old_value: None, closed_by: None };
             if mine && gathered.is_empty() {
                 return Retiring::Alone(d);
@@ -183,8 +191,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             let mut n = next;
             while let Some(id) = n {
                 let Some(f) = self.cx.reqs.get_mut(id) else { break };
-                let len = r.buf.len().min(f.buf.capacity());
-                let _ = f.buf.fill(&r.buf.as_slice()[..len]);
+                if let (Some(from), Some(to)) = (&r.buf, &mut f.buf) {
+                    let len = from.len().min(to.capacity());
+                    let _ = to.fill(&from.as_slice()[..len]);
+                }
                 n = f.next;
             }
         }
@@ -227,21 +237,25 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     fn complete_as(&mut self, r: Retired<P>, status: WcStatus, closed_by: Option<CloseReason>) {
         let old_value = match r.kind {
             OpKind::FetchAdd | OpKind::CompareSwap if status.is_success() => {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(&r.buf.as_slice()[..8]);
-                Some(u64::from_ne_bytes(w))
+                let b = r.buf.as_ref().map_or(&[][..], |b| b.as_slice());
+                b.get(..8).and_then(|w| w.try_into().ok()).map(u64::from_ne_bytes)
             }
             _ => None,
         };
         match r.origin {
+            Origin::Handler if r.quiet && status.is_success() => {
+                self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
+                self.cx.metrics.quiet += 1; // (untold: the buffer goes back to the pool)
+            }
             Origin::Handler => {
                 self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
                 let Retired { conn, token, kind, buf, .. } = r;
-                let done = Done { conn, token, kind, status, buf: Some(buf), old_value, closed_by };
+                let done = Done { conn, token, kind, status, buf, old_value, closed_by };
                 self.handler.on_completion(&mut self.cx, done);
             }
             // (its buffer goes back to the pool; a failure closed its connection above)
             Origin::Keepalive => self.cx.probe_done(r.conn, status),
+            Origin::Fence => {}
             Origin::Client(n) => {
                 self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
                 let ext = self.cx.reqs.vector(r.id, r.origin);

@@ -23,12 +23,14 @@ use super::notice::Notice;
 use super::outbox::Outbox;
 use super::requests::{ReqId, Requests};
 use crate::metrics::Metrics;
+use crate::pool::Pool;
 use crate::request::OpKind;
 use crate::tunables::{CLASSES, MAX_POST_LIST, MAX_SGE};
 
 /// Everything a flush touches besides the connection.
 struct Ctx<'a, P: Provider> {
     reqs: &'a mut Requests<P>,
+    pool: &'a Pool<P>,
     outbox: &'a mut Outbox<P>,
     metrics: &'a mut Metrics,
     cfg: &'a WorkerCfg,
@@ -39,17 +41,19 @@ struct Ctx<'a, P: Provider> {
 pub(crate) fn flush<P: Provider>(
     conns: &mut Conns<P>,
     reqs: &mut Requests<P>,
+    pool: &Pool<P>,
     outbox: &mut Outbox<P>,
     metrics: &mut Metrics,
     cfg: &WorkerCfg,
 ) -> bool {
-    let mut x = Ctx { reqs, outbox, metrics, cfg };
+    let mut x = Ctx { reqs, pool, outbox, metrics, cfg };
     let mut posted_any = false;
     // Visits each connection with work; keeps only those that still have some (waiting behind
     // backpressure, or closing), so that the rest of the loop finds the set empty.
     conns.retain_dirty(|c| {
         if c.phase == Phase::Closing {
             flush_waiting(c, &mut x);
+            fence(c, &mut x);
         } else {
             posted_any |= flush_conn(c, &mut x);
         }
@@ -73,7 +77,49 @@ fn flush_waiting<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
     c.waiting.len = 0;
 }
 
-/// Posts batches on the connection's lanes in turn until nothing more can go.
+/// Posts a fence on each lane of a closing connection whose last work requests are quiet ones
+/// that asked for no completion: a signalled zero-length write (executed, or flushed once the
+/// QP is in ERR) whose completion retires them, so that the lane drains. Without a buffer or
+/// a slot for it, or refused by the device, it is tried again at the next flush (a closing
+/// connection is visited by every flush).
+#[cold]
+#[inline(never)]
+fn fence<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
+    for (l, lane) in c.lanes.iter_mut().enumerate() {
+        // (a full lane makes room as its signalled requests complete: the quiet tail is
+        // shorter than `signal_every`, which is at most the queue's depth)
+        if lane.sq.unsignalled == 0 || lane.sq.outstanding() >= x.cfg.max_outstanding {
+            continue;
+        }
+        let Ok(buf) = x.pool.get(0) else { return };
+        let r = Req {
+            conn: c.id,
+            lane: l as u8,
+            kind: OpKind::Write,
+            buf: Some(buf),
+            remote: corelink_verbs::RemoteAddr::default(),
+            len: 0,
+            imm: None,
+            arg: 0,
+            swap: 0,
+            token: 0,
+            origin: crate::handoff::Origin::Fence,
+            next: None,
+            merge_epoch: None,
+            quiet: false,
+        };
+        let Ok(id) = x.reqs.insert_with((), || r) else { return };
+        let Some(r) = x.reqs.get(id) else { return };
+        let one = single(id, r, x.cfg);
+        if post_one(one, lane, x.reqs, x.metrics, x.outbox) {
+            x.metrics.fences += 1;
+        }
+    }
+}
+
+/// Posts batches on the connection's lanes in turn until nothing more can go (inlined in
+/// the flush: the latency path's one call).
+#[inline(always)]
 fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
     if c.waiting.len == 1 && c.lanes.len() == 1 {
         if let Some(posted) = flush_one(c, x) {
@@ -139,7 +185,11 @@ fn flush_one<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> Option<bool> {
     if r.kind != OpKind::Read {
         w.write_epoch = w.write_epoch.wrapping_add(1);
     }
-    let wr = single(id, r, x.cfg);
+    let mut wr = single(id, r, x.cfg);
+    // A quiet request posted inline asks for no completion unless one is due.
+    if wr.release && !lane.sq.loud && lane.sq.unsignalled + 1 < x.cfg.signal_every {
+        wr.flags.remove(SendFlags::SIGNALED);
+    }
     w.queues[k].pop(x.reqs.slab());
     w.len = 0;
     // (aging: nothing waits any more)
@@ -152,6 +202,7 @@ fn flush_one<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> Option<bool> {
 }
 
 /// The class whose head goes next on a lane with `rd_room` reads/atomics to spare, if any.
+#[inline(always)]
 fn pick_class<P: Provider>(
     w: &Waiting,
     rd_room: bool,
@@ -188,6 +239,8 @@ pub(crate) struct Staged<P: Provider> {
     pub(crate) op: SendOp<'static, P>,
     pub(crate) rd_atomic: bool,
     pub(crate) flags: SendFlags,
+    /// A quiet send posted inline: its buffer goes back to the pool once posted.
+    release: bool,
 }
 
 /// Work requests for one lane, to go with one doorbell: planned by [`plan`] (or
@@ -198,18 +251,22 @@ pub(crate) struct Batch<P: Provider> {
     sges: ArrayVec<Sge, { MAX_POST_LIST * MAX_SGE }>,
     /// The lane's unsignalled count once the batch is on the device.
     unsignalled_after: u32,
+    /// Whether a loud (not quiet) request is among those unsignalled, once the batch is on
+    /// the device (`SendQueue::loud`).
+    loud: bool,
 }
 
 impl<P: Provider> Batch<P> {
     /// An empty batch (fill it where it lies: it is kilobytes, and moving it costs a copy).
     pub(crate) fn new() -> Self {
-        Batch { staged: ArrayVec::new(), sges: ArrayVec::new(), unsignalled_after: 0 }
+        Batch { staged: ArrayVec::new(), sges: ArrayVec::new(), unsignalled_after: 0, loud: false }
     }
 
     fn clear(&mut self) {
         self.staged.clear();
         self.sges.clear();
         self.unsignalled_after = 0;
+        self.loud = false;
     }
 
     /// Work requests in it.
@@ -248,6 +305,7 @@ pub(crate) fn plan<P: Provider>(
 ) {
     b.clear();
     b.unsignalled_after = sq.unsignalled; // counted on as requests are staged
+    b.loud = sq.loud;
     let room = cfg.max_outstanding.saturating_sub(sq.outstanding()) as usize;
     let limit = room.min(cfg.post_list);
     let mut rd = sq.rd_outstanding;
@@ -265,16 +323,17 @@ pub(crate) fn plan<P: Provider>(
         }
     }
     // The batch's last request is signalled too unless another batch follows on this lane at
-    // once (one in `signal_every`, and a read or atomic that fills `max_rd_atomic`, were
-    // signalled as they were staged).
+    // once, or every unsignalled request before it is quiet (one in `signal_every`, and a read
+    // or atomic that fills `max_rd_atomic`, were signalled as they were staged).
     let n = b.staged.len();
     let room_after = cfg.max_outstanding.saturating_sub(sq.outstanding() + n as u32);
     let follows = lanes == 1 && n == cfg.post_list && room_after > 0 && w.len > 0;
     let mut unsignalled = b.unsignalled_after;
-    if let (Some(last), false) = (b.staged.last_mut(), follows) {
+    if let (Some(last), false, true) = (b.staged.last_mut(), follows, b.loud) {
         if !last.flags.contains(SendFlags::SIGNALED) {
             last.flags |= SendFlags::SIGNALED;
             unsignalled = 0;
+            b.loud = false;
         }
     }
     b.unsignalled_after = unsignalled;
@@ -318,6 +377,7 @@ fn stage<P: Provider>(
     }
     let op = send_op(r);
     let may_inline = matches!(r.kind, OpKind::Send | OpKind::Write);
+    let quiet = r.quiet;
     if r.kind != OpKind::Read {
         w.write_epoch = w.write_epoch.wrapping_add(1);
     }
@@ -340,8 +400,12 @@ fn stage<P: Provider>(
     if b.unsignalled_after >= cfg.signal_every || (rd_atomic && *rd >= cfg.max_rd_atomic) {
         flags |= SendFlags::SIGNALED;
         b.unsignalled_after = 0;
+        b.loud = false;
+    } else if !quiet || !flags.contains(SendFlags::INLINE) {
+        b.loud = true; // (a quiet send not inline holds its buffer: it asks like any)
     }
-    b.staged.push(Staged { id, end: b.sges.len(), op, rd_atomic, flags });
+    let release = quiet && flags.contains(SendFlags::INLINE);
+    b.staged.push(Staged { id, end: b.sges.len(), op, rd_atomic, flags, release });
     true
 }
 
@@ -363,9 +427,11 @@ pub(crate) fn send_op<P: Provider>(r: &Req<P>) -> SendOp<'static, P> {
 
 /// The scatter/gather entry of a request's buffer.
 pub(crate) fn sge_of<P: Provider>(r: &Req<P>) -> Sge {
+    // (a request waiting to be posted holds its buffer)
+    let Some(buf) = &r.buf else { return Sge { addr: 0, length: 0, lkey: 0 } };
     match r.kind {
-        OpKind::FetchAdd | OpKind::CompareSwap => Sge { length: 8, ..r.buf.sge(true) },
-        _ => r.buf.sge(false),
+        OpKind::FetchAdd | OpKind::CompareSwap => Sge { length: 8, ..buf.sge(true) },
+        _ => buf.sge(false),
     }
 }
 
@@ -418,6 +484,8 @@ pub(crate) struct Single<P: Provider> {
     sge: Sge,
     flags: SendFlags,
     rd_atomic: bool,
+    /// A quiet send posted inline: its buffer goes back to the pool once posted.
+    release: bool,
 }
 
 /// The work request of request `id` (record `r`) posted alone.
@@ -428,7 +496,8 @@ pub(crate) fn single<P: Provider>(id: ReqId, r: &Req<P>, cfg: &WorkerCfg) -> Sin
     if matches!(r.kind, OpKind::Send | OpKind::Write) && sge.length <= cfg.max_inline {
         flags |= SendFlags::INLINE;
     }
-    Single { id, op: send_op(r), sge, flags, rd_atomic: r.is_rd_atomic() }
+    let release = r.quiet && flags.contains(SendFlags::INLINE);
+    Single { id, op: send_op(r), sge, flags, rd_atomic: r.is_rd_atomic(), release }
 }
 
 /// Posts `one` on `lane` with its own doorbell; false when the device refused it (it, and the
@@ -459,10 +528,18 @@ pub(crate) fn post_one<P: Provider>(
     if !lane.sq.posted.push(one.id) {
         metrics.invariant_misses += 1; // (never: the caller checked the lane's room)
     }
+    if one.release {
+        release(reqs, one.id);
+    }
     lane.sq.rd_outstanding += u32::from(one.rd_atomic);
-    lane.sq.unsignalled = 0;
+    if one.flags.contains(SendFlags::SIGNALED) {
+        lane.sq.unsignalled = 0;
+        lane.sq.loud = false;
+        metrics.signalled += 1;
+    } else {
+        lane.sq.unsignalled += 1; // (a quiet one: `loud` stays as it was, false)
+    }
     metrics.posted += 1;
-    metrics.signalled += 1;
     metrics.doorbells += 1;
     true
 }
@@ -500,8 +577,12 @@ pub(crate) fn post<P: Provider>(
         }
         lane.sq.rd_outstanding += u32::from(st.rd_atomic);
         signalled += u64::from(st.flags.contains(SendFlags::SIGNALED));
+        if st.release {
+            release(reqs, st.id);
+        }
     }
     lane.sq.unsignalled = batch.unsignalled_after;
+    lane.sq.loud = batch.loud;
     metrics.posted += k as u64;
     metrics.signalled += signalled;
     metrics.doorbells += 1;
@@ -509,6 +590,16 @@ pub(crate) fn post<P: Provider>(
         reqs.fail_chain(st.id, WcStatus::GeneralErr, outbox);
     }
     k
+}
+
+/// The buffer of quiet send `id`, just posted inline, goes back to the pool: the device copied
+/// its bytes at the post, and a quiet request's success gives nothing back (so that quiet
+/// requests that asked for no completion hold no buffers, however many connections have them).
+#[inline(always)]
+fn release<P: Provider>(reqs: &mut Requests<P>, id: ReqId) {
+    if let Some(r) = reqs.get_mut(id) {
+        r.buf = None;
+    }
 }
 
 /// The scheduler's plan, on its own: no QP, no device (a soft PD registers the buffers).
@@ -553,7 +644,7 @@ mod tests {
                 conn: ConnId { worker: 0, slot: 0, generation: 1 },
                 lane: 0,
                 kind,
-                buf,
+                buf: Some(buf),
                 remote: RemoteAddr { addr, rkey: 9 },
                 len: len as u32,
                 imm: None,
@@ -563,6 +654,7 @@ mod tests {
                 origin: Origin::Handler,
                 next: None,
                 merge_epoch: None,
+                quiet: false,
             };
             let id = self.reqs.insert_with((), || r).map_err(|_| ()).unwrap();
             let k = usize::from(self.cfg.classes[kind.index()]);
@@ -592,7 +684,7 @@ mod tests {
         }
     }
 
-    use OpKind::{Read, Write};
+    use OpKind::{Read, Send, Write};
 
     #[test]
     fn reads_go_first_and_a_batch_holds_post_list_requests() {
@@ -684,6 +776,39 @@ mod tests {
         let signalled: Vec<bool> = b.seen(&batch).iter().map(|s| s.2).collect();
         assert_eq!(signalled, [false, true, false, true, true]);
         assert_eq!(batch.unsignalled_after, 0);
+    }
+
+    #[test]
+    fn quiet_requests_ask_for_no_completion_unless_one_is_due() {
+        let mut b = Bed::new("[worker.batching]\nsignal_every = 4\npost_list = 8");
+        let quiet = |b: &mut Bed, a| {
+            let id = b.queue(Send, a, 8);
+            b.reqs.get_mut(id).unwrap().quiet = true;
+        };
+        // Quiet alone: the batch's last asks for nothing, one in `signal_every` still does.
+        for a in 1..=5 {
+            quiet(&mut b, a);
+        }
+        let batch = b.plan();
+        let signalled: Vec<bool> = b.seen(&batch).iter().map(|s| s.2).collect();
+        assert_eq!(signalled, [false, false, false, true, false]);
+        assert_eq!((batch.unsignalled_after, batch.loud), (1, false), "a quiet tail");
+        // A loud request among quiet ones: the batch's last asks, for the loud one's sake.
+        let mut b2 = Bed::new("[worker.batching]\nsignal_every = 4\npost_list = 8");
+        b2.queue(Send, 1, 8);
+        quiet(&mut b2, 2);
+        let batch = b2.plan();
+        let signalled: Vec<bool> = b2.seen(&batch).iter().map(|s| s.2).collect();
+        assert_eq!(signalled, [false, true]);
+        assert_eq!((batch.unsignalled_after, batch.loud), (0, false));
+        // A lane whose last batch left a loud request unsignalled (another followed at once):
+        // the next batch's quiet last asks too.
+        let mut b3 = Bed::new("[worker.batching]\nsignal_every = 4\npost_list = 8");
+        b3.sq.loud = true;
+        b3.sq.unsignalled = 1;
+        quiet(&mut b3, 1);
+        let batch = b3.plan();
+        assert!(b3.seen(&batch)[0].2, "signalled");
     }
 
     #[test]

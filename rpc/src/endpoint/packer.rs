@@ -9,7 +9,10 @@
 //!
 //! A message copied into a pack is over for its sender: a request's buffer is kept for a
 //! resend (a resumable session) or freed, a response's kept for a duplicate, as their own
-//! sends' completions would; the pack's completion frees only its own buffer.
+//! sends' completions would; the pack goes quietly (`Cx::send_quiet`: its completion would
+//! only free its buffer, which the engine does). A message that goes alone and fits inline
+//! goes quietly too (`send_alone`): an RPC's answer says its request arrived, and the next
+//! request on a slot says its answer did.
 
 use corelink_engine::verbs::Provider;
 use corelink_engine::{Buf, ConnId, Cx, EngineError};
@@ -318,7 +321,8 @@ impl<P: Provider> Endpoint<P> {
         };
         let at = self.packer.open;
         let n = self.packer.packs[at].parts.len();
-        let Err((_, e)) = cx.send(conn, packed, None, PACKED_TOKEN) else {
+        // (quiet: its completion would only free its buffer, which the engine does)
+        let Err((_, e)) = cx.send_quiet(conn, packed, PACKED_TOKEN) else {
             self.metrics.packs += 1;
             self.metrics.packed += n as u64;
             return;
@@ -332,13 +336,41 @@ impl<P: Provider> Endpoint<P> {
         self.packer.give_parts(at, parts);
     }
 
-    /// Sends `o` in a send of its own, from its buffer (in its callers' code: the common
-    /// path, `queue_send`, makes no call for it).
+    /// Sends `o` in a send of its own (in its callers' code: the common path, `queue_send`,
+    /// makes no call for it). One that fits inline goes quietly (`Cx::send_quiet`: no
+    /// completion, on the device or in the worker): a request that is never sent again from
+    /// its own buffer, anything else as a copy, so that it is done with at once, as a packed
+    /// message is (a response kept for a duplicate, a resumable session's request for a
+    /// resend). A larger one goes from its own buffer, which its completion gives back.
     #[inline(always)]
     fn send_alone(&mut self, cx: &mut Cx<P>, o: Outgoing<P>) {
+        if o.buf.len() <= cx.max_inline() && self.class(o.ty).is_none() {
+            if o.token & TOKEN_KIND != RESPONSE_TOKEN && self.resumable == 0 {
+                // A request that is never sent again: its own buffer goes, quietly.
+                let Outgoing { conn, token, session, slot, buf, .. } = o;
+                if let Err((_, e)) = cx.send_quiet(conn, buf, PACKED_TOKEN) {
+                    self.refused(cx, token, session, slot, e);
+                }
+                return;
+            }
+            if let Ok(copy) = cx.alloc(o.buf.len()) {
+                return self.send_copy(cx, o, copy);
+            }
+        }
         let Outgoing { conn, ty, token, session, slot, buf, .. } = o;
         if let Err((_, e)) = self.send_typed(cx, conn, ty, buf, token) {
             self.refused(cx, token, session, slot, e);
+        }
+    }
+
+    /// Sends a quiet copy of `o` (in `copy`, as long): `o` is done with at once, as a packed
+    /// message is.
+    #[inline(always)]
+    fn send_copy(&mut self, cx: &mut Cx<P>, o: Outgoing<P>, mut copy: Buf<P>) {
+        copy.as_mut_slice().copy_from_slice(o.buf.as_slice());
+        match cx.send_quiet(o.conn, copy, PACKED_TOKEN) {
+            Ok(()) => self.copied(cx, o),
+            Err((_, e)) => self.refused(cx, o.token, o.session, o.slot, e),
         }
     }
 

@@ -1,0 +1,129 @@
+//! Quiet sends (`Cx::send_quiet`), generic over the provider: they arrive, their successes are
+//! not told (no `on_completion`, the buffers back in the pool), a close behind a quiet tail
+//! that asked for no completion still drains (the worker's fence), and quiet sends a close
+//! flushes before they were posted are told as any request.
+//!
+//! Included (with `#[path]`) by `engine_soft.rs` and `engine_ibverbs.rs`.
+
+use std::net::SocketAddr;
+use std::sync::{mpsc, Arc, OnceLock};
+use std::time::Duration;
+
+use corelink_config::{parse, MachineTopology};
+use corelink_engine::verbs::{Provider, WcStatus};
+use corelink_engine::*;
+
+/// How long a step may take before the test calls it a hang.
+const HANG: Duration = Duration::from_secs(30);
+/// Quiet sends on the first connection (fewer than `signal_every`: the last asks for none).
+const N: usize = 5;
+/// The accepting side's answer once it has the `N` quiet messages.
+const GOT: &[u8] = b"got them";
+
+/// What the connecting side saw.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    /// A request's completion (its token and status).
+    Done(u64, WcStatus),
+    /// The accepting side had every quiet message.
+    Got,
+    /// A connection of this side closed.
+    Closed(CloseReason),
+}
+
+struct Quiet {
+    /// The engine's own listening address, once it is known.
+    addr: Arc<OnceLock<SocketAddr>>,
+    /// Connections asked for so far (two: the quiet tail's, then the flushed ones').
+    dialed: u32,
+    /// Quiet messages the accepting side has had.
+    heard: usize,
+    told: mpsc::Sender<Seen>,
+}
+
+impl<P: Provider> Handler<P> for Quiet {
+    fn poll(&mut self, cx: &mut Cx<P>) {
+        if let (0, Some(&addr)) = (self.dialed, self.addr.get()) {
+            self.dialed = 1;
+            cx.connect(addr, b"", 1).unwrap();
+        }
+    }
+
+    fn on_connected(&mut self, cx: &mut Cx<P>, conn: ConnId, info: &ConnInfo) {
+        if !info.initiated {
+            return;
+        }
+        let n = if info.token == 1 { N } else { 3 };
+        for i in 0..n {
+            let mut b = cx.alloc(8).unwrap();
+            b.fill(&(i as u64).to_le_bytes()).unwrap();
+            cx.send_quiet(conn, b, 100 + i as u64).map_err(|(_, e)| e).unwrap();
+        }
+        if info.token == 2 {
+            // Closed before the worker posts them: each is flushed, and told so.
+            cx.close(conn).unwrap();
+        }
+    }
+
+    fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
+        if msg.data == GOT {
+            let _ = self.told.send(Seen::Got);
+            // The quiet tail asked for no completion: the close drains it all the same.
+            cx.close(conn).unwrap();
+            return;
+        }
+        self.heard += 1;
+        if self.heard == N {
+            let mut b = cx.alloc(GOT.len()).unwrap();
+            b.fill(GOT).unwrap();
+            cx.send(conn, b, None, 7).map_err(|(_, e)| e).unwrap();
+        }
+    }
+
+    fn on_completion(&mut self, _cx: &mut Cx<P>, done: Done<Buf<P>>) {
+        if done.token != 7 {
+            let _ = self.told.send(Seen::Done(done.token, done.status));
+        }
+    }
+
+    fn on_closed(&mut self, cx: &mut Cx<P>, _conn: ConnId, reason: &CloseReason) {
+        // (the connecting side's closes: the accepting side's end closes with `Peer`)
+        if *reason != CloseReason::Local {
+            return;
+        }
+        let _ = self.told.send(Seen::Closed(*reason));
+        if let (1, Some(&addr)) = (self.dialed, self.addr.get()) {
+            self.dialed = 2;
+            cx.connect(addr, b"", 2).unwrap();
+        }
+    }
+}
+
+/// The whole story on one engine (core map `map`) connected to itself.
+pub fn quiet_sends_arrive_untold_and_a_close_drains_them<P: Provider>(map: &str) {
+    let v = parse(map).unwrap().validate(&MachineTopology::load().unwrap()).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let addr = Arc::new(OnceLock::new());
+    let a = addr.clone();
+    let engine = Engine::<P>::start(&v, Placement::RoundRobin, move |_| Quiet {
+        addr: a.clone(),
+        dialed: 0,
+        heard: 0,
+        told: tx.clone(),
+    })
+    .unwrap();
+    addr.set(engine.listen_addr().unwrap()).unwrap();
+    let next = || rx.recv_timeout(HANG).expect("the engine went quiet");
+    // The first connection: every quiet message arrived, none told; the close drained.
+    assert_eq!(next(), Seen::Got, "no completion of a quiet send before the answer");
+    assert_eq!(next(), Seen::Closed(CloseReason::Local), "the close drained the quiet tail");
+    // The second: three quiet sends flushed by the close before they went, each told.
+    let mut flushed: Vec<Seen> = (0..4).map(|_| next()).collect();
+    flushed.retain(|s| !matches!(s, Seen::Closed(CloseReason::Local)));
+    let want: Vec<Seen> = (100..103).map(|t| Seen::Done(t, WcStatus::WrFlushErr)).collect();
+    assert_eq!(flushed, want, "a quiet request that failed is told");
+    let m = engine.shutdown().unwrap();
+    assert_eq!(m[0].quiet, N as u64, "{}", m[0]);
+    assert!(m[0].fences >= 1, "{}", m[0]);
+    assert_eq!(m[0].invariant_misses, 0, "{}", m[0]);
+}
