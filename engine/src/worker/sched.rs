@@ -186,8 +186,13 @@ fn flush_one<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> Option<bool> {
         w.write_epoch = w.write_epoch.wrapping_add(1);
     }
     let mut wr = single(id, r, x.cfg);
-    // A quiet request posted inline asks for no completion unless one is due.
-    if wr.release && !lane.sq.loud && lane.sq.unsignalled + 1 < x.cfg.signal_every {
+    // A quiet request posted inline asks for no completion unless one is due (or it fills the
+    // lane: a completion must come to make room again).
+    if wr.release
+        && !lane.sq.loud
+        && lane.sq.unsignalled + 1 < x.cfg.signal_every
+        && lane.sq.outstanding() + 1 < x.cfg.max_outstanding
+    {
         wr.flags.remove(SendFlags::SIGNALED);
     }
     w.queues[k].pop(x.reqs.slab());
@@ -323,13 +328,15 @@ pub(crate) fn plan<P: Provider>(
         }
     }
     // The batch's last request is signalled too unless another batch follows on this lane at
-    // once, or every unsignalled request before it is quiet (one in `signal_every`, and a read
-    // or atomic that fills `max_rd_atomic`, were signalled as they were staged).
+    // once, or every unsignalled request before it is quiet and the lane keeps room for a
+    // later signalled one (one in `signal_every`, and a read or atomic that fills
+    // `max_rd_atomic`, were signalled as they were staged).
     let n = b.staged.len();
     let room_after = cfg.max_outstanding.saturating_sub(sq.outstanding() + n as u32);
     let follows = lanes == 1 && n == cfg.post_list && room_after > 0 && w.len > 0;
     let mut unsignalled = b.unsignalled_after;
-    if let (Some(last), false, true) = (b.staged.last_mut(), follows, b.loud) {
+    let quiet_tail = !b.loud && room_after > 0;
+    if let (Some(last), false, false) = (b.staged.last_mut(), follows, quiet_tail) {
         if !last.flags.contains(SendFlags::SIGNALED) {
             last.flags |= SendFlags::SIGNALED;
             unsignalled = 0;
@@ -809,6 +816,18 @@ mod tests {
         quiet(&mut b3, 1);
         let batch = b3.plan();
         assert!(b3.seen(&batch)[0].2, "signalled");
+        // A quiet batch that fills the lane (`max_outstanding`) asks: a completion must come
+        // to make room again.
+        let mut b4 = Bed::new(
+            "[worker.batching]\nsignal_every = 16\npost_list = 8\n\
+             [worker.scheduler]\nmax_outstanding = 3",
+        );
+        for a in 1..=3 {
+            quiet(&mut b4, a);
+        }
+        let batch = b4.plan();
+        let signalled: Vec<bool> = b4.seen(&batch).iter().map(|s| s.2).collect();
+        assert_eq!(signalled, [false, false, true]);
     }
 
     #[test]
