@@ -27,7 +27,7 @@ mod ibverbs_env;
 
 use std::net::SocketAddr;
 
-use common::{at_most_once, calls, handle, large, sched, typed, Site};
+use common::{at_most_once, balance, calls, handle, large, sched, typed, Site};
 use corelink_engine::verbs::ibverbs::Ibverbs;
 
 /// A site on the device, listening on `port` of its address; `None` (after saying so) without
@@ -210,4 +210,13 @@ fn blocking_calls_from_another_thread_end_in_order_and_name_their_errors() {
 fn many_futures_in_flight_under_tokio_all_end_with_their_answer() {
     let Some(s) = site(7125) else { return };
     handle::many_futures_in_flight_under_tokio_all_end_with_their_answer::<Ibverbs>(&s);
+}
+
+#[test]
+fn a_group_spreads_calls_and_avoids_a_downed_server() {
+    let (Some(a), Some(b), Some(c), Some(d)) = (site(7145), site(7146), site(7147), site(7148))
+    else {
+        return;
+    };
+    balance::a_group_spreads_calls_and_avoids_a_downed_server::<Ibverbs>([&a, &b, &c], &d);
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{calls, Site};
+use common::{balance, calls, Site};
 use corelink_engine::verbs::soft::Soft;
 
 #[test]
@@ -81,4 +81,14 @@ fn sessions_across_two_workers_keep_their_order_at_full_credit() {
     calls::sessions_across_two_workers_keep_their_order_at_full_credit::<Soft>(&Site::soft(
         "10.98.13.11",
     ));
+}
+
+#[test]
+fn a_group_spreads_calls_and_avoids_a_downed_server() {
+    let servers = [Site::soft("10.98.34.1"), Site::soft("10.98.34.2"), Site::soft("10.98.34.3")];
+    let [a, b, c] = &servers;
+    balance::a_group_spreads_calls_and_avoids_a_downed_server::<Soft>(
+        [a, b, c],
+        &Site::soft("10.98.34.4"),
+    );
 }

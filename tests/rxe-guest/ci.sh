@@ -10,7 +10,8 @@
 # 5. the engine's end-to-end tests on ibverbs (requests, scheduler scenarios, QP pools and lanes);
 # 6. the RPC layer's end-to-end tests on ibverbs (rpc/tests/rpc_ibverbs.rs: ordering, credits,
 #    deadlines, every error kind, at-most-once under duplicated requests, 1 B to 8 MiB byte for
-#    byte, a thousand sessions on one server, merging, request classes, typed calls, the handle);
+#    byte, a thousand sessions on one server, merging, load balancing over three servers with
+#    one shut down, request classes, typed calls, the handle);
 # 7. the engine examples (echo, one-sided) as two processes (engine-examples.sh);
 # 8. corelink-perf's eight tests as server and client processes (perf-smoke.sh);
 # 9. with a second device (rxe1, added last): sibling contexts and the connection manager's

@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod at_most_once;
+pub mod balance;
 pub mod calls;
 pub mod handle;
 pub mod large;
