@@ -105,6 +105,11 @@ impl<P: Provider> Engine<P> {
             rnr_retry: w.rnr_retry,
             timeout: w.timeout,
             retry_cnt: w.retry_cnt,
+            // The scheduler keeps at most this many reads and atomics on a QP: the QP takes as
+            // many, as initiator and as target (the device's caps clamp both; validated:
+            // 1..=255).
+            max_rd_atomic: u8::try_from(w.scheduler.max_rd_atomic).unwrap_or(u8::MAX),
+            max_dest_rd_atomic: u8::try_from(w.scheduler.max_rd_atomic).unwrap_or(u8::MAX),
             ..QpAttr::default()
         };
         let cap = QpCap {
