@@ -110,29 +110,16 @@ impl<T> Slab<T> {
         Ok(Id::new(slot.generation, i))
     }
 
-    /// Stores the value `make` builds, written straight into a free slot (never built
-    /// elsewhere and copied), if the slab is not full; else gives `make` back.
-    #[inline(always)]
-    pub fn insert_with<F: FnOnce() -> T>(&mut self, make: F) -> Result<Id, F> {
-        let Some(&i) = self.free.last() else { return Err(make) };
-        let Some(slot) = self.slots.get_mut(i as usize) else { return Err(make) };
-        debug_assert!(!slot.full());
-        // SAFETY: the slot is free (on the free list): nothing in it to drop or read; `make`
-        // writes a whole value through the pointer, which the generation then marks full.
-        unsafe { slot.value.as_mut_ptr().write(make()) };
-        self.free.pop();
-        slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK;
-        Ok(Id::new(slot.generation, i))
-    }
-
-    /// Stores the value `make` builds from `arg`, written straight into a free slot, if the
-    /// slab is not full; else gives `arg` back (`make` unrun).
+    /// Stores the value `make` builds from `arg`, written straight into a free slot (never
+    /// built elsewhere and copied), if the slab is not full; else gives `arg` back (`make`
+    /// unrun).
     #[inline(always)]
     pub fn insert_from<A>(&mut self, arg: A, make: impl FnOnce(A) -> T) -> Result<Id, A> {
         let Some(&i) = self.free.last() else { return Err(arg) };
         let Some(slot) = self.slots.get_mut(i as usize) else { return Err(arg) };
         debug_assert!(!slot.full());
-        // SAFETY: as in `insert_with`.
+        // SAFETY: the slot is free (on the free list): nothing in it to drop or read; `make`
+        // writes a whole value through the pointer, which the generation then marks full.
         unsafe { slot.value.as_mut_ptr().write(make(arg)) };
         self.free.pop();
         slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK;

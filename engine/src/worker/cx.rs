@@ -329,14 +329,14 @@ impl<P: Provider> Cx<P> {
         }
         // Each arm has its record built straight into its slot (never copied). Atomics get an
         // 8-byte buffer for the old value (taken in their own arms, so that other requests
-        // carry no buffer to drop).
-        let req = |kind, buf: Buf<P>, remote, len, imm, arg, swap| Req {
+        // carry no buffer to drop); a request moves its buffer's bytes.
+        let req = |kind, buf: Buf<P>, remote, imm, arg, swap| Req {
             conn,
             lane: 0,
             kind,
+            len: buf.len() as u32,
             buf: Some(buf),
             remote,
-            len,
             imm,
             arg,
             swap,
@@ -351,30 +351,21 @@ impl<P: Provider> Cx<P> {
                 reqs,
                 ext,
                 (buf, remote, imm),
-                |(buf, remote, imm)| {
-                    let len = buf.len() as u32;
-                    req(OpKind::Write, buf, remote, len, imm, 0, 0)
-                },
+                |(buf, remote, imm)| req(OpKind::Write, buf, remote, imm, 0, 0),
                 |(buf, remote, imm)| Op::Write { buf, remote, imm },
             ),
             Op::Send { buf, imm } => store(
                 reqs,
                 ext,
                 (buf, imm),
-                |(buf, imm)| {
-                    let len = buf.len() as u32;
-                    req(OpKind::Send, buf, RemoteAddr::default(), len, imm, 0, 0)
-                },
+                |(buf, imm)| req(OpKind::Send, buf, RemoteAddr::default(), imm, 0, 0),
                 |(buf, imm)| Op::Send { buf, imm },
             ),
             Op::Read { buf, remote } => store(
                 reqs,
                 ext,
                 (buf, remote),
-                |(buf, remote)| {
-                    let len = buf.len() as u32;
-                    req(OpKind::Read, buf, remote, len, None, 0, 0)
-                },
+                |(buf, remote)| req(OpKind::Read, buf, remote, None, 0, 0),
                 |(buf, remote)| Op::Read { buf, remote },
             ),
             Op::FetchAdd { remote, add } => match pool.get(8) {
@@ -382,7 +373,7 @@ impl<P: Provider> Cx<P> {
                     reqs,
                     ext,
                     b,
-                    |b| req(OpKind::FetchAdd, b, remote, 8, None, add, 0),
+                    |b| req(OpKind::FetchAdd, b, remote, None, add, 0),
                     |_| Op::FetchAdd { remote, add },
                 ),
                 Err(e) => return Err((Op::FetchAdd { remote, add }, ext, e)),
@@ -392,7 +383,7 @@ impl<P: Provider> Cx<P> {
                     reqs,
                     ext,
                     b,
-                    |b| req(OpKind::CompareSwap, b, remote, 8, None, compare, swap),
+                    |b| req(OpKind::CompareSwap, b, remote, None, compare, swap),
                     |_| Op::CompareSwap { remote, compare, swap },
                 ),
                 Err(e) => return Err((Op::CompareSwap { remote, compare, swap }, ext, e)),

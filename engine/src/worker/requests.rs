@@ -134,23 +134,6 @@ impl<P: Provider> Requests<P> {
         }
     }
 
-    /// Stores the request `make` builds (in its slot), with what it carries (an external
-    /// client's vector, or nothing); gives both back when the slab is full.
-    #[inline(always)]
-    pub(crate) fn insert_with<E: Carried, F: FnOnce() -> Req<P>>(
-        &mut self,
-        ext: E,
-        make: F,
-    ) -> Result<ReqId, (F, E)> {
-        match self.slab.insert_with(make) {
-            Ok(id) => {
-                ext.keep(&mut self.ext[id.slot()]);
-                Ok(id)
-            }
-            Err(make) => Err((make, ext)),
-        }
-    }
-
     /// Stores the request `make` builds from `arg` (in its slot), with what it carries; gives
     /// both back when the slab is full (`make` unrun).
     #[inline(always)]

@@ -108,7 +108,7 @@ fn fence<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
             merge_epoch: None,
             quiet: false,
         };
-        let Ok(id) = x.reqs.insert_with((), || r) else { return };
+        let Ok(id) = x.reqs.insert_from((), r, |r| r) else { return };
         let Some(r) = x.reqs.get(id) else { return };
         let one = single(id, r, x.cfg);
         if post_one(one, lane, x.reqs, x.metrics, x.outbox) {
@@ -663,7 +663,7 @@ mod tests {
                 merge_epoch: None,
                 quiet: false,
             };
-            let id = self.reqs.insert_with((), || r).map_err(|_| ()).unwrap();
+            let id = self.reqs.insert_from((), r, |r| r).map_err(|_| ()).unwrap();
             let k = usize::from(self.cfg.classes[kind.index()]);
             self.w.queues[k].push(self.reqs.slab_mut(), id);
             self.w.len += 1;
