@@ -55,6 +55,8 @@ pub struct Cx<P: Provider> {
     pub(crate) reposts: ArrayVec<(super::RecvId, Buf<P>), MAX_POLL_BATCH>,
     /// A lane is low on posted receives: this iteration's go back before its flush.
     pub(crate) repost_first: bool,
+    /// Where the scheduler writes a batch's gather lists.
+    pub(crate) gather: sched::GatherSpace,
     pub(crate) timers: Timers,
     /// Connects with a reconnect policy ([`Cx::connect_with`]).
     pub(crate) redials: super::redial::Redials,
@@ -799,8 +801,8 @@ impl<P: Provider> Cx<P> {
     /// [`Cx::flush`] of the connections with work.
     #[inline(never)]
     fn flush_dirty(&mut self) -> bool {
-        let Cx { conns, reqs, pool, outbox, metrics, cfg, .. } = self;
-        sched::flush(conns, reqs, pool, outbox, metrics, cfg)
+        let Cx { conns, reqs, pool, outbox, metrics, cfg, gather, .. } = self;
+        sched::flush(conns, reqs, pool, outbox, metrics, cfg, gather)
     }
 
     /// A lookup that cannot fail did: counted (and a debug assertion).

@@ -59,6 +59,13 @@ impl WrId {
         }
     }
 
+    /// The request a work request that names one carries (a send-queue work request's id).
+    #[inline(always)]
+    pub(crate) fn req_of(wr_id: u64) -> ReqId {
+        debug_assert!(wr_id & RECV_FLAG == 0, "a request's work request");
+        ReqId::from_raw(wr_id)
+    }
+
     /// The id a completion carries, read back.
     #[inline(always)]
     pub(crate) fn decode(wr_id: u64) -> WrId {

@@ -180,6 +180,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             outbox: Outbox::new(to_control, 4096, CONTROL_RING).waking(wake),
             reposts: ArrayVec::new(),
             repost_first: false,
+            gather: sched::GatherSpace::new(),
             timers: Timers::new(MAX_TIMERS),
             redials: redial::Redials::default(),
             pd,

@@ -34,7 +34,22 @@ struct Ctx<'a, P: Provider> {
     outbox: &'a mut Outbox<P>,
     metrics: &'a mut Metrics,
     cfg: &'a WorkerCfg,
+    gather: &'a mut GatherSpace,
 }
+
+/// Where a batch's gather lists are written: room for a whole batch's (`MAX_POST_LIST` work
+/// requests of `MAX_SGE` entries), made once per worker, so that a batch's work requests
+/// borrow their lists from it and go to the device as they were planned (never copied).
+pub(crate) struct GatherSpace(Box<[Sge; MAX_POST_LIST * MAX_SGE]>);
+
+impl GatherSpace {
+    pub(crate) fn new() -> Self {
+        GatherSpace(Box::new([Sge { addr: 0, length: 0, lkey: 0 }; MAX_POST_LIST * MAX_SGE]))
+    }
+}
+
+// A batch's per-request bits (`Batch::rd_atomic`, `Batch::release`) fit a `u32`.
+const _: () = assert!(MAX_POST_LIST <= 32);
 
 /// Posts what the dirty connections have waiting (fails what closing ones have); returns
 /// whether anything was posted.
@@ -45,8 +60,9 @@ pub(crate) fn flush<P: Provider>(
     outbox: &mut Outbox<P>,
     metrics: &mut Metrics,
     cfg: &WorkerCfg,
+    gather: &mut GatherSpace,
 ) -> bool {
-    let mut x = Ctx { reqs, pool, outbox, metrics, cfg };
+    let mut x = Ctx { reqs, pool, outbox, metrics, cfg, gather };
     let mut posted_any = false;
     // Visits each connection with work; keeps only those that still have some (waiting behind
     // backpressure, or closing), so that the rest of the loop finds the set empty.
@@ -130,13 +146,13 @@ fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
     let mut any = false;
     let mut idle = 0;
     let lanes = c.lanes.len();
-    // One batch, filled in place for each lane in turn (it is kilobytes: never moved).
-    let mut batch = Batch::new();
     while c.waiting.len > 0 && idle < lanes && c.phase == Phase::Open {
         // (next_lane < lanes always: it only ever steps through 0..lanes)
         let l = c.next_lane;
         c.next_lane = if l + 1 >= lanes { 0 } else { l + 1 };
         let lane = &mut c.lanes[l];
+        // (filled where it lies: it is kilobytes, and moving it costs a copy)
+        let mut batch = Batch::new(x.gather);
         plan(&mut c.waiting, &lane.sq, lanes, l, x.reqs, x.cfg, x.metrics, &mut served, &mut batch);
         if batch.is_empty() {
             idle += 1;
@@ -235,25 +251,17 @@ fn pick_class<P: Provider>(
     (0..CLASSES).find(|&k| admissible(k))
 }
 
-/// One work request of a batch: what posting it needs, so that posting looks nothing up.
-#[derive(Debug)]
-pub(crate) struct Staged<P: Provider> {
-    pub(crate) id: ReqId,
-    /// Its gather list ends here in the batch's entries.
-    end: usize,
-    pub(crate) op: SendOp<'static, P>,
-    pub(crate) rd_atomic: bool,
-    pub(crate) flags: SendFlags,
-    /// A quiet send posted inline: its buffer goes back to the pool once posted.
-    release: bool,
-}
-
-/// Work requests for one lane, to go with one doorbell: planned by [`plan`] (or
-/// [`Batch::single`]), given to the device by [`post`].
-#[derive(Debug)]
-pub(crate) struct Batch<P: Provider> {
-    pub(crate) staged: ArrayVec<Staged<P>, MAX_POST_LIST>,
-    sges: ArrayVec<Sge, { MAX_POST_LIST * MAX_SGE }>,
+/// Work requests for one lane, to go with one doorbell: planned by [`plan`], given to the
+/// device by [`post`] as they are (their gather lists in the worker's [`GatherSpace`]).
+pub(crate) struct Batch<'s, P: Provider> {
+    pub(crate) wrs: ArrayVec<SendWr<'s, P>, MAX_POST_LIST>,
+    /// The gather space the batch's work requests have not taken.
+    free: &'s mut [Sge],
+    /// Bit `i`: work request `i` is a read or an atomic.
+    rd_atomic: u32,
+    /// Bit `i`: work request `i` is a quiet send posted inline, whose buffer goes back to the
+    /// pool once posted.
+    release: u32,
     /// The lane's unsignalled count once the batch is on the device.
     unsignalled_after: u32,
     /// Whether a loud (not quiet) request is among those unsignalled, once the batch is on
@@ -261,33 +269,28 @@ pub(crate) struct Batch<P: Provider> {
     loud: bool,
 }
 
-impl<P: Provider> Batch<P> {
-    /// An empty batch (fill it where it lies: it is kilobytes, and moving it costs a copy).
-    pub(crate) fn new() -> Self {
-        Batch { staged: ArrayVec::new(), sges: ArrayVec::new(), unsignalled_after: 0, loud: false }
-    }
-
-    fn clear(&mut self) {
-        self.staged.clear();
-        self.sges.clear();
-        self.unsignalled_after = 0;
-        self.loud = false;
+impl<'s, P: Provider> Batch<'s, P> {
+    /// An empty batch whose gather lists go in `space`.
+    #[inline(always)]
+    pub(crate) fn new(space: &'s mut GatherSpace) -> Self {
+        Batch {
+            wrs: ArrayVec::new(),
+            free: &mut space.0[..],
+            rd_atomic: 0,
+            release: 0,
+            unsignalled_after: 0,
+            loud: false,
+        }
     }
 
     /// Work requests in it.
     pub(crate) fn len(&self) -> usize {
-        self.staged.len()
+        self.wrs.len()
     }
 
     /// Whether it has none.
     pub(crate) fn is_empty(&self) -> bool {
-        self.staged.is_empty()
-    }
-
-    /// The gather list of work request `i`.
-    pub(crate) fn sgl(&self, i: usize) -> &[Sge] {
-        let start = if i == 0 { 0 } else { self.staged[i - 1].end };
-        &self.sges[start..self.staged[i].end]
+        self.wrs.is_empty()
     }
 }
 
@@ -306,15 +309,15 @@ pub(crate) fn plan<P: Provider>(
     cfg: &WorkerCfg,
     metrics: &mut Metrics,
     served: &mut [bool; CLASSES],
-    b: &mut Batch<P>,
+    b: &mut Batch<'_, P>,
 ) {
-    b.clear();
+    debug_assert!(b.is_empty(), "a batch is planned once");
     b.unsignalled_after = sq.unsignalled; // counted on as requests are staged
     b.loud = sq.loud;
     let room = cfg.max_outstanding.saturating_sub(sq.outstanding()) as usize;
     let limit = room.min(cfg.post_list);
     let mut rd = sq.rd_outstanding;
-    while b.staged.len() < limit && w.len > 0 {
+    while b.wrs.len() < limit && w.len > 0 {
         let rd_room = rd < cfg.max_rd_atomic;
         let Some(k) = pick_class(w, rd_room, reqs, cfg) else { break };
         served[k] = true;
@@ -322,7 +325,7 @@ pub(crate) fn plan<P: Provider>(
         // room (queues only shrink during a flush, so no class above it fills up): take its
         // requests without choosing again. Without that room, each head is admitted alone.
         while stage(w, k, l, reqs, cfg, metrics, b, &mut rd) {
-            if b.staged.len() >= limit || !rd_room || rd >= cfg.max_rd_atomic {
+            if b.wrs.len() >= limit || !rd_room || rd >= cfg.max_rd_atomic {
                 break;
             }
         }
@@ -331,12 +334,12 @@ pub(crate) fn plan<P: Provider>(
     // once, or every unsignalled request before it is quiet and the lane keeps room for a
     // later signalled one (one in `signal_every`, and a read or atomic that fills
     // `max_rd_atomic`, were signalled as they were staged).
-    let n = b.staged.len();
+    let n = b.wrs.len();
     let room_after = cfg.max_outstanding.saturating_sub(sq.outstanding() + n as u32);
     let follows = lanes == 1 && n == cfg.post_list && room_after > 0 && w.len > 0;
     let mut unsignalled = b.unsignalled_after;
     let quiet_tail = !b.loud && room_after > 0;
-    if let (Some(last), false, false) = (b.staged.last_mut(), follows, quiet_tail) {
+    if let (Some(last), false, false) = (b.wrs.last_mut(), follows, quiet_tail) {
         if !last.flags.contains(SendFlags::SIGNALED) {
             last.flags |= SendFlags::SIGNALED;
             unsignalled = 0;
@@ -351,14 +354,14 @@ pub(crate) fn plan<P: Provider>(
 /// had none.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn stage<P: Provider>(
+fn stage<'s, P: Provider>(
     w: &mut Waiting,
     k: usize,
     l: usize,
     reqs: &mut Requests<P>,
     cfg: &WorkerCfg,
     metrics: &mut Metrics,
-    b: &mut Batch<P>,
+    b: &mut Batch<'s, P>,
     rd: &mut u32,
 ) -> bool {
     // (one visit of its slot: out of the queue, and its record)
@@ -388,15 +391,18 @@ fn stage<P: Provider>(
     if r.kind != OpKind::Read {
         w.write_epoch = w.write_epoch.wrapping_add(1);
     }
-    let first = sge_of(r);
     let coalesce = cfg.coalesce_writes && r.kind == OpKind::Write && r.imm.is_none();
-    let start = b.sges.len();
-    b.sges.push(first);
-    let mut bytes = first.length;
+    // (the space holds a full batch's lists: a request planned has room for its entries)
+    let free = std::mem::take(&mut b.free);
+    free[0] = sge_of(r);
+    let mut bytes = free[0].length;
+    let mut n = 1;
     if coalesce {
-        coalesce_after(w, k, id, reqs, cfg, metrics, &mut b.sges);
-        bytes = b.sges[start..].iter().map(|s| s.length).sum();
+        n = coalesce_after(w, k, id, reqs, cfg, metrics, free);
+        bytes = free[..n].iter().map(|s| s.length).sum();
     }
+    let (sgl, rest) = free.split_at_mut(n);
+    b.free = rest;
     // Flags: inline when it fits; signalled one in `signal_every`, and when this read or
     // atomic fills `max_rd_atomic` (its completion makes room).
     let mut flags = SendFlags::empty();
@@ -412,7 +418,10 @@ fn stage<P: Provider>(
         b.loud = true; // (a quiet send not inline holds its buffer: it asks like any)
     }
     let release = quiet && flags.contains(SendFlags::INLINE);
-    b.staged.push(Staged { id, end: b.sges.len(), op, rd_atomic, flags, release });
+    let i = b.wrs.len();
+    b.rd_atomic |= u32::from(rd_atomic) << i;
+    b.release |= u32::from(release) << i;
+    b.wrs.push(SendWr { wr_id: WrId::Req(id).encode(), op, sgl, flags, ud: None });
     true
 }
 
@@ -443,7 +452,8 @@ pub(crate) fn sge_of<P: Provider>(r: &Req<P>) -> Sge {
 }
 
 /// Takes the writes queued right behind write `id` in class `k` that continue its remote range
-/// (same key, no immediate, within `coalesce_max_bytes` and the gather list), chaining them to it.
+/// (same key, no immediate, within `coalesce_max_bytes` and the gather list), chaining them to
+/// it; their entries follow its own (`sges[0]`) in `sges`. Returns the entries in all.
 fn coalesce_after<P: Provider>(
     w: &mut Waiting,
     k: usize,
@@ -451,14 +461,14 @@ fn coalesce_after<P: Provider>(
     reqs: &mut Requests<P>,
     cfg: &WorkerCfg,
     metrics: &mut Metrics,
-    sges: &mut ArrayVec<Sge, { MAX_POST_LIST * MAX_SGE }>,
-) {
-    let Some(head) = reqs.get(id) else { return };
+    sges: &mut [Sge],
+) -> usize {
+    let Some(head) = reqs.get(id) else { return 1 };
     let (rkey, mut end, mut total) =
         (head.remote.rkey, head.remote.addr + head.len as u64, head.len);
     let mut tail = id;
     let mut n = 1;
-    while n < MAX_SGE && !sges.is_full() {
+    while n < MAX_SGE && n < sges.len() {
         let Some(next) = w.queues[k].front(reqs.slab()) else { break };
         let Some(r) = reqs.get(next) else { break };
         let fits = r.kind == OpKind::Write
@@ -469,7 +479,7 @@ fn coalesce_after<P: Provider>(
         if !fits {
             break;
         }
-        sges.push(sge_of(r));
+        sges[n] = sge_of(r);
         end += r.len as u64;
         total += r.len;
         w.queues[k].pop(reqs.slab());
@@ -481,6 +491,7 @@ fn coalesce_after<P: Provider>(
         n += 1;
         metrics.coalesced_writes += 1;
     }
+    n
 }
 
 /// A request posted alone (the flat path, and one request waiting on a one-lane connection):
@@ -556,36 +567,30 @@ pub(crate) fn post_one<P: Provider>(
 /// connection).
 #[inline(always)]
 pub(crate) fn post<P: Provider>(
-    batch: &Batch<P>,
+    batch: &Batch<'_, P>,
     lane: &mut Lane<P>,
     reqs: &mut Requests<P>,
     metrics: &mut Metrics,
     outbox: &mut Outbox<P>,
 ) -> usize {
-    // Built in place (collecting would build it elsewhere and copy all 32 slots).
-    let mut wrs = ArrayVec::<SendWr<'_, P>, MAX_POST_LIST>::new();
-    for (i, st) in batch.staged.iter().enumerate() {
-        let wr_id = WrId::Req(st.id).encode();
-        wrs.push(SendWr { wr_id, op: st.op, sgl: batch.sgl(i), flags: st.flags, ud: None });
-    }
     // SAFETY: every buffer a work request names is held by its request in the slab (not by the
     // application) until the request's completion is dispatched.
-    let res = unsafe { lane.qp.post_send(&wrs) };
+    let res = unsafe { lane.qp.post_send(&batch.wrs) };
     let k = match res {
-        Ok(()) => wrs.len(),
+        Ok(()) => batch.wrs.len(),
         Err(VerbsError::PostSend { index, .. }) => index,
         Err(_) => 0,
     };
-    drop(wrs);
     let mut signalled = 0;
-    for st in &batch.staged[..k] {
-        if !lane.sq.posted.push(st.id) {
+    for (i, wr) in batch.wrs[..k].iter().enumerate() {
+        let id = WrId::req_of(wr.wr_id);
+        if !lane.sq.posted.push(id) {
             metrics.invariant_misses += 1; // (never: a batch fits the lane's room)
         }
-        lane.sq.rd_outstanding += u32::from(st.rd_atomic);
-        signalled += u64::from(st.flags.contains(SendFlags::SIGNALED));
-        if st.release {
-            release(reqs, st.id);
+        lane.sq.rd_outstanding += (batch.rd_atomic >> i) & 1;
+        signalled += u64::from(wr.flags.contains(SendFlags::SIGNALED));
+        if (batch.release >> i) & 1 == 1 {
+            release(reqs, id);
         }
     }
     lane.sq.unsignalled = batch.unsignalled_after;
@@ -593,8 +598,8 @@ pub(crate) fn post<P: Provider>(
     metrics.posted += k as u64;
     metrics.signalled += signalled;
     metrics.doorbells += 1;
-    for st in &batch.staged[k..] {
-        reqs.fail_chain(st.id, WcStatus::GeneralErr, outbox);
+    for wr in &batch.wrs[k..] {
+        reqs.fail_chain(WrId::req_of(wr.wr_id), WcStatus::GeneralErr, outbox);
     }
     k
 }
@@ -670,22 +675,22 @@ mod tests {
             id
         }
 
-        fn plan(&mut self) -> Batch<Soft> {
+        fn plan<'s>(&mut self, space: &'s mut GatherSpace) -> Batch<'s, Soft> {
             let mut served = [false; CLASSES];
             let (w, sq, reqs, cfg, m) =
                 (&mut self.w, &self.sq, &mut self.reqs, &self.cfg, &mut self.metrics);
-            let mut b = Batch::new();
+            let mut b = Batch::new(space);
             plan(w, sq, 1, 0, reqs, cfg, m, &mut served, &mut b);
             b
         }
 
         /// The batch's requests as (kind, remote address, signalled).
-        fn seen(&self, b: &Batch<Soft>) -> Vec<(OpKind, u64, bool)> {
-            b.staged
+        fn seen(&self, b: &Batch<'_, Soft>) -> Vec<(OpKind, u64, bool)> {
+            b.wrs
                 .iter()
-                .map(|s| {
-                    let r = self.reqs.get(s.id).unwrap();
-                    (r.kind, r.remote.addr, s.flags.contains(SendFlags::SIGNALED))
+                .map(|wr| {
+                    let r = self.reqs.get(WrId::req_of(wr.wr_id)).unwrap();
+                    (r.kind, r.remote.addr, wr.flags.contains(SendFlags::SIGNALED))
                 })
                 .collect()
         }
@@ -702,16 +707,18 @@ mod tests {
         for a in [11, 12, 13] {
             b.queue(Read, a, 8);
         }
-        let batch = b.plan();
+        let mut space = GatherSpace::new();
+        let batch = b.plan(&mut space);
         // Another batch follows at once: the last one is not signalled (one in 16 is).
         let want = [(Read, 11, false), (Read, 12, false), (Read, 13, false), (Write, 1, false)];
         assert_eq!(b.seen(&batch), want);
         assert_eq!(b.w.len, 2);
-        let batch = b.plan();
+        let mut space = GatherSpace::new();
+        let batch = b.plan(&mut space);
         assert_eq!(b.seen(&batch), [(Write, 2, false), (Write, 3, true)], "the run's last asks");
         assert_eq!(b.w.len, 0);
         // Small sends and writes go inline; reads never do.
-        assert!(batch.staged.iter().all(|s| s.flags.contains(SendFlags::INLINE)));
+        assert!(batch.wrs.iter().all(|wr| wr.flags.contains(SendFlags::INLINE)));
     }
 
     #[test]
@@ -727,7 +734,8 @@ mod tests {
         for a in [1, 2] {
             b.queue(Write, a, 8);
         }
-        let batch = b.plan();
+        let mut space = GatherSpace::new();
+        let batch = b.plan(&mut space);
         assert_eq!(b.seen(&batch), [(Write, 1, true)]);
         assert_eq!(b.w.len, 1, "the other waits");
     }
@@ -739,7 +747,8 @@ mod tests {
             b.queue(Read, a, 8);
         }
         b.queue(Write, 50, 8);
-        let batch = b.plan();
+        let mut space = GatherSpace::new();
+        let batch = b.plan(&mut space);
         // Two reads fill max_rd_atomic; the write (another class) still goes.
         assert_eq!(b.seen(&batch), [(Read, 1, false), (Read, 2, true), (Write, 50, true)]);
         assert_eq!(b.w.len, 2);
@@ -751,7 +760,8 @@ mod tests {
         let first = b.queue(Read, 7, 8);
         let second = b.queue(Read, 7, 8);
         let other = b.queue(Read, 8, 8);
-        let batch = b.plan();
+        let mut space = GatherSpace::new();
+        let batch = b.plan(&mut space);
         assert_eq!(b.seen(&batch), [(Read, 7, false), (Read, 8, true)]);
         assert_eq!(b.metrics.merged_reads, 1);
         assert_eq!(b.reqs.get(first).unwrap().next, Some(second));
@@ -765,10 +775,11 @@ mod tests {
         let c = b.queue(Write, 16, 16);
         b.queue(Write, 32, 16);
         b.queue(Write, 100, 16); // not adjacent
-        let batch = b.plan();
+        let mut space = GatherSpace::new();
+        let batch = b.plan(&mut space);
         assert_eq!(b.seen(&batch), [(Write, 0, false), (Write, 100, true)]);
-        assert_eq!(batch.sgl(0).len(), 3);
-        assert_eq!(batch.sgl(0).iter().map(|s| s.length).sum::<u32>(), 48);
+        assert_eq!(batch.wrs[0].sgl.len(), 3);
+        assert_eq!(batch.wrs[0].sgl.iter().map(|s| s.length).sum::<u32>(), 48);
         assert_eq!(b.metrics.coalesced_writes, 2);
         assert_eq!(b.reqs.get(a).unwrap().next, Some(c));
     }
@@ -779,7 +790,8 @@ mod tests {
         for a in 1..=5 {
             b.queue(Write, a, 8);
         }
-        let batch = b.plan();
+        let mut space = GatherSpace::new();
+        let batch = b.plan(&mut space);
         let signalled: Vec<bool> = b.seen(&batch).iter().map(|s| s.2).collect();
         assert_eq!(signalled, [false, true, false, true, true]);
         assert_eq!(batch.unsignalled_after, 0);
@@ -796,7 +808,8 @@ mod tests {
         for a in 1..=5 {
             quiet(&mut b, a);
         }
-        let batch = b.plan();
+        let mut space = GatherSpace::new();
+        let batch = b.plan(&mut space);
         let signalled: Vec<bool> = b.seen(&batch).iter().map(|s| s.2).collect();
         assert_eq!(signalled, [false, false, false, true, false]);
         assert_eq!((batch.unsignalled_after, batch.loud), (1, false), "a quiet tail");
@@ -804,7 +817,8 @@ mod tests {
         let mut b2 = Bed::new("[worker.batching]\nsignal_every = 4\npost_list = 8");
         b2.queue(Send, 1, 8);
         quiet(&mut b2, 2);
-        let batch = b2.plan();
+        let mut space = GatherSpace::new();
+        let batch = b2.plan(&mut space);
         let signalled: Vec<bool> = b2.seen(&batch).iter().map(|s| s.2).collect();
         assert_eq!(signalled, [false, true]);
         assert_eq!((batch.unsignalled_after, batch.loud), (0, false));
@@ -814,7 +828,8 @@ mod tests {
         b3.sq.loud = true;
         b3.sq.unsignalled = 1;
         quiet(&mut b3, 1);
-        let batch = b3.plan();
+        let mut space = GatherSpace::new();
+        let batch = b3.plan(&mut space);
         assert!(b3.seen(&batch)[0].2, "signalled");
         // A quiet batch that fills the lane (`max_outstanding`) asks: a completion must come
         // to make room again.
@@ -825,7 +840,8 @@ mod tests {
         for a in 1..=3 {
             quiet(&mut b4, a);
         }
-        let batch = b4.plan();
+        let mut space = GatherSpace::new();
+        let batch = b4.plan(&mut space);
         let signalled: Vec<bool> = b4.seen(&batch).iter().map(|s| s.2).collect();
         assert_eq!(signalled, [false, false, true]);
     }
@@ -837,7 +853,8 @@ mod tests {
         b.queue(Read, 2, 8);
         b.w.passed[2] = 2; // writes were passed over twice
         b.w.most_passed = 2;
-        let batch = b.plan();
+        let mut space = GatherSpace::new();
+        let batch = b.plan(&mut space);
         assert_eq!(b.seen(&batch)[0], (Write, 1, false));
     }
 }
