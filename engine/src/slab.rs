@@ -274,6 +274,20 @@ impl Fifo {
         self.len += 1;
     }
 
+    /// Puts the value of `id` (which must be in `slab` and in no other queue) first.
+    #[inline]
+    pub fn push_front<T>(&mut self, slab: &mut Slab<T>, id: Id) {
+        let i = id.slot() as u32;
+        if self.len > 0 {
+            let Some(s) = slab.slots.get_mut(i as usize) else { return self.lost(slab) };
+            s.link = self.head;
+        } else {
+            self.tail = i;
+        }
+        self.head = i;
+        self.len += 1;
+    }
+
     /// The first member's slot, checked to be full (a member that left the slab is a bug:
     /// counted, and the queue reset).
     #[inline(always)]
@@ -369,6 +383,21 @@ mod tests {
         assert_eq!(s.get(ids[3]), Some(&('z', 9)), "still in the slab, changed in place");
         assert_eq!(a.pop(&s), None);
         assert!(a.pop_mut(&mut s).is_none());
+    }
+
+    #[test]
+    fn a_value_put_first_comes_out_first() {
+        let mut s = Slab::new(8);
+        let mut q = Fifo::new();
+        let ids: Vec<Id> = (0..4).map(|i| s.insert(i).unwrap()).collect();
+        q.push_front(&mut s, ids[1]); // into an empty queue: first and last
+        q.push(&mut s, ids[2]);
+        q.push_front(&mut s, ids[0]);
+        q.push(&mut s, ids[3]);
+        assert_eq!(q.len(), 4);
+        let order: Vec<Id> = std::iter::from_fn(|| q.pop(&s)).collect();
+        assert_eq!(order, ids);
+        assert!(q.is_empty());
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use corelink_verbs::{Provider, Qp, QpAttr, QpState, RemoteAddr, WcStatus};
 
+use super::ready::Ready;
 use super::ReqId;
 use crate::handoff::Origin;
 use crate::memory::Exposed;
@@ -210,6 +211,8 @@ pub(crate) struct Conn<P: Provider> {
     pub(crate) next_lane: usize,
     /// Its requests waiting.
     pub(crate) waiting: Waiting,
+    /// Its requests planned as they were submitted (`worker/ready.rs`), to post first.
+    pub(crate) ready: Ready<P>,
     pub(crate) phase: Phase,
     /// Why it is closing.
     pub(crate) reason: Option<crate::request::CloseReason>,
@@ -264,12 +267,14 @@ fn peer_side(status: WcStatus) -> bool {
 }
 
 impl<P: Provider> Conn<P> {
-    /// A connection just opened with its lanes (receives posted), nothing waiting.
+    /// A connection just opened with its lanes (receives posted), nothing waiting; at most
+    /// `max_outstanding` requests may be ready at once (a lane's room).
     pub(crate) fn new(
         id: ConnId,
         info: ConnInfo,
         owner: Origin,
         lanes: ArrayVec<Lane<P>, MAX_QPS_PER_CONN>,
+        max_outstanding: u32,
     ) -> Self {
         Conn {
             id,
@@ -278,6 +283,7 @@ impl<P: Provider> Conn<P> {
             lanes,
             next_lane: 0,
             waiting: Waiting::default(),
+            ready: Ready::new(max_outstanding),
             phase: Phase::Open,
             reason: None,
             disconnect_sent: false,
@@ -291,13 +297,13 @@ impl<P: Provider> Conn<P> {
 
     /// Whether everything posted has come back, so the connection can be released.
     pub(crate) fn drained(&self) -> bool {
-        self.waiting.len == 0
+        !self.has_waiting()
             && self.lanes.iter().all(|l| l.sq.posted.is_empty() && l.recvs_posted == 0)
     }
 
     /// Whether it has anything to post.
     pub(crate) fn has_waiting(&self) -> bool {
-        self.waiting.len > 0
+        self.waiting.len > 0 || !self.ready.is_empty()
     }
 
     /// Moves every lane's QP to ERR, so that everything posted on it flushes (a peer gone, or a
@@ -383,7 +389,7 @@ mod tests {
             recvs_per_lane: 0,
         };
         let id = ConnId { worker: 0, slot: 1, generation: 1 };
-        Conn::new(id, info, Origin::Handler, ArrayVec::new())
+        Conn::new(id, info, Origin::Handler, ArrayVec::new(), 4)
     }
 
     #[test]

@@ -267,7 +267,7 @@ mod tests {
     }
 
     fn open(c: &mut Conns<Soft>) -> Option<ConnId> {
-        c.open(|id| Conn::new(id, info(), crate::handoff::Origin::Handler, ArrayVec::new()))
+        c.open(|id| Conn::new(id, info(), crate::handoff::Origin::Handler, ArrayVec::new(), 4))
     }
 
     #[test]
@@ -299,7 +299,7 @@ mod tests {
         assert_eq!((c.live(), c.connections()), (2, 0));
         assert!(c.reserve().is_none(), "kept slots are taken");
         assert!(c.get(a).is_err() && c.at_mut(a.slot).is_none());
-        let conn = |id| Conn::new(id, info(), crate::handoff::Origin::Handler, ArrayVec::new());
+        let conn = |id| Conn::new(id, info(), crate::handoff::Origin::Handler, ArrayVec::new(), 4);
         assert!(!c.fill(b, conn(a)), "a connection goes in its own slot");
         assert!(c.fill(a, conn(a)));
         assert!(c.get(a).is_ok());

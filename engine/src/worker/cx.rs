@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrayvec::ArrayVec;
-use corelink_verbs::{AccessFlags, Provider, RemoteAddr, WcStatus};
+use corelink_verbs::{AccessFlags, Provider, RemoteAddr, SendOp, Sge, WcStatus};
 
 use super::cfg::WorkerCfg;
 use super::conn::{Conn, Phase, Req};
+use super::ready::Entry;
 use super::requests::{Carried, ReqId, Requests};
 use super::sched;
 use super::{Conns, Outbox, Timers};
@@ -329,6 +330,22 @@ impl<P: Provider> Cx<P> {
                 return Err((op, ext, EngineError::MessageTooLarge { conn, len, max }));
             }
         }
+        // Its class's queue, or (nothing waiting, room on the connection's one lane) made a
+        // work request at once, here where its kind is known (`worker/ready.rs`): `ready`.
+        let k = class.map(|k| if cfg.priorities { usize::from(k).min(CLASSES - 1) } else { 0 });
+        let ready = match (k, c.lanes.as_slice()) {
+            (Some(k), [lane]) => {
+                let kind = op.kind();
+                // (reads that may merge and writes that may coalesce are the plan's to make)
+                let merges = kind == OpKind::Read && cfg.merge_reads;
+                let coalesces = cfg.coalesce_writes && matches!(op, Op::Write { imm: None, .. });
+                !merges
+                    && !coalesces
+                    && c.ready.admits(k, kind.is_rd_atomic(), c.waiting.len, &lane.sq, cfg)
+            }
+            _ => false,
+        };
+        let inline = |buf: &Buf<P>| buf.len() <= cfg.max_inline as usize;
         // Each arm has its record built straight into its slot (never copied). Atomics get an
         // 8-byte buffer for the old value (taken in their own arms, so that other requests
         // carry no buffer to drop); a request moves its buffer's bytes.
@@ -348,52 +365,85 @@ impl<P: Provider> Cx<P> {
             merge_epoch: None,
             quiet,
         };
-        let stored = match op {
-            Op::Write { buf, remote, imm } => store(
-                reqs,
-                ext,
-                (buf, remote, imm),
-                |(buf, remote, imm)| req(OpKind::Write, buf, remote, imm, 0, 0),
-                |(buf, remote, imm)| Op::Write { buf, remote, imm },
-            ),
-            Op::Send { buf, imm } => store(
-                reqs,
-                ext,
-                (buf, imm),
-                |(buf, imm)| req(OpKind::Send, buf, RemoteAddr::default(), imm, 0, 0),
-                |(buf, imm)| Op::Send { buf, imm },
-            ),
-            Op::Read { buf, remote } => store(
-                reqs,
-                ext,
-                (buf, remote),
-                |(buf, remote)| req(OpKind::Read, buf, remote, None, 0, 0),
-                |(buf, remote)| Op::Read { buf, remote },
-            ),
-            Op::FetchAdd { remote, add } => match pool.get(8) {
-                Ok(b) => store(
+        let (stored, wire) = match op {
+            Op::Write { buf, remote, imm } => {
+                let op = imm.map_or(SendOp::Write(remote), |imm| SendOp::WriteWithImm(remote, imm));
+                let wire = ready.then(|| (op, buf.sge(false), inline(&buf)));
+                let stored = store(
                     reqs,
                     ext,
-                    b,
-                    |b| req(OpKind::FetchAdd, b, remote, None, add, 0),
-                    |_| Op::FetchAdd { remote, add },
-                ),
+                    (buf, remote, imm),
+                    |(buf, remote, imm)| req(OpKind::Write, buf, remote, imm, 0, 0),
+                    |(buf, remote, imm)| Op::Write { buf, remote, imm },
+                );
+                (stored, wire)
+            }
+            Op::Send { buf, imm } => {
+                let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
+                let wire = ready.then(|| (op, buf.sge(false), inline(&buf)));
+                let stored = store(
+                    reqs,
+                    ext,
+                    (buf, imm),
+                    |(buf, imm)| req(OpKind::Send, buf, RemoteAddr::default(), imm, 0, 0),
+                    |(buf, imm)| Op::Send { buf, imm },
+                );
+                (stored, wire)
+            }
+            Op::Read { buf, remote } => {
+                let wire = ready.then(|| (SendOp::Read(remote), buf.sge(false), false));
+                let stored = store(
+                    reqs,
+                    ext,
+                    (buf, remote),
+                    |(buf, remote)| req(OpKind::Read, buf, remote, None, 0, 0),
+                    |(buf, remote)| Op::Read { buf, remote },
+                );
+                (stored, wire)
+            }
+            Op::FetchAdd { remote, add } => match pool.get(8) {
+                Ok(b) => {
+                    let op = SendOp::FetchAdd { remote, add };
+                    let wire = ready.then(|| (op, Sge { length: 8, ..b.sge(true) }, false));
+                    let stored = store(
+                        reqs,
+                        ext,
+                        b,
+                        |b| req(OpKind::FetchAdd, b, remote, None, add, 0),
+                        |_| Op::FetchAdd { remote, add },
+                    );
+                    (stored, wire)
+                }
                 Err(e) => return Err((Op::FetchAdd { remote, add }, ext, e)),
             },
             Op::CompareSwap { remote, compare, swap } => match pool.get(8) {
-                Ok(b) => store(
-                    reqs,
-                    ext,
-                    b,
-                    |b| req(OpKind::CompareSwap, b, remote, None, compare, swap),
-                    |_| Op::CompareSwap { remote, compare, swap },
-                ),
+                Ok(b) => {
+                    let op = SendOp::CompareSwap { remote, compare, swap };
+                    let wire = ready.then(|| (op, Sge { length: 8, ..b.sge(true) }, false));
+                    let stored = store(
+                        reqs,
+                        ext,
+                        b,
+                        |b| req(OpKind::CompareSwap, b, remote, None, compare, swap),
+                        |_| Op::CompareSwap { remote, compare, swap },
+                    );
+                    (stored, wire)
+                }
                 Err(e) => return Err((Op::CompareSwap { remote, compare, swap }, ext, e)),
             },
         };
         let id = stored?;
-        if let Some(class) = class {
-            let k = if cfg.priorities { usize::from(class).min(CLASSES - 1) } else { 0 };
+        let Some(k) = k else { return Ok(id) };
+        if let Some((op, sge, inline)) = wire {
+            let rd_atomic = matches!(
+                op,
+                SendOp::Read(_) | SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. }
+            );
+            c.ready.push(k, Entry { id, op, sge, inline, quiet, rd_atomic });
+            if c.ready.len() == 1 {
+                conns.mark(conn.slot);
+            }
+        } else {
             c.waiting.queues[k].push(reqs.slab_mut(), id);
             c.waiting.len += 1;
             if c.waiting.len == 1 {

@@ -115,7 +115,7 @@ impl<P: Provider> Cx<P> {
             .iter()
             .filter(|c| {
                 // (a close waiting for its peer's disconnect waits no longer)
-                let idle = || c.waiting.len == 0 && c.lanes.iter().all(|l| l.sq.posted.is_empty());
+                let idle = || !c.has_waiting() && c.lanes.iter().all(|l| l.sq.posted.is_empty());
                 c.awaits_peer() || (c.phase == Phase::Open && (late || idle()))
             })
             .map(|c| c.id)

@@ -17,6 +17,7 @@ mod keepalive;
 mod notice;
 mod outbox;
 mod primes;
+mod ready;
 mod redial;
 mod requests;
 mod retire;
@@ -732,7 +733,11 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             let sq = conn::SendQueue::new(self.cx.cfg.max_outstanding);
             lanes.push(Lane { qp, cm_key, recvs, recvs_posted, sq });
         }
-        if !self.cx.conns.fill(id, Conn::new(id, info.clone(), origin, lanes)) {
+        if !self
+            .cx
+            .conns
+            .fill(id, Conn::new(id, info.clone(), origin, lanes, self.cx.cfg.max_outstanding))
+        {
             // (never: `open` found it primed, so its slot is kept)
             return self.cx.invariant_missed();
         }

@@ -21,6 +21,7 @@ use super::conns::Conns;
 use super::ids::WrId;
 use super::notice::Notice;
 use super::outbox::Outbox;
+use super::ready::Ready;
 use super::requests::{ReqId, Requests};
 use crate::metrics::Metrics;
 use crate::pool::Pool;
@@ -68,9 +69,13 @@ pub(crate) fn flush<P: Provider>(
     // backpressure, or closing), so that the rest of the loop finds the set empty.
     conns.retain_dirty(|c| {
         if c.phase == Phase::Closing {
+            c.ready.demote(&mut c.waiting, x.reqs);
             flush_waiting(c, &mut x);
             fence(c, &mut x);
         } else {
+            if !c.ready.is_empty() {
+                posted_any |= flush_ready(c, &mut x);
+            }
             posted_any |= flush_conn(c, &mut x);
         }
         // (a failed post closes it)
@@ -178,6 +183,68 @@ fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
         w.most_passed = most;
     }
     any
+}
+
+/// Posts the connection's ready requests (`worker/ready.rs`) as one batch on its one lane; when
+/// requests wait beside them, or the lane's room shrank since they were made, they go back to
+/// their class's queue instead and the scheduler plans them with the rest (the same batches
+/// either way). Returns whether anything was posted.
+#[inline(always)]
+fn flush_ready<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
+    let (waiting, ready) = (&mut c.waiting, &mut c.ready);
+    let Some(lane) = c.lanes.first_mut() else {
+        ready.demote(waiting, x.reqs);
+        return false;
+    };
+    if waiting.len > 0 || !ready.fits(&lane.sq, x.cfg) {
+        ready.demote(waiting, x.reqs);
+        return false;
+    }
+    // (batches of `post_list`, as the scheduler would make them)
+    while !ready.is_empty() {
+        let mut batch = Batch::new(x.gather);
+        plan_ready(ready, waiting, &lane.sq, x.cfg, &mut batch);
+        if post(&batch, lane, x.reqs, x.metrics, x.outbox) < batch.len() {
+            // (the connection closes: what is left is failed with the waiting requests)
+            ready.demote(waiting, x.reqs);
+            c.note_error(WcStatus::GeneralErr);
+            return true;
+        }
+    }
+    ready.clear();
+    true
+}
+
+/// Plans the next batch of ready requests `ready` (into `b`, taking them) for a lane whose
+/// send queue is `sq`, as [`plan`] would plan them were they waiting alone: at most
+/// `post_list`, flagged the same (signalled one in `signal_every`, and at the end of the last
+/// batch). Touches no device.
+#[inline(always)]
+pub(crate) fn plan_ready<P: Provider>(
+    ready: &mut Ready<P>,
+    w: &mut Waiting,
+    sq: &SendQueue,
+    cfg: &WorkerCfg,
+    b: &mut Batch<'_, P>,
+) {
+    debug_assert!(b.is_empty(), "a batch is planned once");
+    b.unsignalled_after = sq.unsignalled;
+    b.loud = sq.loud;
+    let mut rd = sq.rd_outstanding;
+    for e in ready.batch(cfg.post_list) {
+        rd += u32::from(e.rd_atomic);
+        if !matches!(e.op, SendOp::Read(_)) {
+            w.write_epoch = w.write_epoch.wrapping_add(1);
+        }
+        let free = std::mem::take(&mut b.free);
+        let (sgl, rest) = free.split_at_mut(1);
+        sgl[0] = e.sge;
+        b.free = rest;
+        add(b, e.id, e.op, sgl, e.inline, e.quiet, e.rd_atomic, rd, cfg);
+    }
+    // (room for what follows was checked: `Ready::fits`)
+    let follows = b.wrs.len() == cfg.post_list && !ready.is_empty();
+    finish(b, sq, cfg, follows);
 }
 
 /// The one request waiting on a one-lane connection, posted alone as [`plan`] would post it
@@ -330,13 +397,20 @@ pub(crate) fn plan<P: Provider>(
             }
         }
     }
-    // The batch's last request is signalled too unless another batch follows on this lane at
-    // once, or every unsignalled request before it is quiet and the lane keeps room for a
-    // later signalled one (one in `signal_every`, and a read or atomic that fills
-    // `max_rd_atomic`, were signalled as they were staged).
     let n = b.wrs.len();
     let room_after = cfg.max_outstanding.saturating_sub(sq.outstanding() + n as u32);
     let follows = lanes == 1 && n == cfg.post_list && room_after > 0 && w.len > 0;
+    finish(b, sq, cfg, follows);
+}
+
+/// Ends batch `b` for a lane whose send queue is `sq`: its last request is signalled too
+/// unless another batch `follows` on this lane at once, or every unsignalled request before it
+/// is quiet and the lane keeps room for a later signalled one (one in `signal_every`, and a
+/// read or atomic that fills `max_rd_atomic`, were signalled as they were added).
+#[inline(always)]
+fn finish<P: Provider>(b: &mut Batch<'_, P>, sq: &SendQueue, cfg: &WorkerCfg, follows: bool) {
+    let n = b.wrs.len();
+    let room_after = cfg.max_outstanding.saturating_sub(sq.outstanding() + n as u32);
     let mut unsignalled = b.unsignalled_after;
     let quiet_tail = !b.loud && room_after > 0;
     if let (Some(last), false, false) = (b.wrs.last_mut(), follows, quiet_tail) {
@@ -347,6 +421,40 @@ pub(crate) fn plan<P: Provider>(
         }
     }
     b.unsignalled_after = unsignalled;
+}
+
+/// Adds request `id`'s work request (`op` on `sgl`) to batch `b`, with its flags: inline if
+/// `inline`; signalled one in `signal_every`, and when this read or atomic fills
+/// `max_rd_atomic` (`rd` counts it: its completion makes room).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn add<'s, P: Provider>(
+    b: &mut Batch<'s, P>,
+    id: ReqId,
+    op: SendOp<'static, P>,
+    sgl: &'s [Sge],
+    inline: bool,
+    quiet: bool,
+    rd_atomic: bool,
+    rd: u32,
+    cfg: &WorkerCfg,
+) {
+    let mut flags = SendFlags::empty();
+    if inline {
+        flags |= SendFlags::INLINE;
+    }
+    b.unsignalled_after += 1;
+    if b.unsignalled_after >= cfg.signal_every || (rd_atomic && rd >= cfg.max_rd_atomic) {
+        flags |= SendFlags::SIGNALED;
+        b.unsignalled_after = 0;
+        b.loud = false;
+    } else if !quiet || !inline {
+        b.loud = true; // (a quiet send not inline holds its buffer: it asks like any)
+    }
+    let i = b.wrs.len();
+    b.rd_atomic |= u32::from(rd_atomic) << i;
+    b.release |= u32::from(quiet && inline) << i;
+    b.wrs.push(SendWr { wr_id: WrId::Req(id).encode(), op, sgl, flags, ud: None });
 }
 
 /// Stages request `id` (just taken from class `k`) for lane `l`: it rides on an identical read
@@ -403,25 +511,8 @@ fn stage<'s, P: Provider>(
     }
     let (sgl, rest) = free.split_at_mut(n);
     b.free = rest;
-    // Flags: inline when it fits; signalled one in `signal_every`, and when this read or
-    // atomic fills `max_rd_atomic` (its completion makes room).
-    let mut flags = SendFlags::empty();
-    if may_inline && bytes <= cfg.max_inline {
-        flags |= SendFlags::INLINE;
-    }
-    b.unsignalled_after += 1;
-    if b.unsignalled_after >= cfg.signal_every || (rd_atomic && *rd >= cfg.max_rd_atomic) {
-        flags |= SendFlags::SIGNALED;
-        b.unsignalled_after = 0;
-        b.loud = false;
-    } else if !quiet || !flags.contains(SendFlags::INLINE) {
-        b.loud = true; // (a quiet send not inline holds its buffer: it asks like any)
-    }
-    let release = quiet && flags.contains(SendFlags::INLINE);
-    let i = b.wrs.len();
-    b.rd_atomic |= u32::from(rd_atomic) << i;
-    b.release |= u32::from(release) << i;
-    b.wrs.push(SendWr { wr_id: WrId::Req(id).encode(), op, sgl, flags, ud: None });
+    let inline = may_inline && bytes <= cfg.max_inline;
+    add(b, id, op, sgl, inline, quiet, rd_atomic, *rd, cfg);
     true
 }
 
@@ -844,6 +935,92 @@ mod tests {
         let batch = b4.plan(&mut space);
         let signalled: Vec<bool> = b4.seen(&batch).iter().map(|s| s.2).collect();
         assert_eq!(signalled, [false, false, true]);
+    }
+
+    /// `n` writes of 8 bytes made ready (as `Cx` makes them), in class 2.
+    fn ready_writes(b: &mut Bed, n: u64) -> Ready<Soft> {
+        let mut ready = Ready::new(b.cfg.max_outstanding);
+        for a in 0..n {
+            assert!(ready.admits(2, false, b.w.len, &b.sq, &b.cfg), "write {a} is admitted");
+            let id = b.queue(Write, a, 8);
+            b.w.queues[2].pop(b.reqs.slab());
+            b.w.len -= 1;
+            let r = b.reqs.get(id).unwrap();
+            let e = crate::worker::ready::Entry {
+                id,
+                op: send_op(r),
+                sge: sge_of(r),
+                inline: true,
+                quiet: false,
+                rd_atomic: false,
+            };
+            ready.push(2, e);
+        }
+        ready
+    }
+
+    /// A batch's work requests as (remote address, flags).
+    fn wrs(b: &Bed, batch: &Batch<'_, Soft>) -> Vec<(u64, SendFlags)> {
+        batch
+            .wrs
+            .iter()
+            .map(|wr| (b.reqs.get(WrId::req_of(wr.wr_id)).unwrap().remote.addr, wr.flags))
+            .collect()
+    }
+
+    #[test]
+    fn ready_requests_go_in_the_batches_and_with_the_flags_of_the_plan() {
+        let map = "[worker.batching]\npost_list = 8\nsignal_every = 4";
+        // The plan of 20 queued writes, batch by batch (nothing posted in between).
+        let mut planned = Bed::new(map);
+        for a in 0..20 {
+            planned.queue(Write, a, 8);
+        }
+        let mut want = Vec::new();
+        while planned.w.len > 0 {
+            let mut space = GatherSpace::new();
+            let batch = planned.plan(&mut space);
+            want.push(wrs(&planned, &batch));
+        }
+        // The same writes made ready as they were submitted.
+        let mut b = Bed::new(map);
+        let mut ready = ready_writes(&mut b, 20);
+        let mut got = Vec::new();
+        while !ready.is_empty() {
+            let mut space = GatherSpace::new();
+            let mut batch = Batch::new(&mut space);
+            plan_ready(&mut ready, &mut b.w, &b.sq, &b.cfg, &mut batch);
+            assert!(batch.wrs.iter().all(|wr| wr.sgl.len() == 1 && wr.sgl[0].length == 8));
+            got.push(wrs(&b, &batch));
+        }
+        ready.clear();
+        assert_eq!(got.iter().map(Vec::len).collect::<Vec<_>>(), [8, 8, 4]);
+        assert_eq!(got, want);
+        assert_eq!(b.w.write_epoch, 20, "each write moves the epoch, as planned ones do");
+    }
+
+    #[test]
+    fn ready_requests_wait_behind_nothing_and_go_back_in_order() {
+        let mut b = Bed::new("[worker]\nsend_queue_depth = 4");
+        let mut ready = ready_writes(&mut b, 3);
+        // The lane has room for one more; a read or another class may not join.
+        assert!(ready.admits(2, false, 0, &b.sq, &b.cfg));
+        assert!(!ready.admits(0, true, 0, &b.sq, &b.cfg), "another class");
+        assert!(!ready.admits(2, false, 1, &b.sq, &b.cfg), "something waits");
+        b.sq.posted.push(ReqId::from_raw(1 << 40));
+        assert!(!ready.admits(2, false, 0, &b.sq, &b.cfg), "the lane is full");
+        assert!(ready.fits(&b.sq, &b.cfg));
+        b.sq.posted.push(ReqId::from_raw(2 << 40));
+        assert!(!ready.fits(&b.sq, &b.cfg), "the room shrank since");
+        // A write queued behind them: they go back in front of it, in order.
+        b.queue(Write, 50, 8);
+        ready.demote(&mut b.w, &mut b.reqs);
+        assert!(ready.is_empty());
+        assert_eq!(b.w.len, 4);
+        let order: Vec<u64> = std::iter::from_fn(|| b.w.queues[2].pop(b.reqs.slab()))
+            .map(|id| b.reqs.get(id).unwrap().remote.addr)
+            .collect();
+        assert_eq!(order, [0, 1, 2, 50]);
     }
 
     #[test]

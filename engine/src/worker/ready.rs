@@ -1,0 +1,133 @@
+//! Requests planned as they are submitted. A request that finds its connection with nothing
+//! waiting and room on its one lane has its work request made at once, where its kind is
+//! known (no queue, no planning pass), and goes out first at the next flush, flagged as the
+//! scheduler's plan would flag it. If anything came to wait behind it meanwhile, or the lane's
+//! room shrank (the flat path posted), the ready requests go back to the front of their class
+//! and the scheduler plans them with the rest: the order and the batches are the plan's either
+//! way.
+
+use corelink_verbs::{Provider, SendOp, Sge};
+
+use super::cfg::WorkerCfg;
+use super::conn::{SendQueue, Waiting};
+use super::requests::{ReqId, Requests};
+
+/// One request's work request, made when it was submitted.
+#[derive(Clone, Copy)]
+pub(crate) struct Entry<P: Provider> {
+    pub(crate) id: ReqId,
+    pub(crate) op: SendOp<'static, P>,
+    pub(crate) sge: Sge,
+    /// It may go inline (a send or write within `max_inline`).
+    pub(crate) inline: bool,
+    /// A quiet send ([`super::Cx::send_quiet`]).
+    pub(crate) quiet: bool,
+    /// A read or an atomic.
+    pub(crate) rd_atomic: bool,
+}
+
+/// A connection's ready requests, in submission order, all of one class.
+pub(crate) struct Ready<P: Provider> {
+    entries: Vec<Entry<P>>,
+    /// The first not yet taken (`Ready::batch`).
+    next: usize,
+    /// Their class.
+    class: usize,
+    /// Reads and atomics among them.
+    rd_atomic: u32,
+}
+
+impl<P: Provider> Ready<P> {
+    /// Room for `max_outstanding` requests (a lane's worth: made now, so that joining never
+    /// allocates).
+    pub(crate) fn new(max_outstanding: u32) -> Self {
+        let entries = Vec::with_capacity(max_outstanding as usize);
+        Ready { entries, next: 0, class: 0, rd_atomic: 0 }
+    }
+
+    /// Requests in it.
+    #[inline(always)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len() - self.next
+    }
+
+    /// Whether it has none.
+    #[inline(always)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether a request of class `k` (a read or atomic if `rd_atomic`) may join, on a lane
+    /// whose send queue is `sq`, with `waiting` requests queued on the connection: nothing
+    /// waits, it is of their class, and the lane has room for it.
+    #[inline(always)]
+    pub(crate) fn admits(
+        &self,
+        k: usize,
+        rd_atomic: bool,
+        waiting: usize,
+        sq: &SendQueue,
+        cfg: &WorkerCfg,
+    ) -> bool {
+        let n = self.entries.len();
+        waiting == 0
+            && (n == 0 || self.class == k)
+            && n < self.entries.capacity()
+            && sq.outstanding() as usize + n < cfg.max_outstanding as usize
+            && (!rd_atomic || sq.rd_outstanding + self.rd_atomic < cfg.max_rd_atomic)
+    }
+
+    /// Adds `e`, of class `k` (which [`Ready::admits`] said may join).
+    #[inline(always)]
+    pub(crate) fn push(&mut self, k: usize, e: Entry<P>) {
+        debug_assert!(self.entries.len() < self.entries.capacity(), "admitted");
+        debug_assert_eq!(self.next, 0, "joined between flushes only");
+        self.class = k;
+        self.rd_atomic += u32::from(e.rd_atomic);
+        self.entries.push(e);
+    }
+
+    /// Whether they still go as they are on a lane whose send queue is `sq` (its room may have
+    /// shrunk since they joined).
+    #[inline(always)]
+    pub(crate) fn fits(&self, sq: &SendQueue, cfg: &WorkerCfg) -> bool {
+        sq.outstanding() as usize + self.len() <= cfg.max_outstanding as usize
+            && (self.rd_atomic == 0 || sq.rd_outstanding + self.rd_atomic <= cfg.max_rd_atomic)
+    }
+
+    /// The next `n` (at most), in order, to post as one batch: taken (see [`Ready::clear`]).
+    #[inline(always)]
+    pub(crate) fn batch(&mut self, n: usize) -> &[Entry<P>] {
+        let (from, to) = (self.next, self.entries.len().min(self.next + n));
+        self.next = to;
+        &self.entries[from..to]
+    }
+
+    /// Empties it once every request was taken (posted): the next to join starts afresh.
+    #[inline(always)]
+    pub(crate) fn clear(&mut self) {
+        debug_assert!(self.is_empty(), "all taken");
+        self.entries.clear();
+        self.next = 0;
+        self.rd_atomic = 0;
+    }
+
+    /// Puts them back at the front of their class's queue in `w`, in order (they came before
+    /// anything queued there): the scheduler plans them.
+    pub(crate) fn demote(&mut self, w: &mut Waiting, reqs: &mut Requests<P>) {
+        let k = self.class;
+        for e in self.entries[self.next..].iter().rev() {
+            w.queues[k].push_front(reqs.slab_mut(), e.id);
+            w.len += 1;
+        }
+        self.entries.clear();
+        self.next = 0;
+        self.rd_atomic = 0;
+    }
+}
+
+impl<P: Provider> std::fmt::Debug for Ready<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ready").field("len", &self.len()).field("class", &self.class).finish()
+    }
+}
