@@ -13,7 +13,6 @@ use super::conn::{SendQueue, Waiting};
 use super::requests::{ReqId, Requests};
 
 /// One request's work request, made when it was submitted.
-#[derive(Clone, Copy)]
 pub(crate) struct Entry<P: Provider> {
     pub(crate) id: ReqId,
     pub(crate) op: SendOp<'static, P>,
@@ -25,6 +24,14 @@ pub(crate) struct Entry<P: Provider> {
     /// A read or an atomic.
     pub(crate) rd_atomic: bool,
 }
+
+impl<P: Provider> Clone for Entry<P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<P: Provider> Copy for Entry<P> {}
 
 /// A connection's ready requests, in submission order, all of one class.
 pub(crate) struct Ready<P: Provider> {

@@ -200,6 +200,26 @@ fn flush_ready<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
         ready.demote(waiting, x.reqs);
         return false;
     }
+    if ready.len() == 1 {
+        // (the latency path: one request, posted as `flush_one` posts a lone waiting one)
+        let e = ready.batch(1)[0];
+        ready.clear();
+        if !matches!(e.op, SendOp::Read(_)) {
+            waiting.write_epoch = waiting.write_epoch.wrapping_add(1);
+        }
+        let mut flags = SendFlags::SIGNALED;
+        if e.inline {
+            flags |= SendFlags::INLINE;
+        }
+        let release = e.quiet && e.inline;
+        let rd_atomic = e.rd_atomic;
+        let mut one = Single { id: e.id, op: e.op, sge: e.sge, flags, rd_atomic, release };
+        one.quiet_unless_due(&lane.sq, x.cfg);
+        if !post_one(one, lane, x.reqs, x.metrics, x.outbox) {
+            c.note_error(WcStatus::GeneralErr);
+        }
+        return true;
+    }
     // (batches of `post_list`, as the scheduler would make them)
     while !ready.is_empty() {
         let mut batch = Batch::new(x.gather);
@@ -269,15 +289,7 @@ fn flush_one<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> Option<bool> {
         w.write_epoch = w.write_epoch.wrapping_add(1);
     }
     let mut wr = single(id, r, x.cfg);
-    // A quiet request posted inline asks for no completion unless one is due (or it fills the
-    // lane: a completion must come to make room again).
-    if wr.release
-        && !lane.sq.loud
-        && lane.sq.unsignalled + 1 < x.cfg.signal_every
-        && lane.sq.outstanding() + 1 < x.cfg.max_outstanding
-    {
-        wr.flags.remove(SendFlags::SIGNALED);
-    }
+    wr.quiet_unless_due(&lane.sq, x.cfg);
     w.queues[k].pop(x.reqs.slab());
     w.len = 0;
     // (aging: nothing waits any more)
@@ -595,6 +607,21 @@ pub(crate) struct Single<P: Provider> {
     rd_atomic: bool,
     /// A quiet send posted inline: its buffer goes back to the pool once posted.
     release: bool,
+}
+
+impl<P: Provider> Single<P> {
+    /// A quiet request posted inline asks for no completion unless one is due (or it fills
+    /// the lane `sq`: a completion must come to make room again).
+    #[inline(always)]
+    fn quiet_unless_due(&mut self, sq: &SendQueue, cfg: &WorkerCfg) {
+        if self.release
+            && !sq.loud
+            && sq.unsignalled + 1 < cfg.signal_every
+            && sq.outstanding() + 1 < cfg.max_outstanding
+        {
+            self.flags.remove(SendFlags::SIGNALED);
+        }
+    }
 }
 
 /// The work request of request `id` (record `r`) posted alone.
