@@ -221,7 +221,7 @@ impl<P: Provider> Requests<P> {
                 merge_epoch,
                 quiet,
             } = r;
-            let plain = *origin == Origin::Handler
+            let plain = matches!(origin, Origin::Handler)
                 && next.is_none()
                 && merge_epoch.is_none()
                 && !matches!(kind, OpKind::FetchAdd | OpKind::CompareSwap);

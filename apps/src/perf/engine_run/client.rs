@@ -5,7 +5,9 @@ use std::time::Instant;
 
 use corelink_engine::verbs::{Provider, RemoteRegion, WcStatus};
 use corelink_engine::{Buf, Memory};
-use corelink_engine::{CloseReason, ConnId, ConnInfo, Cx, Done, EngineError, Handler, Message, Op};
+use corelink_engine::{
+    CloseReason, Completions, ConnId, ConnInfo, Cx, Done, EngineError, Handler, Message, Op,
+};
 
 use super::{
     grant_memory, granted, hello, marker, region_byte, write_lat_polls, Event, Shared, SizeResult,
@@ -74,11 +76,22 @@ pub(super) struct ClientPart<P: Provider> {
 struct Steady {
     conn: ConnId,
     token: u64,
-    verb: Verb,
+    how: How,
     remote: corelink_engine::verbs::RemoteAddr,
-    flat: bool,
     /// Requests to post in all (lowered to those posted once a timed run's deadline passed).
     until: u64,
+}
+
+/// How a bandwidth test's steady state posts (its verb, flat or scheduled): one decision for
+/// each request to branch on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum How {
+    Write,
+    Send,
+    Read,
+    Atomic,
+    /// `--flat` (`Cx::post_now`) with this verb.
+    Flat(Verb),
 }
 
 /// The token of background writes (`--bg-writes`).
@@ -204,10 +217,16 @@ impl<P: Provider> ClientPart<P> {
                 if !o.test.is_lat()
                     && (o.test.verb() != Verb::Read || o.sched.hot_records == 0) =>
             {
-                let (verb, flat) = (o.test.verb(), o.sched.flat);
+                let how = match (o.sched.flat, o.test.verb()) {
+                    (true, verb) => How::Flat(verb),
+                    (false, Verb::Write) => How::Write,
+                    (false, Verb::Send) => How::Send,
+                    (false, Verb::Read) => How::Read,
+                    (false, Verb::Atomic) => How::Atomic,
+                };
                 // A timed run posts until `poll` sees its deadline pass.
                 let until = if o.duration.is_some() { u64::MAX } else { o.iters };
-                Some(Steady { conn, token: self.token(), verb, remote: rg.at(0), flat, until })
+                Some(Steady { conn, token: self.token(), how, remote: rg.at(0), until })
             }
             _ => None,
         };
@@ -334,25 +353,24 @@ impl<P: Provider> ClientPart<P> {
     fn reissue(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
         let Some(s) = &self.steady else { return };
         let (conn, remote, token) = (s.conn, s.remote, s.token);
-        let r = match (s.flat, s.verb, buf) {
-            (_, Verb::Write | Verb::Send | Verb::Read, None) => {
-                return self.fail(cx, "no buffer for the request".into())
-            }
-            (true, verb, buf) => {
+        let r = match (s.how, buf) {
+            // Scheduled: each verb's own call, so that the request's kind is known where its
+            // record is built (a runtime `Op` costs a match and a copy of it per request).
+            (How::Write, Some(buf)) => cx.write(conn, buf, remote, None, token),
+            (How::Send, Some(buf)) => cx.send(conn, buf, None, token),
+            (How::Read, Some(buf)) => cx.read(conn, buf, remote, token),
+            (How::Atomic, _) => cx.fetch_add(conn, remote, 1, token),
+            (How::Flat(verb), buf) => {
                 let op = match (verb, buf) {
                     (Verb::Write, Some(buf)) => Op::Write { buf, remote, imm: None },
                     (Verb::Send, Some(buf)) => Op::Send { buf, imm: None },
                     (Verb::Read, Some(buf)) => Op::Read { buf, remote },
-                    _ => Op::FetchAdd { remote, add: 1 },
+                    (Verb::Atomic, _) => Op::FetchAdd { remote, add: 1 },
+                    (_, None) => return self.fail(cx, "no buffer for the request".into()),
                 };
                 cx.post_now(conn, op, token)
             }
-            // Scheduled: each verb's own call, so that the request's kind is known where its
-            // record is built (a runtime `Op` costs a match and a copy of it per request).
-            (false, Verb::Write, Some(buf)) => cx.write(conn, buf, remote, None, token),
-            (false, Verb::Send, Some(buf)) => cx.send(conn, buf, None, token),
-            (false, Verb::Read, Some(buf)) => cx.read(conn, buf, remote, token),
-            (false, Verb::Atomic, _) => cx.fetch_add(conn, remote, 1, token),
+            (_, None) => return self.fail(cx, "no buffer for the request".into()),
         };
         match r {
             Ok(()) => self.posted += 1,
@@ -473,6 +491,51 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             return self.fail(cx, format!("an unexpected message (immediate {:?})", msg.imm));
         }
         self.lat_sample(cx, None);
+    }
+
+    /// A bandwidth test's steady state writes again in one loop over the batch (the loop
+    /// perftest runs); anything else goes to `on_completion` one by one.
+    fn on_completions(&mut self, cx: &mut Cx<P>, done: Completions<'_, P>) {
+        let steady = match self.steady {
+            Some(s) if s.how == How::Write && self.error.is_none() => s,
+            _ => {
+                for d in done {
+                    self.on_completion(cx, d);
+                }
+                return;
+            }
+        };
+        let mut done = done;
+        while let Some(d) = done.next() {
+            let again = d.token == steady.token
+                && d.status.is_success()
+                && self.posted < steady.until
+                && d.buf.is_some();
+            if !again {
+                self.on_completion(cx, d);
+                if self.steady.is_none() || self.error.is_some() {
+                    // (the size ended, or the run failed: the rest go the general way)
+                    for d in done {
+                        self.on_completion(cx, d);
+                    }
+                    return;
+                }
+                continue;
+            }
+            let Some(buf) = d.buf else { continue }; // (never: `again` saw it)
+            self.completed += 1;
+            match cx.write(steady.conn, buf, steady.remote, None, steady.token) {
+                Ok(()) => self.posted += 1,
+                Err((op, EngineError::QueueFull(_))) => self.retry.push(op_buf(op)),
+                Err((_, e)) => {
+                    self.fail(cx, format!("{} of {} B: {e}", self.opts.test.name(), self.size));
+                    for d in done {
+                        self.on_completion(cx, d);
+                    }
+                    return;
+                }
+            }
+        }
     }
 
     #[inline]
