@@ -121,7 +121,7 @@ pub use memory::{Grant, GrantId, Memory};
 pub use metrics::{thread_context_switches, ControlMetrics, Metrics, WorkerCounts, OPCODES};
 pub use pool::Buf;
 pub use request::{CloseReason, ConnId, ConnInfo, Done, Message, Op, OpKind};
-pub use worker::{Completions, Cx, Handler, Reconnect, Redial};
+pub use worker::{Completions, Cx, Handler, On, Reconnect, Redial};
 
 /// Internals that benchmarks and baselines measure directly (not part of the API): the SPSC
 /// ring between threads and the registered buffer pool.

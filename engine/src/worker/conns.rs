@@ -131,6 +131,15 @@ impl<P: Provider> Conns<P> {
         }
     }
 
+    /// The connection `id` as [`Conns::taking`] checks it, marked dirty (its requests are
+    /// about to be submitted: one that is then refused leaves a visit that finds nothing).
+    #[inline(always)]
+    pub(crate) fn taking_marked(&mut self, id: ConnId, stopping: bool) -> Result<&mut Conn<P>> {
+        self.taking(id, stopping)?;
+        self.mark(id.slot);
+        self.taking(id, stopping)
+    }
+
     /// The connection in `slot` (a completion's: its requests and receives keep it there).
     #[inline(always)]
     pub(crate) fn at_mut(&mut self, slot: u16) -> Option<&mut Conn<P>> {

@@ -11,6 +11,7 @@ use corelink_verbs::{AccessFlags, Provider, RemoteAddr, SendOp, Sge, WcStatus};
 
 use super::cfg::WorkerCfg;
 use super::conn::{Conn, Phase, Req};
+use super::on::On;
 use super::ready::Entry;
 use super::requests::{Carried, ReqId, Requests};
 use super::sched;
@@ -291,6 +292,75 @@ impl<P: Provider> Cx<P> {
         Ok(())
     }
 
+    /// Connection `conn`, checked once (it is there and open, and the worker is not stopping)
+    /// for a run of requests on it: a window posted at once, or posted again as its
+    /// completions come ([`Handler::on_completions`]). Each request through the [`On`] goes
+    /// as through this `Cx`'s call of the same name, without the checks made again.
+    ///
+    /// # Examples
+    ///
+    /// The connecting end sends a window of three messages on its new connection; the
+    /// accepting end counts them:
+    ///
+    /// ```
+    /// use corelink_engine::verbs::soft::Soft;
+    /// use corelink_engine::{ConnId, ConnInfo, Cx, Engine, Handler, Message, Placement};
+    /// use std::sync::mpsc::{channel, Sender};
+    ///
+    /// struct Window { addr: std::net::SocketAddr, asked: bool, got: Sender<Vec<u8>> }
+    ///
+    /// impl Handler<Soft> for Window {
+    ///     fn poll(&mut self, cx: &mut Cx<Soft>) {
+    ///         if !std::mem::replace(&mut self.asked, true) {
+    ///             cx.connect(self.addr, b"", 1).unwrap();
+    ///         }
+    ///     }
+    ///     fn on_connected(&mut self, cx: &mut Cx<Soft>, conn: ConnId, info: &ConnInfo) {
+    ///         if !info.initiated {
+    ///             return;
+    ///         }
+    ///         let bufs: Vec<_> = (0..3u8)
+    ///             .map(|i| {
+    ///                 let mut b = cx.alloc(1).unwrap();
+    ///                 b.fill(&[i]).unwrap();
+    ///                 b
+    ///             })
+    ///             .collect();
+    ///         let mut on = cx.on(conn).unwrap();
+    ///         for (token, buf) in bufs.into_iter().enumerate() {
+    ///             on.send(buf, None, token as u64).map_err(|(_, e)| e).unwrap();
+    ///         }
+    ///     }
+    ///     fn on_message(&mut self, _cx: &mut Cx<Soft>, _conn: ConnId, msg: &Message<'_>) {
+    ///         self.got.send(msg.data.to_vec()).unwrap();
+    ///     }
+    /// }
+    ///
+    /// let addr: std::net::SocketAddr = "10.98.0.9:7000".parse()?;
+    /// let map = corelink_config::parse(&format!(
+    ///     "provider = \"soft\"\ncontrol_core = 0\nworkers = [1]\nlisten = \"{addr}\""
+    /// ))?
+    /// .validate(&corelink_config::MachineTopology::load()?)?;
+    /// let (tx, rx) = channel();
+    /// let engine = Engine::<Soft>::start(&map, Placement::RoundRobin, move |_| Window {
+    ///     addr,
+    ///     asked: false,
+    ///     got: tx.clone(),
+    /// })?;
+    /// for i in 0..3u8 {
+    ///     assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(30))?, [i], "in order");
+    /// }
+    /// engine.shutdown()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// [`Handler::on_completions`]: super::Handler::on_completions
+    pub fn on(&mut self, conn: ConnId) -> Result<On<'_, P>> {
+        let Cx { conns, reqs, pool, cfg, stopping, .. } = self;
+        let c = conns.taking_marked(conn, *stopping)?;
+        Ok(On::new(conn, c, reqs, pool, cfg))
+    }
+
     /// Checks `conn` and makes `op` a request of the handler; returns its id.
     #[inline(always)]
     pub(crate) fn accept(
@@ -324,131 +394,9 @@ impl<P: Provider> Cx<P> {
             Ok(c) => c,
             Err(e) => return Err((op, ext, e)),
         };
-        if let (Op::Send { buf, .. }, Some(max)) = (&op, c.info.peer_recv_size) {
-            if buf.len() > max as usize {
-                let len = buf.len();
-                return Err((op, ext, EngineError::MessageTooLarge { conn, len, max }));
-            }
-        }
-        // Its class's queue, or (nothing waiting, room on the connection's one lane) made a
-        // work request at once, here where its kind is known (`worker/ready.rs`): `ready`.
-        let k = class.map(|k| if cfg.priorities { usize::from(k).min(CLASSES - 1) } else { 0 });
-        let ready = match (k, c.lanes.as_slice()) {
-            (Some(k), [lane]) => {
-                let kind = op.kind();
-                // (reads that may merge and writes that may coalesce are the plan's to make)
-                let merges = kind == OpKind::Read && cfg.merge_reads;
-                let coalesces = cfg.coalesce_writes && matches!(op, Op::Write { imm: None, .. });
-                !merges
-                    && !coalesces
-                    && c.ready.admits(k, kind.is_rd_atomic(), c.waiting.len, &lane.sq, cfg)
-            }
-            _ => false,
-        };
-        let inline = |buf: &Buf<P>| buf.len() <= cfg.max_inline as usize;
-        // Each arm has its record built straight into its slot (never copied). Atomics get an
-        // 8-byte buffer for the old value (taken in their own arms, so that other requests
-        // carry no buffer to drop); a request moves its buffer's bytes.
-        let req = |kind, buf: Buf<P>, remote, imm, arg, swap| Req {
-            conn,
-            lane: 0,
-            kind,
-            len: buf.len() as u32,
-            buf: Some(buf),
-            remote,
-            imm,
-            arg,
-            swap,
-            token,
-            origin,
-            next: None,
-            merge_epoch: None,
-            quiet,
-        };
-        let (stored, wire) = match op {
-            Op::Write { buf, remote, imm } => {
-                let op = imm.map_or(SendOp::Write(remote), |imm| SendOp::WriteWithImm(remote, imm));
-                let wire = ready.then(|| (op, buf.sge(false), inline(&buf)));
-                let stored = store(
-                    reqs,
-                    ext,
-                    (buf, remote, imm),
-                    |(buf, remote, imm)| req(OpKind::Write, buf, remote, imm, 0, 0),
-                    |(buf, remote, imm)| Op::Write { buf, remote, imm },
-                );
-                (stored, wire)
-            }
-            Op::Send { buf, imm } => {
-                let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
-                let wire = ready.then(|| (op, buf.sge(false), inline(&buf)));
-                let stored = store(
-                    reqs,
-                    ext,
-                    (buf, imm),
-                    |(buf, imm)| req(OpKind::Send, buf, RemoteAddr::default(), imm, 0, 0),
-                    |(buf, imm)| Op::Send { buf, imm },
-                );
-                (stored, wire)
-            }
-            Op::Read { buf, remote } => {
-                let wire = ready.then(|| (SendOp::Read(remote), buf.sge(false), false));
-                let stored = store(
-                    reqs,
-                    ext,
-                    (buf, remote),
-                    |(buf, remote)| req(OpKind::Read, buf, remote, None, 0, 0),
-                    |(buf, remote)| Op::Read { buf, remote },
-                );
-                (stored, wire)
-            }
-            Op::FetchAdd { remote, add } => match pool.get(8) {
-                Ok(b) => {
-                    let op = SendOp::FetchAdd { remote, add };
-                    let wire = ready.then(|| (op, Sge { length: 8, ..b.sge(true) }, false));
-                    let stored = store(
-                        reqs,
-                        ext,
-                        b,
-                        |b| req(OpKind::FetchAdd, b, remote, None, add, 0),
-                        |_| Op::FetchAdd { remote, add },
-                    );
-                    (stored, wire)
-                }
-                Err(e) => return Err((Op::FetchAdd { remote, add }, ext, e)),
-            },
-            Op::CompareSwap { remote, compare, swap } => match pool.get(8) {
-                Ok(b) => {
-                    let op = SendOp::CompareSwap { remote, compare, swap };
-                    let wire = ready.then(|| (op, Sge { length: 8, ..b.sge(true) }, false));
-                    let stored = store(
-                        reqs,
-                        ext,
-                        b,
-                        |b| req(OpKind::CompareSwap, b, remote, None, compare, swap),
-                        |_| Op::CompareSwap { remote, compare, swap },
-                    );
-                    (stored, wire)
-                }
-                Err(e) => return Err((Op::CompareSwap { remote, compare, swap }, ext, e)),
-            },
-        };
-        let id = stored?;
-        let Some(k) = k else { return Ok(id) };
-        if let Some((op, sge, inline)) = wire {
-            let rd_atomic = matches!(
-                op,
-                SendOp::Read(_) | SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. }
-            );
-            c.ready.push(k, Entry { id, op, sge, inline, quiet, rd_atomic });
-            if c.ready.len() == 1 {
-                conns.mark(conn.slot);
-            }
-        } else {
-            c.waiting.queues[k].push(reqs.slab_mut(), id);
-            c.waiting.len += 1;
-            if c.waiting.len == 1 {
-                conns.mark(conn.slot);
-            }
+        let (id, first) = admit(c, reqs, pool, cfg, conn, op, token, origin, ext, class, quiet)?;
+        if first {
+            conns.mark(conn.slot);
         }
         Ok(id)
     }
@@ -864,6 +812,147 @@ impl<P: Provider> Cx<P> {
 
     pub(crate) fn tell_control(&mut self, m: ToControl<P>) {
         self.outbox.tell_control(m);
+    }
+}
+
+/// Makes `op` a request on connection `c` (id `conn`, open and taking requests), with an
+/// external client's vector `ext`, queued in `class` if one is given, or made ready
+/// (`worker/ready.rs`); returns its id and whether it is the first the connection has to post
+/// (the connection is then to be marked dirty), or everything back with why.
+#[allow(clippy::result_large_err, clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn admit<P: Provider, E: Carried>(
+    c: &mut Conn<P>,
+    reqs: &mut Requests<P>,
+    pool: &Pool<P>,
+    cfg: &WorkerCfg,
+    conn: ConnId,
+    op: Op<Buf<P>>,
+    token: u64,
+    origin: Origin,
+    ext: E,
+    class: Option<u8>,
+    quiet: bool,
+) -> Result<(ReqId, bool), Refusal<P, E>> {
+    if let (Op::Send { buf, .. }, Some(max)) = (&op, c.info.peer_recv_size) {
+        if buf.len() > max as usize {
+            let len = buf.len();
+            return Err((op, ext, EngineError::MessageTooLarge { conn, len, max }));
+        }
+    }
+    // Its class's queue, or (nothing waiting, room on the connection's one lane) made a
+    // work request at once, here where its kind is known (`worker/ready.rs`): `ready`.
+    let k = class.map(|k| if cfg.priorities { usize::from(k).min(CLASSES - 1) } else { 0 });
+    let ready = match (k, c.lanes.as_slice()) {
+        (Some(k), [lane]) => {
+            let kind = op.kind();
+            // (reads that may merge and writes that may coalesce are the plan's to make)
+            let merges = kind == OpKind::Read && cfg.merge_reads;
+            let coalesces = cfg.coalesce_writes && matches!(op, Op::Write { imm: None, .. });
+            !merges
+                && !coalesces
+                && c.ready.admits(k, kind.is_rd_atomic(), c.waiting.len, &lane.sq, cfg)
+        }
+        _ => false,
+    };
+    let inline = |buf: &Buf<P>| buf.len() <= cfg.max_inline as usize;
+    // Each arm has its record built straight into its slot (never copied). Atomics get an
+    // 8-byte buffer for the old value (taken in their own arms, so that other requests
+    // carry no buffer to drop); a request moves its buffer's bytes.
+    let req = |kind, buf: Buf<P>, remote, imm, arg, swap| Req {
+        conn,
+        lane: 0,
+        kind,
+        len: buf.len() as u32,
+        buf: Some(buf),
+        remote,
+        imm,
+        arg,
+        swap,
+        token,
+        origin,
+        next: None,
+        merge_epoch: None,
+        quiet,
+    };
+    let (stored, wire) = match op {
+        Op::Write { buf, remote, imm } => {
+            let op = imm.map_or(SendOp::Write(remote), |imm| SendOp::WriteWithImm(remote, imm));
+            let wire = ready.then(|| (op, buf.sge(false), inline(&buf)));
+            let stored = store(
+                reqs,
+                ext,
+                (buf, remote, imm),
+                |(buf, remote, imm)| req(OpKind::Write, buf, remote, imm, 0, 0),
+                |(buf, remote, imm)| Op::Write { buf, remote, imm },
+            );
+            (stored, wire)
+        }
+        Op::Send { buf, imm } => {
+            let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
+            let wire = ready.then(|| (op, buf.sge(false), inline(&buf)));
+            let stored = store(
+                reqs,
+                ext,
+                (buf, imm),
+                |(buf, imm)| req(OpKind::Send, buf, RemoteAddr::default(), imm, 0, 0),
+                |(buf, imm)| Op::Send { buf, imm },
+            );
+            (stored, wire)
+        }
+        Op::Read { buf, remote } => {
+            let wire = ready.then(|| (SendOp::Read(remote), buf.sge(false), false));
+            let stored = store(
+                reqs,
+                ext,
+                (buf, remote),
+                |(buf, remote)| req(OpKind::Read, buf, remote, None, 0, 0),
+                |(buf, remote)| Op::Read { buf, remote },
+            );
+            (stored, wire)
+        }
+        Op::FetchAdd { remote, add } => match pool.get(8) {
+            Ok(b) => {
+                let op = SendOp::FetchAdd { remote, add };
+                let wire = ready.then(|| (op, Sge { length: 8, ..b.sge(true) }, false));
+                let stored = store(
+                    reqs,
+                    ext,
+                    b,
+                    |b| req(OpKind::FetchAdd, b, remote, None, add, 0),
+                    |_| Op::FetchAdd { remote, add },
+                );
+                (stored, wire)
+            }
+            Err(e) => return Err((Op::FetchAdd { remote, add }, ext, e)),
+        },
+        Op::CompareSwap { remote, compare, swap } => match pool.get(8) {
+            Ok(b) => {
+                let op = SendOp::CompareSwap { remote, compare, swap };
+                let wire = ready.then(|| (op, Sge { length: 8, ..b.sge(true) }, false));
+                let stored = store(
+                    reqs,
+                    ext,
+                    b,
+                    |b| req(OpKind::CompareSwap, b, remote, None, compare, swap),
+                    |_| Op::CompareSwap { remote, compare, swap },
+                );
+                (stored, wire)
+            }
+            Err(e) => return Err((Op::CompareSwap { remote, compare, swap }, ext, e)),
+        },
+    };
+    let id = stored?;
+    let Some(k) = k else { return Ok((id, false)) };
+    if let Some((op, sge, inline)) = wire {
+        let rd_atomic =
+            matches!(op, SendOp::Read(_) | SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. });
+        c.ready.push(k, Entry { id, op, sge, inline, quiet, rd_atomic });
+        Ok((id, c.ready.len() == 1))
+    } else {
+        c.waiting.queues[k].push(reqs.slab_mut(), id);
+        c.waiting.len += 1;
+        Ok((id, c.waiting.len == 1))
     }
 }
 

@@ -15,6 +15,7 @@ mod ids;
 mod intake;
 mod keepalive;
 mod notice;
+mod on;
 mod outbox;
 mod primes;
 mod ready;
@@ -34,6 +35,7 @@ pub use completions::Completions;
 pub use cx::Cx;
 pub(crate) use ids::{RecvId, WrId};
 pub(crate) use notice::Notice;
+pub use on::On;
 pub use redial::{Reconnect, Redial};
 
 use arrayvec::ArrayVec;

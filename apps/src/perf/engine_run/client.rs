@@ -506,25 +506,33 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             }
         };
         let mut done = done;
+        // (the connection, checked once for the batch: `Cx::on`)
+        let mut on = match cx.on(steady.conn) {
+            Ok(on) => on,
+            Err(e) => {
+                self.fail(cx, format!("{} of {} B: {e}", self.opts.test.name(), self.size));
+                for d in done {
+                    self.on_completion(cx, d);
+                }
+                return;
+            }
+        };
         while let Some(d) = done.next() {
             let again = d.token == steady.token
                 && d.status.is_success()
                 && self.posted < steady.until
                 && d.buf.is_some();
             if !again {
+                // (the size ended, or another request: the rest go the general way)
                 self.on_completion(cx, d);
-                if self.steady.is_none() || self.error.is_some() {
-                    // (the size ended, or the run failed: the rest go the general way)
-                    for d in done {
-                        self.on_completion(cx, d);
-                    }
-                    return;
+                for d in done {
+                    self.on_completion(cx, d);
                 }
-                continue;
+                return;
             }
             let Some(buf) = d.buf else { continue }; // (never: `again` saw it)
             self.completed += 1;
-            match cx.write(steady.conn, buf, steady.remote, None, steady.token) {
+            match on.write(buf, steady.remote, None, steady.token) {
                 Ok(()) => self.posted += 1,
                 Err((op, EngineError::QueueFull(_))) => self.retry.push(op_buf(op)),
                 Err((_, e)) => {
