@@ -21,7 +21,7 @@ use super::conns::Conns;
 use super::ids::WrId;
 use super::notice::Notice;
 use super::outbox::Outbox;
-use super::ready::Ready;
+use super::ready::Entry;
 use super::requests::{ReqId, Requests};
 use crate::metrics::Metrics;
 use crate::pool::Pool;
@@ -222,9 +222,13 @@ fn flush_ready<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
     }
     // (batches of `post_list`, as the scheduler would make them)
     while !ready.is_empty() {
+        let follows = ready.len() > x.cfg.post_list;
+        let entries = ready.batch(x.cfg.post_list);
         let mut batch = Batch::new(x.gather);
-        plan_ready(ready, waiting, &lane.sq, x.cfg, &mut batch);
-        if post(&batch, lane, x.reqs, x.metrics, x.outbox) < batch.len() {
+        plan_ready(entries, follows, waiting, &lane.sq, x.cfg, &mut batch);
+        let short = post(&batch, lane, x.reqs, x.metrics, x.outbox) < batch.len();
+        drop(batch); // (it borrows the entries)
+        if short {
             // (the connection closes: what is left is failed with the waiting requests)
             ready.demote(waiting, x.reqs);
             c.note_error(WcStatus::GeneralErr);
@@ -235,35 +239,33 @@ fn flush_ready<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
     true
 }
 
-/// Plans the next batch of ready requests `ready` (into `b`, taking them) for a lane whose
-/// send queue is `sq`, as [`plan`] would plan them were they waiting alone: at most
-/// `post_list`, flagged the same (signalled one in `signal_every`, and at the end of the last
-/// batch). Touches no device.
+/// Plans a batch of ready requests, `entries` (at most `post_list`, taken from the
+/// connection's [`Ready`]; more follow on this lane at once if `follows`), into `b` for a lane
+/// whose send queue is `sq`, as [`plan`] would plan them were they waiting alone: flagged the
+/// same (signalled one in `signal_every`, and at the end of the last batch). Each work
+/// request's gather list is its entry's. Touches no device.
 #[inline(always)]
-pub(crate) fn plan_ready<P: Provider>(
-    ready: &mut Ready<P>,
+pub(crate) fn plan_ready<'s, P: Provider>(
+    entries: &'s [Entry<P>],
+    follows: bool,
     w: &mut Waiting,
     sq: &SendQueue,
     cfg: &WorkerCfg,
-    b: &mut Batch<'_, P>,
+    b: &mut Batch<'s, P>,
 ) {
     debug_assert!(b.is_empty(), "a batch is planned once");
     b.unsignalled_after = sq.unsignalled;
     b.loud = sq.loud;
     let mut rd = sq.rd_outstanding;
-    for e in ready.batch(cfg.post_list) {
+    for e in entries {
         rd += u32::from(e.rd_atomic);
         if !matches!(e.op, SendOp::Read(_)) {
             w.write_epoch = w.write_epoch.wrapping_add(1);
         }
-        let free = std::mem::take(&mut b.free);
-        let (sgl, rest) = free.split_at_mut(1);
-        sgl[0] = e.sge;
-        b.free = rest;
+        let sgl = std::slice::from_ref(&e.sge);
         add(b, e.id, e.op, sgl, e.inline, e.quiet, e.rd_atomic, rd, cfg);
     }
     // (room for what follows was checked: `Ready::fits`)
-    let follows = b.wrs.len() == cfg.post_list && !ready.is_empty();
     finish(b, sq, cfg, follows);
 }
 
@@ -965,15 +967,15 @@ mod tests {
     }
 
     /// `n` writes of 8 bytes made ready (as `Cx` makes them), in class 2.
-    fn ready_writes(b: &mut Bed, n: u64) -> Ready<Soft> {
-        let mut ready = Ready::new(b.cfg.max_outstanding);
+    fn ready_writes(b: &mut Bed, n: u64) -> crate::worker::ready::Ready<Soft> {
+        let mut ready = crate::worker::ready::Ready::new(b.cfg.max_outstanding);
         for a in 0..n {
             assert!(ready.admits(2, false, b.w.len, &b.sq, &b.cfg), "write {a} is admitted");
             let id = b.queue(Write, a, 8);
             b.w.queues[2].pop(b.reqs.slab());
             b.w.len -= 1;
             let r = b.reqs.get(id).unwrap();
-            let e = crate::worker::ready::Entry {
+            let e = Entry {
                 id,
                 op: send_op(r),
                 sge: sge_of(r),
@@ -1016,7 +1018,8 @@ mod tests {
         while !ready.is_empty() {
             let mut space = GatherSpace::new();
             let mut batch = Batch::new(&mut space);
-            plan_ready(&mut ready, &mut b.w, &b.sq, &b.cfg, &mut batch);
+            let follows = ready.len() > b.cfg.post_list;
+            plan_ready(ready.batch(b.cfg.post_list), follows, &mut b.w, &b.sq, &b.cfg, &mut batch);
             assert!(batch.wrs.iter().all(|wr| wr.sgl.len() == 1 && wr.sgl[0].length == 8));
             got.push(wrs(&b, &batch));
         }
