@@ -27,6 +27,8 @@ pub(crate) struct WorkerCfg {
     pub(crate) aging_rounds: u32,
     /// Default class by `OpKind::index`.
     pub(crate) classes: [u8; 5],
+    /// The queue a request of each kind's default class waits in (`WorkerCfg::queue`).
+    pub(crate) queues: [usize; 5],
     /// Work requests per QP on the device at most (at most its send-queue depth).
     pub(crate) max_outstanding: u32,
     pub(crate) max_rd_atomic: u32,
@@ -40,7 +42,24 @@ pub(crate) struct WorkerCfg {
     pub(crate) peer_grace: Duration,
 }
 
+/// The queue a request of class `class` waits in: its class's with `priorities`, else the
+/// one queue of arrival order.
+#[inline(always)]
+fn queue(priorities: bool, class: u8) -> usize {
+    if priorities {
+        usize::from(class).min(crate::tunables::CLASSES - 1)
+    } else {
+        0
+    }
+}
+
 impl WorkerCfg {
+    /// The queue a request of class `class` waits in.
+    #[inline(always)]
+    pub(crate) fn queue(&self, class: u8) -> usize {
+        queue(self.priorities, class)
+    }
+
     /// The scheduling part of a worker's settings, from the core map.
     pub(crate) fn from_map(w: &corelink_config::WorkerResources, poll_budget: usize) -> WorkerCfg {
         let s = &w.scheduler;
@@ -50,6 +69,9 @@ impl WorkerCfg {
         for (lanes, n) in recvs_per_lane.iter_mut().enumerate() {
             *n = w.recvs_per_lane(lanes as u32);
         }
+        // OpKind::index order: send, write, read, fetch-and-add, compare-and-swap.
+        let classes = [c.send, c.write, c.read, c.atomic, c.atomic]
+            .map(|k| k.min(crate::tunables::CLASSES as u8 - 1));
         WorkerCfg {
             poll_budget,
             max_inline: w.max_inline,
@@ -63,9 +85,8 @@ impl WorkerCfg {
             signal_every: w.batching.signal_every.max(1),
             priorities: s.priorities,
             aging_rounds: s.aging_rounds.max(1),
-            // OpKind::index order: send, write, read, fetch-and-add, compare-and-swap.
-            classes: [c.send, c.write, c.read, c.atomic, c.atomic]
-                .map(|k| k.min(crate::tunables::CLASSES as u8 - 1)),
+            classes,
+            queues: classes.map(|k| queue(s.priorities, k)),
             max_outstanding: max_outstanding.max(1),
             max_rd_atomic: s.max_rd_atomic.max(1),
             merge_reads: s.merge_reads,

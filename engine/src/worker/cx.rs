@@ -394,7 +394,8 @@ impl<P: Provider> Cx<P> {
             Ok(c) => c,
             Err(e) => return Err((op, ext, e)),
         };
-        let (id, first) = admit(c, reqs, pool, cfg, conn, op, token, origin, ext, class, quiet)?;
+        let queue = class.map(|class| cfg.queue(class));
+        let (id, first) = admit(c, reqs, pool, cfg, conn, op, token, origin, ext, queue, quiet)?;
         if first {
             conns.mark(conn.slot);
         }
@@ -816,7 +817,8 @@ impl<P: Provider> Cx<P> {
 }
 
 /// Makes `op` a request on connection `c` (id `conn`, open and taking requests), with an
-/// external client's vector `ext`, queued in `class` if one is given, or made ready
+/// external client's vector `ext`, queued in queue `queue` (a class's, [`WorkerCfg::queue`])
+/// if one is given, or made ready
 /// (`worker/ready.rs`); returns its id and whether it is the first the connection has to post
 /// (the connection is then to be marked dirty), or everything back with why.
 #[allow(clippy::result_large_err, clippy::too_many_arguments)]
@@ -831,7 +833,7 @@ pub(crate) fn admit<P: Provider, E: Carried>(
     token: u64,
     origin: Origin,
     ext: E,
-    class: Option<u8>,
+    queue: Option<usize>,
     quiet: bool,
 ) -> Result<(ReqId, bool), Refusal<P, E>> {
     if let (Op::Send { buf, .. }, Some(max)) = (&op, c.info.peer_recv_size) {
@@ -842,7 +844,7 @@ pub(crate) fn admit<P: Provider, E: Carried>(
     }
     // Its class's queue, or (nothing waiting, room on the connection's one lane) made a
     // work request at once, here where its kind is known (`worker/ready.rs`): `ready`.
-    let k = class.map(|k| if cfg.priorities { usize::from(k).min(CLASSES - 1) } else { 0 });
+    let k = queue;
     let ready = match (k, c.lanes.as_slice()) {
         (Some(k), [lane]) => {
             let kind = op.kind();

@@ -58,8 +58,17 @@ impl<'a, P: Provider> On<'a, P> {
     /// Queues a request in its kind's class, as [`Cx::submit`](super::Cx::submit).
     #[inline(always)]
     pub fn submit(&mut self, op: Op<Buf<P>>, token: u64) -> Result<(), Refused<P>> {
-        let class = self.cfg.classes[op.kind().index()];
-        self.submit_as(op, token, class)
+        let queue = self.cfg.queues[op.kind().index()];
+        self.admit(op, token, queue)
+    }
+
+    #[inline(always)]
+    fn admit(&mut self, op: Op<Buf<P>>, token: u64, queue: usize) -> Result<(), Refused<P>> {
+        let On { conn, c, reqs, pool, cfg } = self;
+        let origin = Origin::Handler;
+        admit(c, reqs, pool, cfg, *conn, op, token, origin, (), Some(queue), false)
+            .map(|_| ())
+            .map_err(|(op, (), e)| (op, e))
     }
 
     /// Queues a request in class `class`, as [`Cx::submit_as`](super::Cx::submit_as).
@@ -68,11 +77,8 @@ impl<'a, P: Provider> On<'a, P> {
         if usize::from(class) >= CLASSES {
             return Err((op, EngineError::NoSuchClass { class, classes: CLASSES }));
         }
-        let On { conn, c, reqs, pool, cfg } = self;
-        let origin = Origin::Handler;
-        admit(c, reqs, pool, cfg, *conn, op, token, origin, (), Some(class), false)
-            .map(|_| ())
-            .map_err(|(op, (), e)| (op, e))
+        let queue = self.cfg.queue(class);
+        self.admit(op, token, queue)
     }
 
     /// Writes `buf`'s bytes to `remote`, as [`Cx::write`](super::Cx::write).
