@@ -343,6 +343,8 @@ pub(crate) struct Batch<'s, P: Provider> {
     /// Bit `i`: work request `i` is a quiet send posted inline, whose buffer goes back to the
     /// pool once posted.
     release: u32,
+    /// Work requests that ask for a completion.
+    signalled: u64,
     /// The lane's unsignalled count once the batch is on the device.
     unsignalled_after: u32,
     /// Whether a loud (not quiet) request is among those unsignalled, once the batch is on
@@ -359,6 +361,7 @@ impl<'s, P: Provider> Batch<'s, P> {
             free: &mut space.0[..],
             rd_atomic: 0,
             release: 0,
+            signalled: 0,
             unsignalled_after: 0,
             loud: false,
         }
@@ -430,6 +433,7 @@ fn finish<P: Provider>(b: &mut Batch<'_, P>, sq: &SendQueue, cfg: &WorkerCfg, fo
     if let (Some(last), false, false) = (b.wrs.last_mut(), follows, quiet_tail) {
         if !last.flags.contains(SendFlags::SIGNALED) {
             last.flags |= SendFlags::SIGNALED;
+            b.signalled += 1;
             unsignalled = 0;
             b.loud = false;
         }
@@ -460,6 +464,7 @@ fn add<'s, P: Provider>(
     b.unsignalled_after += 1;
     if b.unsignalled_after >= cfg.signal_every || (rd_atomic && rd >= cfg.max_rd_atomic) {
         flags |= SendFlags::SIGNALED;
+        b.signalled += 1;
         b.unsignalled_after = 0;
         b.loud = false;
     } else if !quiet || !inline {
@@ -701,18 +706,26 @@ pub(crate) fn post<P: Provider>(
         Err(VerbsError::PostSend { index, .. }) => index,
         Err(_) => 0,
     };
-    let mut signalled = 0;
-    for (i, wr) in batch.wrs[..k].iter().enumerate() {
-        let id = WrId::req_of(wr.wr_id);
-        if !lane.sq.posted.push(id) {
+    for wr in &batch.wrs[..k] {
+        if !lane.sq.posted.push(WrId::req_of(wr.wr_id)) {
             metrics.invariant_misses += 1; // (never: a batch fits the lane's room)
         }
-        lane.sq.rd_outstanding += (batch.rd_atomic >> i) & 1;
-        signalled += u64::from(wr.flags.contains(SendFlags::SIGNALED));
-        if (batch.release >> i) & 1 == 1 {
-            release(reqs, id);
-        }
     }
+    // (the per-request bits of those taken, counted or acted on once for the batch)
+    let taken = u32::MAX.checked_shr(32 - k as u32).unwrap_or(0);
+    lane.sq.rd_outstanding += (batch.rd_atomic & taken).count_ones();
+    let mut release_bits = batch.release & taken;
+    while release_bits != 0 {
+        let i = release_bits.trailing_zeros() as usize;
+        release_bits &= release_bits - 1;
+        release(reqs, WrId::req_of(batch.wrs[i].wr_id));
+    }
+    let signalled = if k == batch.wrs.len() {
+        batch.signalled
+    } else {
+        let asked = |wr: &&SendWr<'_, P>| wr.flags.contains(SendFlags::SIGNALED);
+        batch.wrs[..k].iter().filter(asked).count() as u64
+    };
     lane.sq.unsignalled = batch.unsignalled_after;
     lane.sq.loud = batch.loud;
     metrics.posted += k as u64;
