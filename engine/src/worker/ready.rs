@@ -33,13 +33,14 @@ impl<P: Provider> Clone for Entry<P> {
 
 impl<P: Provider> Copy for Entry<P> {}
 
-/// A connection's ready requests, in submission order, all of one class.
+/// A connection's ready requests, in submission order, all of one queue (their class's, or
+/// the one queue of arrival order without priorities: [`WorkerCfg::queue`]).
 pub(crate) struct Ready<P: Provider> {
     entries: Vec<Entry<P>>,
     /// The first not yet taken (`Ready::batch`).
     next: usize,
-    /// Their class.
-    class: usize,
+    /// Their queue.
+    queue: usize,
     /// Reads and atomics among them.
     rd_atomic: u32,
 }
@@ -49,7 +50,7 @@ impl<P: Provider> Ready<P> {
     /// allocates).
     pub(crate) fn new(max_outstanding: u32) -> Self {
         let entries = Vec::with_capacity(max_outstanding as usize);
-        Ready { entries, next: 0, class: 0, rd_atomic: 0 }
+        Ready { entries, next: 0, queue: 0, rd_atomic: 0 }
     }
 
     /// Requests in it.
@@ -64,9 +65,9 @@ impl<P: Provider> Ready<P> {
         self.len() == 0
     }
 
-    /// Whether a request of class `k` (a read or atomic if `rd_atomic`) may join, on a lane
+    /// Whether a request of queue `k` (a read or atomic if `rd_atomic`) may join, on a lane
     /// whose send queue is `sq`, with `waiting` requests queued on the connection: nothing
-    /// waits, it is of their class, and the lane has room for it.
+    /// waits, it is of their queue, and the lane has room for it.
     #[inline(always)]
     pub(crate) fn admits(
         &self,
@@ -78,18 +79,18 @@ impl<P: Provider> Ready<P> {
     ) -> bool {
         let n = self.entries.len();
         waiting == 0
-            && (n == 0 || self.class == k)
+            && (n == 0 || self.queue == k)
             && n < self.entries.capacity()
             && sq.outstanding() as usize + n < cfg.max_outstanding as usize
             && (!rd_atomic || sq.rd_outstanding + self.rd_atomic < cfg.max_rd_atomic)
     }
 
-    /// Adds `e`, of class `k` (which [`Ready::admits`] said may join).
+    /// Adds `e`, of queue `k` (which [`Ready::admits`] said may join).
     #[inline(always)]
     pub(crate) fn push(&mut self, k: usize, e: Entry<P>) {
         debug_assert!(self.entries.len() < self.entries.capacity(), "admitted");
         debug_assert_eq!(self.next, 0, "joined between flushes only");
-        self.class = k;
+        self.queue = k;
         self.rd_atomic += u32::from(e.rd_atomic);
         self.entries.push(e);
     }
@@ -119,10 +120,10 @@ impl<P: Provider> Ready<P> {
         self.rd_atomic = 0;
     }
 
-    /// Puts them back at the front of their class's queue in `w`, in order (they came before
-    /// anything queued there): the scheduler plans them.
+    /// Puts them back at the front of their queue in `w`, in order (they came before anything
+    /// queued there): the scheduler plans them.
     pub(crate) fn demote(&mut self, w: &mut Waiting, reqs: &mut Requests<P>) {
-        let k = self.class;
+        let k = self.queue;
         for e in self.entries[self.next..].iter().rev() {
             w.queues[k].push_front(reqs.slab_mut(), e.id);
             w.len += 1;
@@ -135,6 +136,6 @@ impl<P: Provider> Ready<P> {
 
 impl<P: Provider> std::fmt::Debug for Ready<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ready").field("len", &self.len()).field("class", &self.class).finish()
+        f.debug_struct("Ready").field("len", &self.len()).field("queue", &self.queue).finish()
     }
 }
