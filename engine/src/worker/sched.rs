@@ -76,7 +76,9 @@ pub(crate) fn flush<P: Provider>(
             if !c.ready.is_empty() {
                 posted_any |= flush_ready(c, &mut x);
             }
-            posted_any |= flush_conn(c, &mut x);
+            if c.waiting.len > 0 {
+                posted_any |= flush_conn(c, &mut x);
+            }
         }
         // (a failed post closes it)
         c.phase == Phase::Closing || c.has_waiting()
@@ -201,21 +203,24 @@ fn flush_ready<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
         return false;
     }
     if ready.len() == 1 {
-        // (the latency path: one request, posted as `flush_one` posts a lone waiting one)
-        let e = ready.batch(1)[0];
-        ready.clear();
-        if !matches!(e.op, SendOp::Read(_)) {
-            waiting.write_epoch = waiting.write_epoch.wrapping_add(1);
-        }
+        // (the latency path: one request, posted as `flush_one` posts a lone waiting one,
+        // its work request made once from its entry)
+        let e = &ready.batch(1)[0];
         let mut flags = SendFlags::SIGNALED;
         if e.inline {
             flags |= SendFlags::INLINE;
         }
         let release = e.quiet && e.inline;
-        let rd_atomic = e.rd_atomic;
-        let mut one = Single { id: e.id, op: e.op, sge: e.sge, flags, rd_atomic, release };
-        one.quiet_unless_due(&lane.sq, x.cfg);
-        if !post_one(one, lane, x.reqs, x.metrics, x.outbox) {
+        flags = quiet_unless_due(flags, release, &lane.sq, x.cfg);
+        let sgl = std::slice::from_ref(&e.sge);
+        let wr = SendWr { wr_id: WrId::Req(e.id).encode(), op: e.op, sgl, flags, ud: None };
+        let (id, rd_atomic, read) = (e.id, e.rd_atomic, matches!(e.op, SendOp::Read(_)));
+        let posted = post_wr(&wr, id, rd_atomic, release, lane, x.reqs, x.metrics, x.outbox);
+        ready.clear();
+        if !read {
+            waiting.write_epoch = waiting.write_epoch.wrapping_add(1);
+        }
+        if !posted {
             c.note_error(WcStatus::GeneralErr);
         }
         return true;
@@ -291,7 +296,7 @@ fn flush_one<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> Option<bool> {
         w.write_epoch = w.write_epoch.wrapping_add(1);
     }
     let mut wr = single(id, r, x.cfg);
-    wr.quiet_unless_due(&lane.sq, x.cfg);
+    wr.flags = quiet_unless_due(wr.flags, wr.release, &lane.sq, x.cfg);
     w.queues[k].pop(x.reqs.slab());
     w.len = 0;
     // (aging: nothing waits any more)
@@ -616,19 +621,19 @@ pub(crate) struct Single<P: Provider> {
     release: bool,
 }
 
-impl<P: Provider> Single<P> {
-    /// A quiet request posted inline asks for no completion unless one is due (or it fills
-    /// the lane `sq`: a completion must come to make room again).
-    #[inline(always)]
-    fn quiet_unless_due(&mut self, sq: &SendQueue, cfg: &WorkerCfg) {
-        if self.release
-            && !sq.loud
-            && sq.unsignalled + 1 < cfg.signal_every
-            && sq.outstanding() + 1 < cfg.max_outstanding
-        {
-            self.flags.remove(SendFlags::SIGNALED);
-        }
+/// The flags of a request posted alone on a lane whose send queue is `sq`: a quiet request
+/// posted inline (`release`) asks for no completion unless one is due (or it fills the lane:
+/// a completion must come to make room again).
+#[inline(always)]
+fn quiet_unless_due(flags: SendFlags, release: bool, sq: &SendQueue, cfg: &WorkerCfg) -> SendFlags {
+    if release
+        && !sq.loud
+        && sq.unsignalled + 1 < cfg.signal_every
+        && sq.outstanding() + 1 < cfg.max_outstanding
+    {
+        return flags - SendFlags::SIGNALED;
     }
+    flags
 }
 
 /// The work request of request `id` (record `r`) posted alone.
@@ -653,29 +658,42 @@ pub(crate) fn post_one<P: Provider>(
     metrics: &mut Metrics,
     outbox: &mut Outbox<P>,
 ) -> bool {
-    let wr_id = WrId::Req(one.id).encode();
-    let wr = SendWr {
-        wr_id,
-        op: one.op,
-        sgl: std::slice::from_ref(&one.sge),
-        flags: one.flags,
-        ud: None,
-    };
+    let sgl = std::slice::from_ref(&one.sge);
+    let wr =
+        SendWr { wr_id: WrId::Req(one.id).encode(), op: one.op, sgl, flags: one.flags, ud: None };
+    post_wr(&wr, one.id, one.rd_atomic, one.release, lane, reqs, metrics, outbox)
+}
+
+/// Posts `wr`, request `id`'s work request (a read or atomic if `rd_atomic`; a quiet send
+/// whose buffer goes back to the pool once posted if `release`), on `lane` with its own
+/// doorbell: [`post_one`]'s work.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn post_wr<P: Provider>(
+    wr: &SendWr<'_, P>,
+    id: ReqId,
+    rd_atomic: bool,
+    release: bool,
+    lane: &mut Lane<P>,
+    reqs: &mut Requests<P>,
+    metrics: &mut Metrics,
+    outbox: &mut Outbox<P>,
+) -> bool {
     // SAFETY: as in `post`: the buffer is held by its request in the slab until the request's
     // completion is dispatched.
-    if unsafe { lane.qp.post_send(std::slice::from_ref(&wr)) }.is_err() {
+    if unsafe { lane.qp.post_send(std::slice::from_ref(wr)) }.is_err() {
         metrics.doorbells += 1;
-        reqs.fail_chain(one.id, WcStatus::GeneralErr, outbox);
+        reqs.fail_chain(id, WcStatus::GeneralErr, outbox);
         return false;
     }
-    if !lane.sq.posted.push(one.id) {
+    if !lane.sq.posted.push(id) {
         metrics.invariant_misses += 1; // (never: the caller checked the lane's room)
     }
-    if one.release {
-        release(reqs, one.id);
+    if release {
+        self::release(reqs, id);
     }
-    lane.sq.rd_outstanding += u32::from(one.rd_atomic);
-    if one.flags.contains(SendFlags::SIGNALED) {
+    lane.sq.rd_outstanding += u32::from(rd_atomic);
+    if wr.flags.contains(SendFlags::SIGNALED) {
         lane.sq.unsignalled = 0;
         lane.sq.loud = false;
         metrics.signalled += 1;
