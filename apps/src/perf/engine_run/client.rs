@@ -97,6 +97,26 @@ enum How {
 /// The token of background writes (`--bg-writes`).
 const BG_TOKEN: u64 = u64::MAX - 1;
 
+/// Submits `op` through its kind's own call, so that the request's kind is known where its
+/// record is made (through `Cx::submit`, a runtime `Op` is matched and moved again).
+#[inline(always)]
+fn submit<P: Provider>(
+    cx: &mut Cx<P>,
+    conn: ConnId,
+    op: Op<Buf<P>>,
+    token: u64,
+) -> Result<(), (Op<Buf<P>>, EngineError)> {
+    match op {
+        Op::Write { buf, remote, imm } => cx.write(conn, buf, remote, imm, token),
+        Op::Send { buf, imm } => cx.send(conn, buf, imm, token),
+        Op::Read { buf, remote } => cx.read(conn, buf, remote, token),
+        Op::FetchAdd { remote, add } => cx.fetch_add(conn, remote, add, token),
+        Op::CompareSwap { remote, compare, swap } => {
+            cx.compare_swap(conn, remote, compare, swap, token)
+        }
+    }
+}
+
 /// An operation's buffer, back (none for atomics).
 fn op_buf<P: Provider>(op: Op<Buf<P>>) -> Option<Buf<P>> {
     match op {
@@ -314,7 +334,7 @@ impl<P: Provider> ClientPart<P> {
         let r = if self.opts.sched.flat {
             cx.post_now(conn, op, token)
         } else {
-            cx.submit(conn, op, token)
+            submit(cx, conn, op, token)
         };
         match r {
             Ok(()) => {}
