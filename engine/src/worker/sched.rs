@@ -187,10 +187,10 @@ fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
     any
 }
 
-/// Posts the connection's ready requests (`worker/ready.rs`) as one batch on its one lane; when
-/// requests wait beside them, or the lane's room shrank since they were made, they go back to
-/// their class's queue instead and the scheduler plans them with the rest (the same batches
-/// either way). Returns whether anything was posted.
+/// Posts the connection's ready requests (`worker/ready.rs`) on its one lane, in the plan's
+/// batches of `post_list`; when requests wait beside them, or the lane's room shrank since
+/// they were made, they go back to their queue instead and the scheduler plans them with the
+/// rest (the same batches either way). Returns whether anything was posted.
 #[inline(always)]
 fn flush_ready<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
     let (waiting, ready) = (&mut c.waiting, &mut c.ready);
