@@ -131,11 +131,12 @@ impl<P: Provider> Conns<P> {
         }
     }
 
-    /// The connection `id` as [`Conns::taking`] checks it, marked dirty (its requests are
-    /// about to be submitted: one that is then refused leaves a visit that finds nothing).
+    /// The connection `id` as [`Conns::taking`] checks it, its slot marked dirty (its requests
+    /// are about to be submitted). Marked first, so that the connection is looked up once: a
+    /// slot marked for a connection then refused, or for requests then refused, costs the next
+    /// flush a visit that finds nothing to do.
     #[inline(always)]
     pub(crate) fn taking_marked(&mut self, id: ConnId, stopping: bool) -> Result<&mut Conn<P>> {
-        self.taking(id, stopping)?;
         self.mark(id.slot);
         self.taking(id, stopping)
     }

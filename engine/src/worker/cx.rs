@@ -231,6 +231,31 @@ impl<P: Provider> Cx<P> {
         op: Op<Buf<P>>,
         token: u64,
     ) -> Result<(), (Op<Buf<P>>, EngineError)> {
+        // Each kind through an arm of its own, so that a runtime `Op` is matched once, here,
+        // and what follows is made knowing its kind (not moved through every layer below).
+        match op {
+            Op::Write { buf, remote, imm } => {
+                self.submit_default(conn, Op::Write { buf, remote, imm }, token)
+            }
+            Op::Send { buf, imm } => self.submit_default(conn, Op::Send { buf, imm }, token),
+            Op::Read { buf, remote } => self.submit_default(conn, Op::Read { buf, remote }, token),
+            Op::FetchAdd { remote, add } => {
+                self.submit_default(conn, Op::FetchAdd { remote, add }, token)
+            }
+            Op::CompareSwap { remote, compare, swap } => {
+                self.submit_default(conn, Op::CompareSwap { remote, compare, swap }, token)
+            }
+        }
+    }
+
+    /// [`Cx::submit`] of an operation whose kind the caller's arm knows.
+    #[inline(always)]
+    fn submit_default(
+        &mut self,
+        conn: ConnId,
+        op: Op<Buf<P>>,
+        token: u64,
+    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
         let class = self.cfg.classes[op.kind().index()];
         self.submit_as(conn, op, token, class)
     }
@@ -844,8 +869,7 @@ pub(crate) fn admit<P: Provider, E: Carried>(
     }
     // Its class's queue, or (nothing waiting, room on the connection's one lane) made a
     // work request at once, here where its kind is known (`worker/ready.rs`): `ready`.
-    let k = queue;
-    let ready = match (k, c.lanes.as_slice()) {
+    let ready = match (queue, c.lanes.as_slice()) {
         (Some(k), [lane]) => {
             let kind = op.kind();
             // (reads that may merge and writes that may coalesce are the plan's to make)
@@ -945,11 +969,9 @@ pub(crate) fn admit<P: Provider, E: Carried>(
         },
     };
     let id = stored?;
-    let Some(k) = k else { return Ok((id, false)) };
+    let Some(k) = queue else { return Ok((id, false)) };
     if let Some((op, sge, inline)) = wire {
-        let rd_atomic =
-            matches!(op, SendOp::Read(_) | SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. });
-        c.ready.push(k, Entry { id, op, sge, inline, quiet, rd_atomic });
+        c.ready.push(k, Entry::new(id, op, sge, inline, quiet));
         Ok((id, c.ready.len() == 1))
     } else {
         c.waiting.queues[k].push(reqs.slab_mut(), id);

@@ -21,8 +21,30 @@ pub(crate) struct Entry<P: Provider> {
     pub(crate) inline: bool,
     /// A quiet send ([`super::Cx::send_quiet`]).
     pub(crate) quiet: bool,
-    /// A read or an atomic.
-    pub(crate) rd_atomic: bool,
+    /// A read or an atomic: decided once, from `op`, where the kind is known (`Entry::new`).
+    rd_atomic: bool,
+}
+
+impl<P: Provider> Entry<P> {
+    /// Request `id`'s work request: `op` on `sge`, inline if `inline`, quiet if `quiet`.
+    #[inline(always)]
+    pub(crate) fn new(
+        id: ReqId,
+        op: SendOp<'static, P>,
+        sge: Sge,
+        inline: bool,
+        quiet: bool,
+    ) -> Self {
+        let rd_atomic =
+            matches!(op, SendOp::Read(_) | SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. });
+        Entry { id, op, sge, inline, quiet, rd_atomic }
+    }
+
+    /// Whether it is a read or an atomic (counted against `max_rd_atomic`).
+    #[inline(always)]
+    pub(crate) fn rd_atomic(&self) -> bool {
+        self.rd_atomic
+    }
 }
 
 impl<P: Provider> Clone for Entry<P> {
@@ -91,7 +113,7 @@ impl<P: Provider> Ready<P> {
         debug_assert!(self.entries.len() < self.entries.capacity(), "admitted");
         debug_assert_eq!(self.next, 0, "joined between flushes only");
         self.queue = k;
-        self.rd_atomic += u32::from(e.rd_atomic);
+        self.rd_atomic += u32::from(e.rd_atomic());
         self.entries.push(e);
     }
 

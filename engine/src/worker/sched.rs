@@ -206,15 +206,11 @@ fn flush_ready<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
         // (the latency path: one request, posted as `flush_one` posts a lone waiting one,
         // its work request made once from its entry)
         let e = &ready.batch(1)[0];
-        let mut flags = SendFlags::SIGNALED;
-        if e.inline {
-            flags |= SendFlags::INLINE;
-        }
-        let release = e.quiet && e.inline;
-        flags = quiet_unless_due(flags, release, &lane.sq, x.cfg);
+        let (flags, release) = lone_flags(e.inline, e.quiet);
+        let flags = quiet_unless_due(flags, release, &lane.sq, x.cfg);
         let sgl = std::slice::from_ref(&e.sge);
         let wr = SendWr { wr_id: WrId::Req(e.id).encode(), op: e.op, sgl, flags, ud: None };
-        let (id, rd_atomic, read) = (e.id, e.rd_atomic, matches!(e.op, SendOp::Read(_)));
+        let (id, rd_atomic, read) = (e.id, e.rd_atomic(), matches!(e.op, SendOp::Read(_)));
         let posted = post_wr(&wr, id, rd_atomic, release, lane, x.reqs, x.metrics, x.outbox);
         ready.clear();
         if !read {
@@ -263,12 +259,13 @@ pub(crate) fn plan_ready<'s, P: Provider>(
     b.loud = sq.loud;
     let mut rd = sq.rd_outstanding;
     for e in entries {
-        rd += u32::from(e.rd_atomic);
+        let rd_atomic = e.rd_atomic();
+        rd += u32::from(rd_atomic);
         if !matches!(e.op, SendOp::Read(_)) {
             w.write_epoch = w.write_epoch.wrapping_add(1);
         }
         let sgl = std::slice::from_ref(&e.sge);
-        add(b, e.id, e.op, sgl, e.inline, e.quiet, e.rd_atomic, rd, cfg);
+        add(b, e.id, e.op, sgl, e.inline, e.quiet, rd_atomic, rd, cfg);
     }
     // (room for what follows was checked: `Ready::fits`)
     finish(b, sq, cfg, follows);
@@ -640,12 +637,17 @@ fn quiet_unless_due(flags: SendFlags, release: bool, sq: &SendQueue, cfg: &Worke
 #[inline(always)]
 pub(crate) fn single<P: Provider>(id: ReqId, r: &Req<P>, cfg: &WorkerCfg) -> Single<P> {
     let sge = sge_of(r);
-    let mut flags = SendFlags::SIGNALED;
-    if matches!(r.kind, OpKind::Send | OpKind::Write) && sge.length <= cfg.max_inline {
-        flags |= SendFlags::INLINE;
-    }
-    let release = r.quiet && flags.contains(SendFlags::INLINE);
+    let inline = matches!(r.kind, OpKind::Send | OpKind::Write) && sge.length <= cfg.max_inline;
+    let (flags, release) = lone_flags(inline, r.quiet);
     Single { id, op: send_op(r), sge, flags, rd_atomic: r.is_rd_atomic(), release }
+}
+
+/// The flags of a request posted alone (signalled; inline if `inline`), and whether its buffer
+/// goes back to the pool at the post (a `quiet` send that went inline).
+#[inline(always)]
+fn lone_flags(inline: bool, quiet: bool) -> (SendFlags, bool) {
+    let flags = if inline { SendFlags::SIGNALED | SendFlags::INLINE } else { SendFlags::SIGNALED };
+    (flags, quiet && inline)
 }
 
 /// Posts `one` on `lane` with its own doorbell; false when the device refused it (it, and the
@@ -1006,14 +1008,7 @@ mod tests {
             b.w.queues[2].pop(b.reqs.slab());
             b.w.len -= 1;
             let r = b.reqs.get(id).unwrap();
-            let e = Entry {
-                id,
-                op: send_op(r),
-                sge: sge_of(r),
-                inline: true,
-                quiet: false,
-                rd_atomic: false,
-            };
+            let e = Entry::new(id, send_op(r), sge_of(r), true, false);
             ready.push(2, e);
         }
         ready

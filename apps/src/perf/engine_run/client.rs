@@ -97,26 +97,6 @@ enum How {
 /// The token of background writes (`--bg-writes`).
 const BG_TOKEN: u64 = u64::MAX - 1;
 
-/// Submits `op` through its kind's own call, so that the request's kind is known where its
-/// record is made (through `Cx::submit`, a runtime `Op` is matched and moved again).
-#[inline(always)]
-fn submit<P: Provider>(
-    cx: &mut Cx<P>,
-    conn: ConnId,
-    op: Op<Buf<P>>,
-    token: u64,
-) -> Result<(), (Op<Buf<P>>, EngineError)> {
-    match op {
-        Op::Write { buf, remote, imm } => cx.write(conn, buf, remote, imm, token),
-        Op::Send { buf, imm } => cx.send(conn, buf, imm, token),
-        Op::Read { buf, remote } => cx.read(conn, buf, remote, token),
-        Op::FetchAdd { remote, add } => cx.fetch_add(conn, remote, add, token),
-        Op::CompareSwap { remote, compare, swap } => {
-            cx.compare_swap(conn, remote, compare, swap, token)
-        }
-    }
-}
-
 /// An operation's buffer, back (none for atomics).
 fn op_buf<P: Provider>(op: Op<Buf<P>>) -> Option<Buf<P>> {
     match op {
@@ -334,7 +314,7 @@ impl<P: Provider> ClientPart<P> {
         let r = if self.opts.sched.flat {
             cx.post_now(conn, op, token)
         } else {
-            submit(cx, conn, op, token)
+            cx.submit(conn, op, token)
         };
         match r {
             Ok(()) => {}
@@ -399,6 +379,37 @@ impl<P: Provider> ClientPart<P> {
                 self.fail(cx, format!("{} of {} B: {e}", self.opts.test.name(), self.size))
             }
         }
+    }
+
+    /// Writes again, through one `Cx::on` for the batch, each completion of `steady` at the
+    /// front of `done`; the first that is not one goes to `on_completion`, and the rest stay
+    /// in `done`.
+    #[inline(always)]
+    fn write_again(
+        &mut self,
+        cx: &mut Cx<P>,
+        steady: Steady,
+        done: &mut Completions<'_, P>,
+    ) -> Result<(), EngineError> {
+        let mut on = cx.on(steady.conn)?;
+        for d in done {
+            let again = d.token == steady.token
+                && d.status.is_success()
+                && self.posted < steady.until
+                && d.buf.is_some();
+            if !again {
+                self.on_completion(cx, d);
+                return Ok(());
+            }
+            let Some(buf) = d.buf else { continue }; // (never: `again` saw it)
+            self.completed += 1;
+            match on.write(buf, steady.remote, None, steady.token) {
+                Ok(()) => self.posted += 1,
+                Err((op, EngineError::QueueFull(_))) => self.retry.push(op_buf(op)),
+                Err((_, e)) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// The peak rate, sampled at tick `t` of the time-stamp counter (no OS clock read on the
@@ -515,57 +526,17 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
 
     /// A bandwidth test's steady state writes again in one loop over the batch (the loop
     /// perftest runs); anything else goes to `on_completion` one by one.
-    fn on_completions(&mut self, cx: &mut Cx<P>, done: Completions<'_, P>) {
-        let steady = match self.steady {
-            Some(s) if s.how == How::Write && self.error.is_none() => s,
-            _ => {
-                for d in done {
-                    self.on_completion(cx, d);
-                }
-                return;
-            }
-        };
-        let mut done = done;
-        // (the connection, checked once for the batch: `Cx::on`)
-        let mut on = match cx.on(steady.conn) {
-            Ok(on) => on,
-            Err(e) => {
+    fn on_completions(&mut self, cx: &mut Cx<P>, mut done: Completions<'_, P>) {
+        if let Some(s) = self.steady.filter(|s| s.how == How::Write && self.error.is_none()) {
+            if let Err(e) = self.write_again(cx, s, &mut done) {
                 self.fail(cx, format!("{} of {} B: {e}", self.opts.test.name(), self.size));
-                for d in done {
-                    self.on_completion(cx, d);
-                }
-                return;
-            }
-        };
-        while let Some(d) = done.next() {
-            let again = d.token == steady.token
-                && d.status.is_success()
-                && self.posted < steady.until
-                && d.buf.is_some();
-            if !again {
-                // (the size ended, or another request: the rest go the general way)
-                self.on_completion(cx, d);
-                for d in done {
-                    self.on_completion(cx, d);
-                }
-                return;
-            }
-            let Some(buf) = d.buf else { continue }; // (never: `again` saw it)
-            self.completed += 1;
-            match on.write(buf, steady.remote, None, steady.token) {
-                Ok(()) => self.posted += 1,
-                Err((op, EngineError::QueueFull(_))) => self.retry.push(op_buf(op)),
-                Err((_, e)) => {
-                    self.fail(cx, format!("{} of {} B: {e}", self.opts.test.name(), self.size));
-                    for d in done {
-                        self.on_completion(cx, d);
-                    }
-                    return;
-                }
             }
         }
+        // (what the steady loop left: the size ended, another request, or a failure)
+        for d in done {
+            self.on_completion(cx, d);
+        }
     }
-
     #[inline]
     fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         if self.error.is_some() {
