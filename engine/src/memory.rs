@@ -152,6 +152,13 @@ impl<P: Provider> Memory<P> {
         Ok(self.inner.mr.read_at(offset, out)?)
     }
 
+    /// The byte at `offset`, read atomically (acquire): a poller's look at whether a peer's
+    /// write has landed (its last byte arrives last).
+    #[inline]
+    pub fn read_u8(&self, offset: usize) -> Result<u8> {
+        Ok(self.inner.mr.read_u8(offset)?)
+    }
+
     /// The 8-byte word at `offset` (8-byte aligned), read atomically (as peers' atomics write it).
     pub fn read_u64(&self, offset: usize) -> Result<u64> {
         Ok(self.inner.mr.read_u64(offset)?)

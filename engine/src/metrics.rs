@@ -111,7 +111,7 @@ pub struct Metrics {
     /// Of those, the ones that failed (each closed its connection with
     /// `CloseReason::Unanswered`, or was flushed by its close).
     pub keepalive_failures: u64,
-    /// Quiet requests (`Cx::send_quiet`) that succeeded, their buffers back in the pool
+    /// Quiet requests (`Cx::send_quiet`, `Cx::write_quiet`) that succeeded, their buffers back in the pool
     /// untold (their completions are in `ops`, `bytes` and `statuses` as any request's).
     pub quiet: u64,
     /// Fences posted: signalled zero-length writes behind a closing connection's quiet

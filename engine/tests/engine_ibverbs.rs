@@ -53,6 +53,12 @@ fn quiet_sends_arrive_untold_and_a_close_drains_them() {
 }
 
 #[test]
+fn quiet_writes_land_untold_and_a_failure_is_told() {
+    let Some((map, _)) = target() else { return };
+    quiet::quiet_writes_land_untold_and_a_failure_is_told::<Ibverbs>(&map);
+}
+
+#[test]
 fn a_client_closes_its_connection() {
     let Some((map, _)) = target() else { return };
     e2e::a_client_closes_its_connection::<Ibverbs>(&map);

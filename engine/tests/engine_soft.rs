@@ -59,3 +59,8 @@ fn every_acknowledged_message_reaches_the_handler_before_its_close() {
 fn quiet_sends_arrive_untold_and_a_close_drains_them() {
     quiet::quiet_sends_arrive_untold_and_a_close_drains_them::<Soft>(&map("10.99.0.8:0"));
 }
+
+#[test]
+fn quiet_writes_land_untold_and_a_failure_is_told() {
+    quiet::quiet_writes_land_untold_and_a_failure_is_told::<Soft>(&map("10.99.0.18:0"));
+}

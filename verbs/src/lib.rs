@@ -16,6 +16,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod error;
+mod pages;
 pub mod provider;
 pub mod soft;
 pub mod types;

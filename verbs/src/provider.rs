@@ -252,6 +252,17 @@ pub trait Mr: Send + Sync + Debug {
         Ok(())
     }
 
+    /// The byte at `offset`, read atomically with acquire ordering: what a poller reads to
+    /// see a peer's write land (its last byte, written last), as perftest's latency loop does.
+    #[inline]
+    fn read_u8(&self, offset: usize) -> Result<u8> {
+        check_range(self.len(), offset, 1)?;
+        // SAFETY: in range; a byte is always aligned, and a peer's or the device's writes
+        // to it are never seen through a Rust reference (the region hands out none).
+        let a = unsafe { std::sync::atomic::AtomicU8::from_ptr(self.as_ptr().add(offset)) };
+        Ok(a.load(std::sync::atomic::Ordering::Acquire))
+    }
+
     /// The little-endian (host order) 8-byte word at `offset`, read atomically.
     fn read_u64(&self, offset: usize) -> Result<u64> {
         check_range(self.len(), offset, 8)?;
@@ -276,13 +287,17 @@ pub trait Mr: Send + Sync + Debug {
     }
 }
 
+#[inline]
 fn check_range(total: usize, offset: usize, len: usize) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= total => Ok(()),
-        _ => Err(Error::InvalidArgument(format!(
-            "range {offset}+{len} is outside the {total}-byte region"
-        ))),
+        _ => Err(out_of_range(total, offset, len)),
     }
+}
+
+#[cold]
+fn out_of_range(total: usize, offset: usize, len: usize) -> Error {
+    Error::InvalidArgument(format!("range {offset}+{len} is outside the {total}-byte region"))
 }
 
 /// A type 2 memory window.

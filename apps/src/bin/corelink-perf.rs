@@ -35,8 +35,11 @@ use corelink_apps::perf::{all_sizes, plot, Latency, Report};
 
 const AFTER_HELP: &str = "\
 Tests run on RC over the corelink engine. Latency is one-way (half the round trip) for
-send_lat and write_lat (a write-with-immediate ping-pong), the full round trip for read_lat
-and atomic_lat, as perftest reports them. Not supported by the engine yet (exit 2): one-sided
+send_lat and write_lat (ping-pongs; write_lat's writes land where the other side polls its
+memory, as perftest's do), the full round trip for read_lat and atomic_lat, as perftest
+reports them. With --quiet a ping-pong's pings and pongs go quiet (Cx::send_quiet,
+Cx::write_quiet: each answer says its request arrived, so one completion in -Q is asked for;
+perftest, and the default, ask for each). Not supported by the engine yet (exit 2): one-sided
 messages over 1 MiB. -c UC, -c UD and --use-srq run on verbs directly, as perftest does (queue
 pairs connected by hand after an exchange over a TCP socket on -p; -T 1 there; latency tests
 on one QP; UD messages of at most the port MTU, which is also UD send_bw's default size).
@@ -106,6 +109,10 @@ struct Cli {
     /// post each request at once, bypassing the engine's scheduler (the flat path)
     #[arg(long)]
     flat: bool,
+    /// send_lat, write_lat: pings and pongs go quiet, one completion in -Q asked for (each
+    /// answer says its request arrived; perftest asks for each); give the server --quiet too
+    #[arg(long)]
+    quiet: bool,
     /// no read merging (with --hot-records)
     #[arg(long = "no-merge")]
     no_merge: bool,
@@ -271,6 +278,7 @@ fn perf_opts(
         bg_writes: cli.bg_writes,
         bg_size: cli.bg_size,
         max_outstanding: cli.max_outstanding,
+        quiet: cli.quiet,
     };
     o.inline = cli.inline;
     o.use_srq = cli.use_srq;
@@ -592,5 +600,6 @@ fn sched_line(o: &PerfOpts) -> String {
         n => format!(", {n} background writes of {} B", s.bg_size),
     };
     let out = s.max_outstanding.map(|n| format!(", {n} per QP on the device")).unwrap_or_default();
-    format!("{prio}, {merge}{bg}{out}")
+    let quiet = if s.quiet { ", quiet pings and pongs" } else { "" };
+    format!("{prio}, {merge}{bg}{out}{quiet}")
 }

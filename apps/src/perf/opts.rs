@@ -346,6 +346,10 @@ pub struct SchedOpts {
     /// `--max-outstanding N`: work requests per QP on the device at most (more wait in the
     /// engine, where priorities apply).
     pub max_outstanding: Option<u32>,
+    /// `--quiet`: a ping-pong's (send_lat's, write_lat's) pings and pongs go quiet
+    /// (`Cx::send_quiet`, `Cx::write_quiet`): each answer says its request arrived, so one
+    /// completion in `-Q` is asked for (perftest, and the default, ask for each).
+    pub quiet: bool,
 }
 
 impl PerfOpts {
@@ -426,6 +430,17 @@ impl PerfOpts {
         }
         if self.cq_mod == 0 {
             return Err(PerfError::Usage("-Q 0: at least 1".into()));
+        }
+        if self.sched.quiet && (!matches!(t, Test::SendLat | Test::WriteLat) || !engine) {
+            return Err(PerfError::Usage(format!(
+                "{}: --quiet is for the engine's ping-pongs (send_lat, write_lat on RC)",
+                t.name()
+            )));
+        }
+        if self.sched.quiet && self.sched.flat {
+            return Err(PerfError::Usage(
+                "--quiet and --flat: the flat path signals each request".into(),
+            ));
         }
         let reads = matches!(t.verb(), Verb::Read);
         if (self.sched.hot_records > 0 || self.sched.bg_writes > 0) && !reads {
@@ -634,6 +649,26 @@ mod tests {
         read.raw_write = true;
         assert!(matches!(read.check(false), Err(PerfError::Usage(_))));
         assert_eq!(PerfOpts::new(Test::WriteBw).report_name(), "write_bw");
+    }
+
+    #[test]
+    fn quiet_is_for_the_engines_ping_pongs() {
+        for t in [Test::SendLat, Test::WriteLat] {
+            let mut o = PerfOpts::new(t);
+            o.sched.quiet = true;
+            o.check(false).expect("a ping-pong on the engine");
+            let mut flat = o.clone();
+            flat.sched.flat = true;
+            assert!(matches!(flat.check(false), Err(PerfError::Usage(_))));
+            let mut uc = o.clone();
+            uc.transport = Transport::Uc;
+            assert!(matches!(uc.check(false), Err(PerfError::Usage(_))));
+        }
+        for t in [Test::ReadLat, Test::SendBw, Test::RpcLat] {
+            let mut o = PerfOpts::new(t);
+            o.sched.quiet = true;
+            assert!(matches!(o.check(false), Err(PerfError::Usage(_))), "{t:?}");
+        }
     }
 
     #[test]

@@ -52,8 +52,9 @@ pub(crate) struct Req<P: Provider> {
     pub(crate) next: Option<super::ReqId>,
     /// While it is in the worker's merge table: the write epoch of its key there.
     pub(crate) merge_epoch: Option<u32>,
-    /// Its success is not told ([`crate::Cx::send_quiet`]): its work request asks for no
-    /// completion of its own unless one is due, and its buffer goes back to the pool.
+    /// Its success is not told ([`crate::Cx::send_quiet`], [`crate::Cx::write_quiet`]): its
+    /// work request asks for no completion of its own unless one is due, and its buffer goes
+    /// back to the pool.
     pub(crate) quiet: bool,
 }
 

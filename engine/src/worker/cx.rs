@@ -564,6 +564,27 @@ impl<P: Provider> Cx<P> {
             .map_err(|(op, (), e)| (op, e))
     }
 
+    /// Writes `buf`'s bytes to `remote` as [`Cx::write`] does, but tells only a failure, as
+    /// [`Cx::send_quiet`] does a send's: on success the buffer goes back to the pool and the
+    /// handler hears nothing. For writes whose effect the peer's answer confirms (a
+    /// ping-pong, a record the peer reads after a message): one of at most [`Cx::max_inline`]
+    /// bytes goes inline and asks for no completion of its own unless one is due.
+    #[inline(always)]
+    pub fn write_quiet(
+        &mut self,
+        conn: ConnId,
+        buf: Buf<P>,
+        remote: RemoteAddr,
+        imm: Option<u32>,
+        token: u64,
+    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
+        let class = self.cfg.classes[OpKind::Write.index()];
+        let op = Op::Write { buf, remote, imm };
+        self.accept_with(conn, op, token, Origin::Handler, (), Some(class), true)
+            .map(|_| ())
+            .map_err(|(op, (), e)| (op, e))
+    }
+
     /// Writes `buf`'s bytes to `remote` (with an immediate if `imm`).
     ///
     /// # Examples

@@ -59,14 +59,20 @@ impl<'a, P: Provider> On<'a, P> {
     #[inline(always)]
     pub fn submit(&mut self, op: Op<Buf<P>>, token: u64) -> Result<(), Refused<P>> {
         let queue = self.cfg.queues[op.kind().index()];
-        self.admit(op, token, queue)
+        self.admit(op, token, queue, false)
     }
 
     #[inline(always)]
-    fn admit(&mut self, op: Op<Buf<P>>, token: u64, queue: usize) -> Result<(), Refused<P>> {
+    fn admit(
+        &mut self,
+        op: Op<Buf<P>>,
+        token: u64,
+        queue: usize,
+        quiet: bool,
+    ) -> Result<(), Refused<P>> {
         let On { conn, c, reqs, pool, cfg } = self;
         let origin = Origin::Handler;
-        admit(c, reqs, pool, cfg, *conn, op, token, origin, (), Some(queue), false)
+        admit(c, reqs, pool, cfg, *conn, op, token, origin, (), Some(queue), quiet)
             .map(|_| ())
             .map_err(|(op, (), e)| (op, e))
     }
@@ -78,7 +84,7 @@ impl<'a, P: Provider> On<'a, P> {
             return Err((op, EngineError::NoSuchClass { class, classes: CLASSES }));
         }
         let queue = self.cfg.queue(class);
-        self.admit(op, token, queue)
+        self.admit(op, token, queue, false)
     }
 
     /// Writes `buf`'s bytes to `remote`, as [`Cx::write`](super::Cx::write).
@@ -91,6 +97,28 @@ impl<'a, P: Provider> On<'a, P> {
         token: u64,
     ) -> Result<(), Refused<P>> {
         self.submit(Op::Write { buf, remote, imm }, token)
+    }
+
+    /// Writes `buf`'s bytes to `remote` telling only a failure, as
+    /// [`Cx::write_quiet`](super::Cx::write_quiet).
+    #[inline(always)]
+    pub fn write_quiet(
+        &mut self,
+        buf: Buf<P>,
+        remote: RemoteAddr,
+        imm: Option<u32>,
+        token: u64,
+    ) -> Result<(), Refused<P>> {
+        let queue = self.cfg.queues[crate::request::OpKind::Write.index()];
+        self.admit(Op::Write { buf, remote, imm }, token, queue, true)
+    }
+
+    /// Sends `buf`'s bytes telling only a failure, as
+    /// [`Cx::send_quiet`](super::Cx::send_quiet).
+    #[inline(always)]
+    pub fn send_quiet(&mut self, buf: Buf<P>, token: u64) -> Result<(), Refused<P>> {
+        let queue = self.cfg.queues[crate::request::OpKind::Send.index()];
+        self.admit(Op::Send { buf, imm: None }, token, queue, true)
     }
 
     /// Sends `buf`'s bytes, as [`Cx::send`](super::Cx::send).

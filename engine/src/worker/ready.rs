@@ -19,7 +19,7 @@ pub(crate) struct Entry<P: Provider> {
     pub(crate) sge: Sge,
     /// It may go inline (a send or write within `max_inline`).
     pub(crate) inline: bool,
-    /// A quiet send ([`super::Cx::send_quiet`]).
+    /// A quiet request ([`super::Cx::send_quiet`], [`super::Cx::write_quiet`]).
     pub(crate) quiet: bool,
     /// A read or an atomic: decided once, from `op`, where the kind is known (`Entry::new`).
     rd_atomic: bool,

@@ -1,6 +1,5 @@
 //! Protection domains, memory regions, memory windows and address handles.
 
-use std::alloc::Layout;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -12,11 +11,9 @@ use super::qp::IbvQp;
 use super::srq::IbvSrq;
 use super::Ibverbs;
 use crate::error::{Error, Result};
+use crate::pages::Pages;
 use crate::provider::{Mr, Mw, Pd, QpInitAttr};
 use crate::types::{AccessFlags, AhAttr, LinkLayer, SrqAttr};
-
-/// Alignment (and granularity) of the memory [`Pd::register`] allocates.
-const PAGE: usize = 4096;
 
 /// The shared state of a protection domain.
 pub(crate) struct PdInner {
@@ -65,22 +62,16 @@ impl IbvPd {
         self.inner.pd
     }
 
-    /// Registers `addr..addr+len`, which `owned` (if any) frees after deregistration.
+    /// Registers `addr..addr+len`; `owned` (if any) is unmapped after deregistration.
     fn reg(
         &self,
         addr: *mut u8,
         len: usize,
         access: AccessFlags,
-        owned: Option<Layout>,
+        owned: Option<Pages>,
     ) -> Result<IbvMr> {
-        let free = |owned: Option<Layout>| {
-            if let Some(layout) = owned {
-                // SAFETY: `addr` was allocated with this layout by `register` and is unused.
-                unsafe { std::alloc::dealloc(addr, layout) };
-            }
-        };
+        // (on a refusal `owned`, unregistered, is unmapped as it drops)
         if !access.is_valid_for_mr() {
-            free(owned);
             return Err(Error::RegMr { len, access, source: errno_err(libc::EINVAL) });
         }
         // SAFETY: the PD is live; the caller guarantees the range is valid memory.
@@ -94,7 +85,6 @@ impl IbvPd {
         };
         if mr.is_null() {
             let e = last_err();
-            free(owned);
             return Err(Error::RegMr { len, access, source: e });
         }
         // SAFETY: a registered MR is valid until deregistered.
@@ -115,23 +105,15 @@ impl IbvPd {
 }
 
 impl Pd<Ibverbs> for IbvPd {
-    /// Allocates `len` bytes rounded up to whole 4 KiB pages, 4 KiB-aligned and zeroed, and
-    /// registers the first `len`. `len == 0` is refused with `EINVAL`.
+    /// Maps `len` bytes rounded up to whole 4 KiB pages, zeroed (by the kernel, as the
+    /// registration pins them), and registers the first `len`. `len == 0` is refused with
+    /// `EINVAL`.
     fn register(&self, len: usize, access: AccessFlags) -> Result<IbvMr> {
         if len == 0 {
             return Err(Error::RegMr { len, access, source: errno_err(libc::EINVAL) });
         }
-        let size = len.div_ceil(PAGE).checked_mul(PAGE);
-        let layout = match size.and_then(|s| Layout::from_size_align(s, PAGE).ok()) {
-            Some(l) => l,
-            None => return Err(Error::RegMr { len, access, source: errno_err(libc::ENOMEM) }),
-        };
-        // SAFETY: the layout has a non-zero size.
-        let addr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if addr.is_null() {
-            return Err(Error::RegMr { len, access, source: errno_err(libc::ENOMEM) });
-        }
-        self.reg(addr, len, access, Some(layout))
+        let pages = Pages::new(len).map_err(|source| Error::RegMr { len, access, source })?;
+        self.reg(pages.ptr(), len, access, Some(pages))
     }
 
     unsafe fn register_raw(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<IbvMr> {
@@ -200,8 +182,8 @@ pub(crate) struct MrInner {
     lkey: u32,
     rkey: u32,
     access: AccessFlags,
-    /// The allocation to free after deregistration (memory owned by the region).
-    owned: Option<Layout>,
+    /// The memory to unmap after deregistration (memory owned by the region).
+    owned: Option<Pages>,
     _pd: Arc<PdInner>,
 }
 
@@ -217,13 +199,10 @@ impl Drop for MrInner {
         let ret = unsafe { rdma_sys::ibv_dereg_mr(self.mr) };
         if ret != 0 {
             eprintln!("corelink ibverbs: ibv_dereg_mr failed: {ret}");
-            // Leak the memory rather than free pages the device may still reach.
-            return;
+            // Leak the memory rather than unmap pages the device may still reach.
+            std::mem::forget(self.owned.take());
         }
-        if let Some(layout) = self.owned {
-            // SAFETY: allocated with this layout in `register`, no longer registered.
-            unsafe { std::alloc::dealloc(self.addr as *mut u8, layout) };
-        }
+        // (else `owned`, no longer registered, is unmapped as it drops)
     }
 }
 

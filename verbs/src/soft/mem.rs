@@ -1,6 +1,5 @@
 //! Protection domains, memory regions, memory windows and address handles of `soft`.
 
-use std::alloc::Layout;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -17,8 +16,8 @@ pub(crate) struct MrShared {
     pub(crate) addr: u64,
     pub(crate) len: u64,
     pub(crate) access: AccessFlags,
-    /// Where the memory comes from (and whether it is freed with the region).
-    backing: Backing,
+    /// Where the memory comes from (held for its release with the region).
+    _backing: Backing,
 }
 
 /// A region's memory.
@@ -26,8 +25,11 @@ pub(crate) struct MrShared {
 pub(crate) enum Backing {
     /// The caller's (`register_raw`).
     Caller,
-    /// Allocated by the region on the heap, with this layout.
-    Heap(Layout),
+    /// Allocated by the region (unmapped when the region's last holder lets go).
+    Pages {
+        /// (held for its unmapping)
+        _pages: crate::pages::Pages,
+    },
     /// Allocated by the region in a shared segment (on a named fabric: `soft::shm`).
     Shared {
         /// (held for its unmapping)
@@ -41,17 +43,6 @@ impl MrShared {
     pub(crate) fn ptr_for(&self, addr: u64, len: u64) -> Option<*mut u8> {
         let off = addr.checked_sub(self.addr)?;
         (off.checked_add(len)? <= self.len).then(|| (self.addr + off) as *mut u8)
-    }
-}
-
-impl Drop for MrShared {
-    fn drop(&mut self) {
-        if let Backing::Heap(layout) = self.backing {
-            // SAFETY: `addr` came from `alloc_zeroed(layout)` in `SoftPd::register` and is
-            // freed once, here, when the last holder (region, window, request) lets go.
-            unsafe { std::alloc::dealloc(self.addr as *mut u8, layout) };
-        }
-        // (a shared segment is unmapped when `backing` drops, after this)
     }
 }
 
@@ -75,7 +66,7 @@ impl SoftPd {
         backing: Backing,
     ) -> SoftMr {
         let len = len as u64;
-        let shared = Arc::new(MrShared { pd: self.id, addr, len, access, backing });
+        let shared = Arc::new(MrShared { pd: self.id, addr, len, access, _backing: backing });
         let key = Fabric::get().keys_mut(|t| t.insert(KeyEntry::Mr(shared.clone())));
         // Memory in a shared segment that peers may touch is published for their direct path.
         if access.intersects(AccessFlags::REMOTE_ALL) {

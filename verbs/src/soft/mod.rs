@@ -126,15 +126,10 @@ impl crate::Pd<Soft> for SoftPd {
             let addr = seg.ptr() as u64;
             return Ok(self.make_mr(addr, len, access, mem::Backing::Shared { _segment: seg }));
         }
-        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096).map_err(|e| {
-            Error::RegMr { len, access, source: crate::error::invalid(e.to_string()) }
-        })?;
-        // SAFETY: the layout has a non-zero size.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        if p.is_null() {
-            return Err(Error::RegMr { len, access, source: crate::error::errno(libc::ENOMEM) });
-        }
-        Ok(self.make_mr(p as u64, len, access, mem::Backing::Heap(layout)))
+        let pages =
+            crate::pages::Pages::new(len).map_err(|source| Error::RegMr { len, access, source })?;
+        let addr = pages.ptr() as u64;
+        Ok(self.make_mr(addr, len, access, mem::Backing::Pages { _pages: pages }))
     }
 
     unsafe fn register_raw(

@@ -50,6 +50,8 @@ pub(super) struct ClientPart<P: Provider> {
     polls: bool,
     /// The marker whose answer is awaited (polling mode).
     expect: Option<u8>,
+    /// Round trips in ticks of `clock` (made nanoseconds once the size ends: no floating
+    /// point on the loop's path, which an emulated guest runs slowly).
     samples: Vec<u64>,
     /// A bandwidth test's untimed first window is in flight.
     warming: bool,
@@ -286,7 +288,9 @@ impl<P: Provider> ClientPart<P> {
     fn issue(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
         let (Some(conn), token) = (self.conn, self.token()) else { return };
         let lat = self.opts.test.is_lat();
-        let imm = lat.then_some(ECHO_IMM);
+        let quiet = self.opts.sched.quiet;
+        // (a quiet ping carries no immediate: `Cx::send_quiet` sends none)
+        let imm = (lat && !quiet).then_some(ECHO_IMM);
         let region = self.region;
         let op = match (self.opts.test.verb(), buf, region) {
             (Verb::Send, Some(buf), _) => Op::Send { buf, imm },
@@ -311,10 +315,15 @@ impl<P: Provider> ClientPart<P> {
         // A sample runs from the request to its answer: the clock starts before the request
         // goes in (the flat path posts, and soft executes, inside the call).
         let t0 = if lat { self.clock.ticks() } else { self.t0 };
-        let r = if self.opts.sched.flat {
-            cx.post_now(conn, op, token)
-        } else {
-            cx.submit(conn, op, token)
+        // With --quiet a ping goes quiet (`Cx::send_quiet`, `Cx::write_quiet`): the pong says
+        // it arrived, so it asks for no completion of its own unless one is due.
+        let r = match op {
+            op if self.opts.sched.flat => cx.post_now(conn, op, token),
+            Op::Send { buf, imm: None } if quiet => cx.send_quiet(conn, buf, token),
+            Op::Write { buf, remote, imm: None } if quiet => {
+                cx.write_quiet(conn, buf, remote, None, token)
+            }
+            op => cx.submit(conn, op, token),
         };
         match r {
             Ok(()) => {}
@@ -330,7 +339,7 @@ impl<P: Provider> ClientPart<P> {
     /// A round trip of a latency test ended (a completion, or an echo).
     fn lat_sample(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
         let end = self.clock.ticks();
-        self.samples.push(self.clock.ns_between(self.t0, end));
+        self.samples.push(end.wrapping_sub(self.t0));
         self.completed += 1;
         // (the OS clock only for -D: in the Soft-RoCE guest, whose clock source is the HPET, a
         // read costs about 2.8 us, a fifth of a write_lat round trip)
@@ -428,7 +437,10 @@ impl<P: Provider> ClientPart<P> {
         self.steady = None;
         phase::timed_phase_end(self.size);
         let elapsed = now.duration_since(self.started);
-        let samples = std::mem::take(&mut self.samples);
+        let mut samples = std::mem::take(&mut self.samples);
+        for t in &mut samples {
+            *t = self.clock.ns_between(0, *t);
+        }
         self.shared.tell(Event::Size(SizeResult {
             index: self.index,
             bytes: self.size,
@@ -517,8 +529,13 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             }
             return;
         }
-        let t = self.opts.test;
-        if !matches!(t, Test::SendLat | Test::WriteLat) || msg.imm != Some(ECHO_IMM) {
+        // (a quiet send_lat's pong carries no immediate)
+        let pong = match self.opts.test {
+            Test::SendLat => msg.imm.is_none() || msg.imm == Some(ECHO_IMM),
+            Test::WriteLat => msg.imm == Some(ECHO_IMM),
+            _ => false,
+        };
+        if !pong {
             return self.fail(cx, format!("an unexpected message (immediate {:?})", msg.imm));
         }
         self.lat_sample(cx, None);

@@ -141,12 +141,9 @@ fn marker(idx: usize, seq: u64) -> u8 {
 }
 
 /// The byte at `offset` of this side's memory (0 before it is registered).
+#[inline]
 fn region_byte<P: Provider>(mem: &Option<Memory<P>>, offset: usize) -> u8 {
-    let mut b = [0u8; 1];
-    if let Some(m) = mem {
-        let _ = m.read_at(offset, &mut b);
-    }
-    b[0]
+    mem.as_ref().and_then(|m| m.read_u8(offset).ok()).unwrap_or(0)
 }
 
 /// The immediate of the message that tells a peer where the memory granted to it is.

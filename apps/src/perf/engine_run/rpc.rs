@@ -143,6 +143,7 @@ struct State {
     peak_rate: f64,
     t0: u64,
     clock: Clock,
+    /// Round trips in ticks of `clock` (nanoseconds once the size ends, as `send_lat`'s).
     samples: Vec<u64>,
     finished: bool,
     error: Option<String>,
@@ -279,7 +280,7 @@ impl State {
         self.completed += 1;
         if self.lat() {
             let end = self.clock.ticks();
-            self.samples.push(self.clock.ns_between(self.t0, end));
+            self.samples.push(end.wrapping_sub(self.t0));
         } else if now != self.last_now {
             // The peak rate, sampled once per loop iteration (the calls ended in one share
             // its clock), as send_bw's client samples it.
@@ -309,7 +310,10 @@ impl State {
             iterations: self.completed,
             elapsed: end.duration_since(self.started),
             peak_rate: self.peak_rate,
-            samples: std::mem::take(&mut self.samples),
+            samples: std::mem::take(&mut self.samples)
+                .into_iter()
+                .map(|t| self.clock.ns_between(0, t))
+                .collect(),
         }));
         self.index += 1;
         if self.index < self.opts.sizes.len() {

@@ -20,6 +20,11 @@ pub(super) struct ServerPart<P: Provider> {
     max_size: usize,
     /// The sizes, in order (`write_lat` in polling mode answers with the marker's size).
     sizes: Vec<usize>,
+    /// `write_lat` in polling mode (`write_lat_polls`, decided once).
+    polls: bool,
+    /// `--quiet`: `write_lat`'s pongs in polling mode go quiet (send_lat's answer as the
+    /// client's pings go).
+    quiet: bool,
     /// The last marker seen (polling mode).
     last: u8,
     /// The client's connection, the memory it granted this side, its connection count.
@@ -39,6 +44,8 @@ impl<P: Provider> ServerPart<P> {
             test: o.test,
             max_size: o.max_size(),
             sizes: o.sizes.clone(),
+            polls: o.test == Test::WriteLat && write_lat_polls(&o.sizes),
+            quiet: o.sched.quiet,
             last: 0,
             conn: None,
             early: Vec::new(),
@@ -70,7 +77,7 @@ impl<P: Provider> ServerPart<P> {
 impl<P: Provider> Handler<P> for ServerPart<P> {
     /// `write_lat` in polling mode: answers a new marker at the end of the server's slot.
     fn poll(&mut self, cx: &mut Cx<P>) {
-        if self.test != Test::WriteLat || !write_lat_polls(&self.sizes) || self.error.is_some() {
+        if !self.polls || self.error.is_some() {
             return;
         }
         let Some((conn, Some(region), _)) = self.conn else { return };
@@ -86,7 +93,12 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
             buf.set_len(size)?;
             buf.as_mut_slice()[size - 1] = b;
             let at = region.at((2 * POLL_SLOT - size) as u64);
-            cx.write(conn, buf, at, None, 0).map_err(|(_, e)| e)
+            // (quiet, with --quiet: the client's next ping says this pong arrived)
+            if self.quiet {
+                cx.write_quiet(conn, buf, at, None, 0).map_err(|(_, e)| e)
+            } else {
+                cx.write(conn, buf, at, None, 0).map_err(|(_, e)| e)
+            }
         });
         if let Err(e) = r {
             if !matches!(e, EngineError::ConnectionClosing(_) | EngineError::ShuttingDown) {
@@ -133,13 +145,20 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
             self.complete = true;
             return;
         }
-        if msg.imm != Some(ECHO_IMM) {
+        // A quiet send_lat ping (`--quiet`) carries no immediate, and its pong goes quiet too
+        // (the next ping says it arrived); other pings carry `ECHO_IMM`, and so do their pongs.
+        let quiet_ping = self.test == Test::SendLat && msg.imm.is_none();
+        if !quiet_ping && msg.imm != Some(ECHO_IMM) {
             return; // send_bw: receive and let the engine repost
         }
         let r = match msg.written {
             None => cx.alloc(msg.data.len()).and_then(|mut b| {
                 b.fill(msg.data)?;
-                cx.send(conn, b, Some(ECHO_IMM), 0).map_err(|(_, e)| e)
+                if quiet_ping {
+                    cx.send_quiet(conn, b, 0).map_err(|(_, e)| e)
+                } else {
+                    cx.send(conn, b, Some(ECHO_IMM), 0).map_err(|(_, e)| e)
+                }
             }),
             Some(n) => match self.conn.and_then(|c| c.1) {
                 Some(region) => return self.echo_write(cx, conn, region, n),
