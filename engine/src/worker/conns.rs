@@ -164,6 +164,29 @@ impl<P: Provider> Conns<P> {
         !self.dirty.is_empty()
     }
 
+    /// With exactly one connection in the dirty set, `visit`s it: `visit` says whether to keep
+    /// it in the set, or `None` to leave it (and the set) to [`Conns::retain_dirty`]. Returns
+    /// whether it was visited so.
+    #[inline(always)]
+    pub(crate) fn visit_sole_dirty(
+        &mut self,
+        visit: impl FnOnce(&mut Conn<P>) -> Option<bool>,
+    ) -> bool {
+        let [slot] = self.dirty[..] else { return false };
+        let Some(c) = self.slots.get_mut(usize::from(slot)).and_then(Option::as_mut) else {
+            return false;
+        };
+        match visit(c) {
+            None => false,
+            Some(true) => true,
+            Some(false) => {
+                self.marked[usize::from(slot)] = false;
+                self.dirty.clear();
+                true
+            }
+        }
+    }
+
     /// Visits every dirty connection; keeps in the set those for which `visit` says so.
     #[inline(always)]
     pub(crate) fn retain_dirty(&mut self, mut visit: impl FnMut(&mut Conn<P>) -> bool) {
@@ -350,5 +373,33 @@ mod tests {
         c.release_drained(|_| panic!("not closing"));
         assert!(!c.any_dirty());
         assert_eq!(c.live(), 2);
+    }
+
+    #[test]
+    fn a_sole_dirty_connection_is_visited_alone() {
+        let mut c = Conns::<Soft>::new(0, 4);
+        let a = open(&mut c).unwrap();
+        let b = open(&mut c).unwrap();
+        assert!(!c.visit_sole_dirty(|_| panic!("none is dirty")));
+        c.mark(a.slot);
+        // Left to the general visit: the set is as it was.
+        assert!(!c.visit_sole_dirty(|_| None));
+        assert!(c.any_dirty());
+        // Kept, then let go.
+        assert!(c.visit_sole_dirty(|conn| Some(conn.id == a)));
+        assert!(c.any_dirty());
+        assert!(c.visit_sole_dirty(|_| Some(false)));
+        assert!(!c.any_dirty());
+        c.mark(a.slot);
+        assert!(c.any_dirty(), "a connection let go can be marked again");
+        // Two dirty: not the sole visit's.
+        c.mark(b.slot);
+        assert!(!c.visit_sole_dirty(|_| panic!("two are dirty")));
+        let mut seen = vec![];
+        c.retain_dirty(|conn| {
+            seen.push(conn.id);
+            false
+        });
+        assert_eq!(seen, vec![a, b]);
     }
 }

@@ -414,14 +414,21 @@ impl<P: Provider> Cx<P> {
         class: Option<u8>,
         quiet: bool,
     ) -> Result<ReqId, Refusal<P, E>> {
-        let Cx { conns, reqs, pool, cfg, stopping, .. } = self;
+        let Cx { conns, reqs, pool, cfg, stopping, metrics, outbox, .. } = self;
         let c = match conns.taking(conn, *stopping) {
             Ok(c) => c,
             Err(e) => return Err((op, ext, e)),
         };
         let queue = class.map(|class| cfg.queue(class));
         let (id, first) = admit(c, reqs, pool, cfg, conn, op, token, origin, ext, queue, quiet)?;
-        if first {
+        // A lone request of the first queue on an idle lane goes at once: nothing submitted
+        // later in this pass could go before it (`sched::goes_at_once`). Anything else goes at
+        // the loop's flush, which visits the connection (as one whose post failed: it closes).
+        let at_once = first
+            && queue == Some(0)
+            && sched::goes_at_once(c)
+            && sched::post_lone_ready(c, reqs, metrics, outbox, cfg);
+        if first && !at_once {
             conns.mark(conn.slot);
         }
         Ok(id)
@@ -839,6 +846,12 @@ impl<P: Provider> Cx<P> {
         // (most idle iterations: nothing to post, and the scheduler's frame is kilobytes)
         if !self.conns.any_dirty() {
             return false;
+        }
+        // The latency path: one connection with work, its one ready request posted here as
+        // the scheduler would post it (`sched::flush_sole`), without the scheduler's frame.
+        let Cx { conns, reqs, metrics, outbox, cfg, .. } = self;
+        if conns.visit_sole_dirty(|c| sched::flush_sole(c, reqs, metrics, outbox, cfg)) {
+            return true;
         }
         self.flush_dirty()
     }

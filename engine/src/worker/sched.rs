@@ -187,6 +187,75 @@ fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
     any
 }
 
+/// Whether connection `c`'s one ready request, of the first queue (that nothing submitted
+/// after it can pass: the first class with priorities, any without), goes to the device as it
+/// is submitted rather than at the loop's flush: nothing waits beside it and its one lane has
+/// nothing on the device, so no completion is due that would bring requests to batch with it
+/// (the latency path: a read posted once the last one completed). A handler that submits
+/// several at once on an idle connection has the first go alone and the rest in the flush's
+/// batches.
+#[inline(always)]
+pub(crate) fn goes_at_once<P: Provider>(c: &Conn<P>) -> bool {
+    c.waiting.len == 0
+        && c.ready.len() == 1
+        && matches!(c.lanes.as_slice(), [lane] if lane.sq.outstanding() == 0)
+}
+
+/// The flush of connection `c` when its only work is one ready request with room on its one
+/// lane (the latency path): posted as [`flush_ready`] posts a lone one, and nothing else to
+/// do. `None` when it has other work (the general flush's); else whether it stays dirty (a
+/// failed post closes it).
+#[inline(always)]
+pub(crate) fn flush_sole<P: Provider>(
+    c: &mut Conn<P>,
+    reqs: &mut Requests<P>,
+    metrics: &mut Metrics,
+    outbox: &mut Outbox<P>,
+    cfg: &WorkerCfg,
+) -> Option<bool> {
+    if c.phase != Phase::Open || c.waiting.len != 0 || c.ready.len() != 1 {
+        return None;
+    }
+    match c.lanes.as_slice() {
+        [lane] if c.ready.fits(&lane.sq, cfg) => {}
+        _ => return None,
+    }
+    post_lone_ready(c, reqs, metrics, outbox, cfg);
+    Some(c.phase == Phase::Closing || c.has_waiting())
+}
+
+/// Posts connection `c`'s one ready request (`worker/ready.rs`), on its one lane, which has
+/// room for it, with its own doorbell, as a lone waiting request goes; returns false when the
+/// device refused it (it failed, and the connection is to close: `Conn::note_error`).
+#[inline(always)]
+pub(crate) fn post_lone_ready<P: Provider>(
+    c: &mut Conn<P>,
+    reqs: &mut Requests<P>,
+    metrics: &mut Metrics,
+    outbox: &mut Outbox<P>,
+    cfg: &WorkerCfg,
+) -> bool {
+    let (waiting, ready) = (&mut c.waiting, &mut c.ready);
+    let (Some(lane), [e]) = (c.lanes.first_mut(), ready.batch(1)) else {
+        metrics.invariant_misses += 1; // (never: the callers checked both)
+        return true;
+    };
+    let (flags, release) = lone_flags(e.inline, e.quiet);
+    let flags = quiet_unless_due(flags, release, &lane.sq, cfg);
+    let sgl = std::slice::from_ref(&e.sge);
+    let wr = SendWr { wr_id: WrId::Req(e.id).encode(), op: e.op, sgl, flags, ud: None };
+    let (id, rd_atomic, read) = (e.id, e.rd_atomic(), matches!(e.op, SendOp::Read(_)));
+    let posted = post_wr(&wr, id, rd_atomic, release, lane, reqs, metrics, outbox);
+    ready.clear();
+    if !read {
+        waiting.write_epoch = waiting.write_epoch.wrapping_add(1);
+    }
+    if !posted {
+        c.note_error(WcStatus::GeneralErr);
+    }
+    posted
+}
+
 /// Posts the connection's ready requests (`worker/ready.rs`) on its one lane, in the plan's
 /// batches of `post_list`; when requests wait beside them, or the lane's room shrank since
 /// they were made, they go back to their queue instead and the scheduler plans them with the
@@ -205,20 +274,7 @@ fn flush_ready<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
     if ready.len() == 1 {
         // (the latency path: one request, posted as `flush_one` posts a lone waiting one,
         // its work request made once from its entry)
-        let e = &ready.batch(1)[0];
-        let (flags, release) = lone_flags(e.inline, e.quiet);
-        let flags = quiet_unless_due(flags, release, &lane.sq, x.cfg);
-        let sgl = std::slice::from_ref(&e.sge);
-        let wr = SendWr { wr_id: WrId::Req(e.id).encode(), op: e.op, sgl, flags, ud: None };
-        let (id, rd_atomic, read) = (e.id, e.rd_atomic(), matches!(e.op, SendOp::Read(_)));
-        let posted = post_wr(&wr, id, rd_atomic, release, lane, x.reqs, x.metrics, x.outbox);
-        ready.clear();
-        if !read {
-            waiting.write_epoch = waiting.write_epoch.wrapping_add(1);
-        }
-        if !posted {
-            c.note_error(WcStatus::GeneralErr);
-        }
+        post_lone_ready(c, x.reqs, x.metrics, x.outbox, x.cfg);
         return true;
     }
     // (batches of `post_list`, as the scheduler would make them)
