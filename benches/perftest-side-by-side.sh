@@ -53,6 +53,7 @@ core_map "$work/client.toml" 1 0 "${CLIENT_YIELD:-0}"
 core_map "$work/server.toml" 0 1 "${SERVER_YIELD:-0}"
 core_map "$work/server-bw.toml" 0 1 "${SERVER_YIELD:-0}" "${SERVER_PARK_US:-100}"
 port=18800
+# (SERVER_ARGS: extra corelink-perf options for the server, e.g. --quiet with CORELINK_ARGS=--quiet)
 # perftest TEST SIZE -> its result line's fields (server on core 1, client on core 0)
 run_perftest() {
   local tool=$1 size=$2 out
@@ -69,7 +70,8 @@ run_corelink() {
   local test=$1 size=$2 like=() server=$work/server.toml
   [[ $test == *_bw ]] && like=(-Q "${CQ_MOD:-100}") && server=$work/server-bw.toml
   port=$((port + 1))
-  timeout 120 "$perf" "$test" --config "$server" --bind "$ip" -p $port -s "$size" -n "$iters" > "$work/csrv.log" 2>&1 &
+  # shellcheck disable=SC2086
+  timeout 120 "$perf" "$test" --config "$server" --bind "$ip" -p $port -s "$size" -n "$iters" ${SERVER_ARGS:-} > "$work/csrv.log" 2>&1 &
   local srv=$!
   for _ in $(seq 100); do grep -q listening "$work/csrv.log" && break; sleep 0.1; done
   # shellcheck disable=SC2086
