@@ -17,49 +17,10 @@
 
 use std::rc::Rc;
 
-use corelink_verbs::{AccessFlags, Mr, Pd, Provider, RemoteRegion};
+use corelink_verbs::{AccessFlags, Mr, Pages, Pd, Provider, RemoteRegion, HUGE_PAGE};
 
 use crate::error::{EngineError, Result};
 use crate::request::ConnId;
-
-/// Bytes of a huge page the engine maps (`MAP_HUGETLB`'s default size on x86-64).
-const HUGE_PAGE: usize = 2 << 20;
-
-/// An anonymous mapping of huge pages, unmapped when dropped.
-struct HugeMapping {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl HugeMapping {
-    fn new(len: usize) -> Result<Self> {
-        let len = len.div_ceil(HUGE_PAGE) * HUGE_PAGE;
-        // SAFETY: an anonymous private mapping: no file, no address hint; the result is checked.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(EngineError::HugePages { len, source: std::io::Error::last_os_error() });
-        }
-        Ok(HugeMapping { ptr: ptr.cast(), len })
-    }
-}
-
-impl Drop for HugeMapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, unmapped once; the registrations over it were
-        // dropped first (they are fields declared before it, or gone with their grants, which
-        // hold the memory alive).
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
 
 struct Inner<P: Provider> {
     /// The whole memory, registered for local access (requests of this worker may use it).
@@ -67,7 +28,7 @@ struct Inner<P: Provider> {
     /// The worker's protection domain: grants are registered on it.
     pd: std::sync::Arc<P::Pd>,
     /// Huge pages the memory lives in, if the engine mapped it so (dropped after `mr`).
-    _huge: Option<HugeMapping>,
+    _huge: Option<Pages>,
 }
 
 /// Memory registered with a worker by its application. It stays on its worker's thread (it is
@@ -99,11 +60,14 @@ impl<P: Provider> Memory<P> {
         huge_pages: bool,
     ) -> Result<Self> {
         let (mr, huge) = if huge_pages {
-            let map = HugeMapping::new(len)?;
-            // SAFETY: the mapping is valid for reads and writes for `map.len` bytes and lives in
-            // `Inner` after the registration (dropped after it); nothing holds a Rust reference
-            // into it (Memory hands out none).
-            let mr = unsafe { pd.register_raw(map.ptr, len, AccessFlags::LOCAL_WRITE)? };
+            let map = Pages::huge(len).map_err(|source| EngineError::HugePages {
+                len: len.div_ceil(HUGE_PAGE) * HUGE_PAGE,
+                source,
+            })?;
+            // SAFETY: the mapping is valid for reads and writes for `map.len()` bytes and lives
+            // in `Inner` after the registration (dropped after it); nothing holds a Rust
+            // reference into it (Memory hands out none).
+            let mr = unsafe { pd.register_raw(map.as_ptr(), len, AccessFlags::LOCAL_WRITE)? };
             (mr, Some(map))
         } else {
             (pd.register(len, AccessFlags::LOCAL_WRITE)?, None)

@@ -26,6 +26,7 @@ pub mod wr;
 pub mod ibverbs;
 
 pub use error::{chain, Chain, Error, Result};
+pub use pages::{Pages, HUGE_PAGE};
 pub use provider::{
     Accepting, CmEvent, CmWaiter, ConnRequest, Connecting, Connection, Context, Cq, Listener, Mr,
     Mw, Pd, Progress, Provider, Qp, QpInitAttr, Srq, Waker, Watch, ACCEPT_WAIT,

@@ -55,6 +55,14 @@ impl Clock {
     pub fn ns_between(&self, from: u64, to: u64) -> u64 {
         (to.wrapping_sub(from) as f64 * self.ns_per_tick) as u64
     }
+
+    /// Spans of ticks made nanoseconds, in place (latency samples, kept in ticks on the loop's
+    /// path and converted once a size ends: no floating point per round trip).
+    pub fn to_ns(&self, spans: &mut [u64]) {
+        for t in spans {
+            *t = self.ns_between(0, *t);
+        }
+    }
 }
 
 impl Default for Clock {

@@ -274,9 +274,35 @@ impl<P: Provider> Cx<P> {
         if usize::from(class) >= CLASSES {
             return Err((op, EngineError::NoSuchClass { class, classes: CLASSES }));
         }
-        self.accept_with(conn, op, token, Origin::Handler, (), Some(class), false)
+        self.handler_request(conn, op, token, class, false)
+    }
+
+    /// A request of the handler on `conn` in class `class` (checked), quiet if `quiet`
+    /// ([`Cx::send_quiet`]): accepted, or everything back with why.
+    #[inline(always)]
+    fn handler_request(
+        &mut self,
+        conn: ConnId,
+        op: Op<Buf<P>>,
+        token: u64,
+        class: u8,
+        quiet: bool,
+    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
+        self.accept_with(conn, op, token, Origin::Handler, (), Some(class), quiet)
             .map(|_| ())
             .map_err(|(op, (), e)| (op, e))
+    }
+
+    /// A quiet request of the handler on `conn`, in its kind's default class.
+    #[inline(always)]
+    fn quiet_request(
+        &mut self,
+        conn: ConnId,
+        op: Op<Buf<P>>,
+        token: u64,
+    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
+        let class = self.cfg.classes[op.kind().index()];
+        self.handler_request(conn, op, token, class, true)
     }
 
     /// The flat path: posts the request now, on its own doorbell, signalled, bypassing the
@@ -425,8 +451,7 @@ impl<P: Provider> Cx<P> {
         // later in this pass could go before it (`sched::goes_at_once`). Anything else goes at
         // the loop's flush, which visits the connection (as one whose post failed: it closes).
         let at_once = first
-            && queue == Some(0)
-            && sched::goes_at_once(c)
+            && queue.is_some_and(|k| sched::goes_at_once(c, k, cfg))
             && sched::post_lone_ready(c, reqs, metrics, outbox, cfg);
         if first && !at_once {
             conns.mark(conn.slot);
@@ -564,11 +589,7 @@ impl<P: Provider> Cx<P> {
         buf: Buf<P>,
         token: u64,
     ) -> Result<(), (Op<Buf<P>>, EngineError)> {
-        let class = self.cfg.classes[OpKind::Send.index()];
-        let op = Op::Send { buf, imm: None };
-        self.accept_with(conn, op, token, Origin::Handler, (), Some(class), true)
-            .map(|_| ())
-            .map_err(|(op, (), e)| (op, e))
+        self.quiet_request(conn, Op::Send { buf, imm: None }, token)
     }
 
     /// Writes `buf`'s bytes to `remote` as [`Cx::write`] does, but tells only a failure, as
@@ -585,11 +606,7 @@ impl<P: Provider> Cx<P> {
         imm: Option<u32>,
         token: u64,
     ) -> Result<(), (Op<Buf<P>>, EngineError)> {
-        let class = self.cfg.classes[OpKind::Write.index()];
-        let op = Op::Write { buf, remote, imm };
-        self.accept_with(conn, op, token, Origin::Handler, (), Some(class), true)
-            .map(|_| ())
-            .map_err(|(op, (), e)| (op, e))
+        self.quiet_request(conn, Op::Write { buf, remote, imm }, token)
     }
 
     /// Writes `buf`'s bytes to `remote` (with an immediate if `imm`).

@@ -62,6 +62,13 @@ impl<'a, P: Provider> On<'a, P> {
         self.admit(op, token, queue, false)
     }
 
+    /// A quiet request in its kind's class ([`Cx::send_quiet`](super::Cx::send_quiet)).
+    #[inline(always)]
+    fn quiet(&mut self, op: Op<Buf<P>>, token: u64) -> Result<(), Refused<P>> {
+        let queue = self.cfg.queues[op.kind().index()];
+        self.admit(op, token, queue, true)
+    }
+
     #[inline(always)]
     fn admit(
         &mut self,
@@ -109,16 +116,14 @@ impl<'a, P: Provider> On<'a, P> {
         imm: Option<u32>,
         token: u64,
     ) -> Result<(), Refused<P>> {
-        let queue = self.cfg.queues[crate::request::OpKind::Write.index()];
-        self.admit(Op::Write { buf, remote, imm }, token, queue, true)
+        self.quiet(Op::Write { buf, remote, imm }, token)
     }
 
     /// Sends `buf`'s bytes telling only a failure, as
     /// [`Cx::send_quiet`](super::Cx::send_quiet).
     #[inline(always)]
     pub fn send_quiet(&mut self, buf: Buf<P>, token: u64) -> Result<(), Refused<P>> {
-        let queue = self.cfg.queues[crate::request::OpKind::Send.index()];
-        self.admit(Op::Send { buf, imm: None }, token, queue, true)
+        self.quiet(Op::Send { buf, imm: None }, token)
     }
 
     /// Sends `buf`'s bytes, as [`Cx::send`](super::Cx::send).

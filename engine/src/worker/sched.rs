@@ -187,24 +187,36 @@ fn flush_conn<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
     any
 }
 
-/// Whether connection `c`'s one ready request, of the first queue (that nothing submitted
-/// after it can pass: the first class with priorities, any without), goes to the device as it
-/// is submitted rather than at the loop's flush: nothing waits beside it and its one lane has
-/// nothing on the device, so no completion is due that would bring requests to batch with it
-/// (the latency path: a read posted once the last one completed). A handler that submits
-/// several at once on an idle connection has the first go alone and the rest in the flush's
-/// batches.
+/// Whether connection `c`'s only work is one ready request with room on its one lane: the
+/// latency path, posted alone (`post_lone_ready`) wherever it is found.
 #[inline(always)]
-pub(crate) fn goes_at_once<P: Provider>(c: &Conn<P>) -> bool {
+fn sole_ready<P: Provider>(c: &Conn<P>, cfg: &WorkerCfg) -> bool {
     c.waiting.len == 0
         && c.ready.len() == 1
-        && matches!(c.lanes.as_slice(), [lane] if lane.sq.outstanding() == 0)
+        && matches!(c.lanes.as_slice(), [lane] if c.ready.fits(&lane.sq, cfg))
 }
 
-/// The flush of connection `c` when its only work is one ready request with room on its one
-/// lane (the latency path): posted as [`flush_ready`] posts a lone one, and nothing else to
-/// do. `None` when it has other work (the general flush's); else whether it stays dirty (a
-/// failed post closes it).
+/// Whether connection `c`'s one ready request, of queue `queue`, goes to the device as it is
+/// submitted rather than at the loop's flush: it is of the first queue (which nothing
+/// submitted after it can pass: the first class with priorities, any without), nothing waits
+/// beside it, and its one lane has nothing on the device, so no completion is due that would
+/// bring requests to batch with it (the latency path: a read posted once the last one
+/// completed). A handler that submits several at once on an idle connection has the first go
+/// alone and the rest in the flush's batches.
+#[inline(always)]
+pub(crate) fn goes_at_once<P: Provider>(c: &Conn<P>, queue: usize, cfg: &WorkerCfg) -> bool {
+    // (a lane with nothing on the device has room for one: `sole_ready` holds, unchecked)
+    let at_once = queue == 0
+        && c.waiting.len == 0
+        && c.ready.len() == 1
+        && matches!(c.lanes.as_slice(), [lane] if lane.sq.outstanding() == 0);
+    debug_assert!(!at_once || sole_ready(c, cfg));
+    at_once
+}
+
+/// The flush of connection `c` when its only work is one ready request (`sole_ready`): posted
+/// as [`flush_ready`] posts it, without the scheduler's frame. `None` when it has other work
+/// (the general flush's); else whether it stays dirty (a failed post closes it).
 #[inline(always)]
 pub(crate) fn flush_sole<P: Provider>(
     c: &mut Conn<P>,
@@ -213,12 +225,8 @@ pub(crate) fn flush_sole<P: Provider>(
     outbox: &mut Outbox<P>,
     cfg: &WorkerCfg,
 ) -> Option<bool> {
-    if c.phase != Phase::Open || c.waiting.len != 0 || c.ready.len() != 1 {
+    if c.phase != Phase::Open || !sole_ready(c, cfg) {
         return None;
-    }
-    match c.lanes.as_slice() {
-        [lane] if c.ready.fits(&lane.sq, cfg) => {}
-        _ => return None,
     }
     post_lone_ready(c, reqs, metrics, outbox, cfg);
     Some(c.phase == Phase::Closing || c.has_waiting())
@@ -236,8 +244,12 @@ pub(crate) fn post_lone_ready<P: Provider>(
     cfg: &WorkerCfg,
 ) -> bool {
     let (waiting, ready) = (&mut c.waiting, &mut c.ready);
-    let (Some(lane), [e]) = (c.lanes.first_mut(), ready.batch(1)) else {
-        metrics.invariant_misses += 1; // (never: the callers checked both)
+    let Some(lane) = c.lanes.first_mut() else {
+        metrics.invariant_misses += 1; // (never: the callers checked it; the request stays)
+        return true;
+    };
+    let [e] = ready.batch(1) else {
+        metrics.invariant_misses += 1; // (never: the callers checked it)
         return true;
     };
     let (flags, release) = lone_flags(e.inline, e.quiet);
@@ -262,6 +274,12 @@ pub(crate) fn post_lone_ready<P: Provider>(
 /// rest (the same batches either way). Returns whether anything was posted.
 #[inline(always)]
 fn flush_ready<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
+    if sole_ready(c, x.cfg) {
+        // (the latency path: one request, posted as `flush_one` posts a lone waiting one,
+        // its work request made once from its entry)
+        post_lone_ready(c, x.reqs, x.metrics, x.outbox, x.cfg);
+        return true;
+    }
     let (waiting, ready) = (&mut c.waiting, &mut c.ready);
     let Some(lane) = c.lanes.first_mut() else {
         ready.demote(waiting, x.reqs);
@@ -270,12 +288,6 @@ fn flush_ready<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> bool {
     if waiting.len > 0 || !ready.fits(&lane.sq, x.cfg) {
         ready.demote(waiting, x.reqs);
         return false;
-    }
-    if ready.len() == 1 {
-        // (the latency path: one request, posted as `flush_one` posts a lone waiting one,
-        // its work request made once from its entry)
-        post_lone_ready(c, x.reqs, x.metrics, x.outbox, x.cfg);
-        return true;
     }
     // (batches of `post_list`, as the scheduler would make them)
     while !ready.is_empty() {

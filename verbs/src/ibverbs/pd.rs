@@ -105,15 +105,15 @@ impl IbvPd {
 }
 
 impl Pd<Ibverbs> for IbvPd {
-    /// Maps `len` bytes rounded up to whole 4 KiB pages, zeroed (by the kernel, as the
-    /// registration pins them), and registers the first `len`. `len == 0` is refused with
+    /// Maps `len` bytes rounded up to whole 4 KiB pages, zeroed by the kernel ([`Pages`]), and
+    /// registers the first `len`. `len == 0` is refused with
     /// `EINVAL`.
     fn register(&self, len: usize, access: AccessFlags) -> Result<IbvMr> {
         if len == 0 {
             return Err(Error::RegMr { len, access, source: errno_err(libc::EINVAL) });
         }
         let pages = Pages::new(len).map_err(|source| Error::RegMr { len, access, source })?;
-        self.reg(pages.ptr(), len, access, Some(pages))
+        self.reg(pages.as_ptr(), len, access, Some(pages))
     }
 
     unsafe fn register_raw(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<IbvMr> {

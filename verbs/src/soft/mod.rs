@@ -128,7 +128,7 @@ impl crate::Pd<Soft> for SoftPd {
         }
         let pages =
             crate::pages::Pages::new(len).map_err(|source| Error::RegMr { len, access, source })?;
-        let addr = pages.ptr() as u64;
+        let addr = pages.as_ptr() as u64;
         Ok(self.make_mr(addr, len, access, mem::Backing::Pages { _pages: pages }))
     }
 

@@ -438,9 +438,7 @@ impl<P: Provider> ClientPart<P> {
         phase::timed_phase_end(self.size);
         let elapsed = now.duration_since(self.started);
         let mut samples = std::mem::take(&mut self.samples);
-        for t in &mut samples {
-            *t = self.clock.ns_between(0, *t);
-        }
+        self.clock.to_ns(&mut samples);
         self.shared.tell(Event::Size(SizeResult {
             index: self.index,
             bytes: self.size,

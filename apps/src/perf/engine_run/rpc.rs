@@ -304,16 +304,15 @@ impl State {
     fn finish_size(&mut self, now: Instant) -> Next {
         phase::timed_phase_end(self.size);
         let end = if self.lat() { Instant::now() } else { now };
+        let mut samples = std::mem::take(&mut self.samples);
+        self.clock.to_ns(&mut samples);
         self.shared.tell(Event::Size(SizeResult {
             index: self.index,
             bytes: self.size,
             iterations: self.completed,
             elapsed: end.duration_since(self.started),
             peak_rate: self.peak_rate,
-            samples: std::mem::take(&mut self.samples)
-                .into_iter()
-                .map(|t| self.clock.ns_between(0, t))
-                .collect(),
+            samples,
         }));
         self.index += 1;
         if self.index < self.opts.sizes.len() {
