@@ -7,7 +7,9 @@
 #
 # Each test runs as a server and a client process on the guest's IP. TESTS="send_lat:8 ..."
 # picks tests (default: all seven), ITERS the iterations (1000), CORELINK_ARGS extra client
-# options for corelink-perf, SERVER_YIELD / CLIENT_YIELD each side's
+# options for corelink-perf, RAW=1 corelink's verbs loop instead of its engine (`corelink-perf
+# baseline raw_TEST`: what corelink's verbs layer costs beside perftest), SERVER_YIELD /
+# CLIENT_YIELD each side's
 # `worker.yield_after_empty_polls` (0: pure busy-polling; rxe's kernel work shares the vCPUs). perftest reports MB/sec
 # in MiB (2^20 bytes); corelink's MB/s (10^6 bytes) are converted to MiB for the ratio.
 # Bandwidth ratio = corelink / perftest (higher is better); latency ratio = corelink t_typical /
@@ -15,13 +17,11 @@
 # Both run with perftest's defaults: its bandwidth tests ask for one completion in 100
 # (`--cq-mod`, 100 by default), so corelink's do too (`-Q ${CQ_MOD:-100}`; its own default
 # is 1, one completion per request); both keep 128 requests in flight. perftest's bandwidth
-# server waits in a blocking call while the client runs, leaving its core to rxe's kernel work;
-# corelink's bandwidth server does the same once idle (`worker.park_after_us`,
-# SERVER_PARK_US, default 100; 0 busy-polls as its latency server always does: parked, a
-# read_lat server measured worse, 1.22-1.34 x perftest against 1.16-1.2 polling, in session
-# 27). corelink's ping-pongs post their pings and pongs quiet (one completion in
-# `worker.batching.signal_every`: each answer says its request arrived); perftest asks for a
-# completion of each.
+# server waits in a blocking call while the client runs, leaving its core to rxe's kernel
+# work; corelink's bandwidth server does the same once idle (`worker.park_after_us`,
+# SERVER_PARK_US, default 100; 0 busy-polls, as its latency servers always do: parked, a
+# read_lat server measured worse in sessions 27 and 28, 1.27 x perftest against 1.15
+# polling, medians of five alternating rounds in one boot).
 set -u
 : "${CORELINK_IBV_DEVICE:?run this inside tests/rxe-guest/run}" "${CORELINK_IP:?}"
 dev=$CORELINK_IBV_DEVICE gid=${CORELINK_IBV_GID_INDEX:-1} ip=$CORELINK_IP
@@ -51,7 +51,7 @@ MAP
 }
 core_map "$work/client.toml" 1 0 "${CLIENT_YIELD:-0}"
 core_map "$work/server.toml" 0 1 "${SERVER_YIELD:-0}"
-core_map "$work/server-bw.toml" 0 1 "${SERVER_YIELD:-0}" "${SERVER_PARK_US:-100}"
+core_map "$work/server-idle.toml" 0 1 "${SERVER_YIELD:-0}" "${SERVER_PARK_US:-100}"
 port=18800
 # (SERVER_ARGS: extra corelink-perf options for the server, e.g. --quiet with CORELINK_ARGS=--quiet)
 # perftest TEST SIZE -> its result line's fields (server on core 1, client on core 0)
@@ -68,14 +68,19 @@ run_perftest() {
 # corelink-perf TEST SIZE -> its JSON line
 run_corelink() {
   local test=$1 size=$2 like=() server=$work/server.toml
-  [[ $test == *_bw ]] && like=(-Q "${CQ_MOD:-100}") && server=$work/server-bw.toml
+  [[ $test == *_bw ]] && like=(-Q "${CQ_MOD:-100}")
+  [[ $test == *_bw ]] && server=$work/server-idle.toml
   port=$((port + 1))
+  # (RAW=1: corelink's verbs layer without the engine, `baseline raw_TEST`, which pins its
+  # own threads: the server's to core 0, the client's to 1)
+  local run=("$test" --config "$server") runc=("$test" --config "$work/client.toml")
+  [ -n "${RAW:-}" ] && run=(baseline "raw_$test" --provider ibverbs) && runc=("${run[@]}")
   # shellcheck disable=SC2086
-  timeout 120 "$perf" "$test" --config "$server" --bind "$ip" -p $port -s "$size" -n "$iters" ${SERVER_ARGS:-} > "$work/csrv.log" 2>&1 &
+  timeout 120 "$perf" "${run[@]}" --bind "$ip" -p $port -s "$size" -n "$iters" ${SERVER_ARGS:-} > "$work/csrv.log" 2>&1 &
   local srv=$!
   for _ in $(seq 100); do grep -q listening "$work/csrv.log" && break; sleep 0.1; done
   # shellcheck disable=SC2086
-  timeout 120 "$perf" "$test" --config "$work/client.toml" -p $port -s "$size" -n "$iters" "${like[@]}" ${CORELINK_ARGS:-} --json "$ip" 2>/dev/null | head -1
+  timeout 120 "$perf" "${runc[@]}" -p $port -s "$size" -n "$iters" "${like[@]}" ${CORELINK_ARGS:-} --json "$ip" 2>/dev/null | head -1
   wait $srv
 }
 json() { python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('$1', 'nan'))"; }

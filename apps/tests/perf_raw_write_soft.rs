@@ -9,7 +9,7 @@ use corelink_apps::perf::verbs_run::run;
 
 fn raw_write(iters: u64, post_list: u32, cq_mod: u32) -> PerfOpts {
     let mut o = PerfOpts::new(Test::WriteBw);
-    o.raw_write = true;
+    o.raw = true;
     o.sizes = vec![8];
     o.iters = iters;
     o.post_list = post_list;
@@ -40,7 +40,7 @@ fn raw_write_reports_a_positive_message_rate() {
 #[test]
 fn raw_write_is_rc_only() {
     let mut o = PerfOpts::new(Test::WriteBw);
-    o.raw_write = true;
+    o.raw = true;
     o.transport = Transport::Uc;
     assert!(matches!(o.check(false), Err(PerfError::Usage(_))));
 }
@@ -68,4 +68,32 @@ fn the_binary_runs_baseline_raw_write() {
         .output()
         .expect("corelink-perf runs");
     assert_eq!(bad.status.code(), Some(2));
+}
+
+/// The other raw baselines: each latency test as a verbs loop on RC, through the binary, with
+/// the test's latency keys under `baseline_raw_TEST`; the RPC tests and unknown names are
+/// usage errors.
+#[test]
+fn the_binary_runs_the_raw_latency_baselines() {
+    for t in ["read_lat", "atomic_lat", "send_lat", "write_lat"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_corelink-perf"))
+            .args(["baseline", &format!("raw_{t}"), "-s", "8", "-n", "500", "--json"])
+            .output()
+            .expect("corelink-perf runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{t}: {stderr}");
+        let line = String::from_utf8(out.stdout).expect("utf-8");
+        let j: serde_json::Value = serde_json::from_str(line.trim()).expect("one JSON object");
+        assert_eq!(j["test"], format!("baseline_raw_{t}"));
+        assert_eq!(j["transport"], "RC");
+        assert_eq!(j["iterations"], 500);
+        assert!(j["t_typical_us"].as_f64().is_some_and(|t| t > 0.0), "{line}");
+    }
+    for bad in ["raw_rpc_lat", "raw_nothing"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_corelink-perf"))
+            .args(["baseline", bad])
+            .output()
+            .expect("corelink-perf runs");
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+    }
 }

@@ -5,7 +5,7 @@
 //!   TEST: write_bw write_lat read_bw read_lat send_bw send_lat atomic_bw atomic_lat
 //!         rpc_lat rpc_bw (through corelink-rpc; --with-send runs send_lat / send_bw beside)
 //! corelink-perf baseline memcpy|ring_pingpong|tcp_lat|tcp_bw [-s SIZE | -a] [-n ITERS] [--json] [SERVER_ADDR]
-//! corelink-perf baseline raw_write [write_bw's options] [SERVER_ADDR]
+//! corelink-perf baseline raw_write|raw_TEST [the test's options] [SERVER_ADDR]
 //! ```
 //!
 //! Without SERVER_ADDR on `ibverbs` it is the server (it serves one client, until that client
@@ -28,7 +28,7 @@ use corelink_apps::perf::baseline::{self, BaselineKind, BaselineOpts};
 use corelink_apps::perf::engine_run::{self, RunInfo};
 use corelink_apps::perf::opts::{
     Explicit, PerfError, PerfOpts, Prov, Role, Test, Transport, DEFAULT_PORT, MAX_BYTES_IN_FLIGHT,
-    SEND_WINDOW,
+    RAW_BASELINES, SEND_WINDOW,
 };
 use corelink_apps::perf::verbs_run::{self, VerbsInfo};
 use corelink_apps::perf::{all_sizes, plot, Latency, Report};
@@ -53,6 +53,7 @@ Examples:
   corelink-perf send_lat --provider soft 127.0.0.1            # and client
   corelink-perf baseline memcpy -a
   corelink-perf baseline raw_write -l 16 -Q 64                # write_bw 8 B, a verbs loop
+  corelink-perf baseline raw_read_lat -s 8                    # read_lat, a verbs loop
   corelink-perf rpc_lat -s 8 --with-send --rounds 5 --json    # send_lat, rpc_lat, 5 times
 
 rpc_lat and rpc_bw are send_lat and send_bw through the RPC layer (corelink-rpc), on the
@@ -63,7 +64,9 @@ each, in the same process; --rounds N alternates the two N times.
 
 baseline raw_write is write_bw (8 B unless -s) as a hand-written verbs loop on RC, no engine,
 with write_bw's -l, -Q, -t, -n/-D and provider options: the floor any engine on that provider
-can reach (the loop that -c UC runs; reported as baseline_raw_write).";
+can reach (the loop that -c UC runs; reported as baseline_raw_write). baseline raw_TEST does
+the same for the other tests but the RPC ones (raw_write_lat, raw_read_bw, raw_read_lat,
+raw_send_bw, raw_send_lat, raw_atomic_bw, raw_atomic_lat; reported as baseline_raw_TEST).";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -241,8 +244,8 @@ fn sizes(cli: &Cli, default: usize) -> Vec<usize> {
     }
 }
 
-/// Builds the options of a `TEST` run (with `raw`: of `baseline raw_write`, `write_bw` on the
-/// verbs runner, 8 B by default); returns them with notes for the header.
+/// Builds the options of a `TEST` run (with `raw`: of `baseline raw_TEST`, the test on the
+/// verbs runner; `raw_write`, `write_bw`'s, 8 B by default); returns them with notes for the header.
 fn perf_opts(
     cli: &Cli,
     test: Test,
@@ -250,11 +253,11 @@ fn perf_opts(
     raw: bool,
 ) -> Result<(PerfOpts, Vec<String>), PerfError> {
     let mut o = PerfOpts::new(test);
-    o.raw_write = raw;
+    o.raw = raw;
     o.no_pack = cli.no_pack;
     o.transport = Transport::parse(&cli.connection)
         .ok_or_else(|| PerfError::Usage(format!("-c {}: RC, UC or UD", cli.connection)))?;
-    o.sizes = sizes(cli, if raw { 8 } else { o.sizes[0] });
+    o.sizes = sizes(cli, if raw && test == Test::WriteBw { 8 } else { o.sizes[0] });
     if o.transport == Transport::Ud && cli.size.is_none() && !cli.all && !test.is_lat() {
         o.sizes.clear(); // verbs_run: one message of the port MTU
     }
@@ -500,7 +503,8 @@ fn reports_provider(r: &[Report]) -> String {
 }
 
 /// The baselines, as the usage errors list them.
-const BASELINES: &str = "memcpy, ring_pingpong, tcp_lat, tcp_bw or raw_write";
+const BASELINES: &str =
+    "memcpy, ring_pingpong, tcp_lat, tcp_bw, or raw_TEST (raw_write, raw_read_lat, ...)";
 
 fn run_baseline(cli: &Cli, kind: &str, addr: Option<&str>) -> Result<(), PerfError> {
     let kind = match kind {
@@ -508,8 +512,13 @@ fn run_baseline(cli: &Cli, kind: &str, addr: Option<&str>) -> Result<(), PerfErr
         "ring_pingpong" => BaselineKind::RingPingpong,
         "tcp_lat" => BaselineKind::TcpLat,
         "tcp_bw" => BaselineKind::TcpBw,
-        // write_bw's loop on the verbs runner, with write_bw's options and output.
-        "raw_write" => return run_test(cli, Test::WriteBw, addr, true),
+        // The test's loop on the verbs runner, with its options and output.
+        k if k.starts_with("raw_") => {
+            return match PerfOpts::raw_test(k) {
+                Some(t) => run_test(cli, t, addr, true),
+                None => Err(PerfError::Usage(format!("baseline {k:?}: {RAW_BASELINES}"))),
+            }
+        }
         k => return Err(PerfError::Usage(format!("baseline {k:?}: {BASELINES}"))),
     };
     let default = match kind {

@@ -19,6 +19,11 @@ pub const MAX_BYTES_IN_FLIGHT: usize = 16 << 20;
 /// would only meet receiver-not-ready retries).
 pub const SEND_WINDOW: usize = corelink_engine::tunables::RECVS_PER_CONN;
 
+/// The raw baselines (`corelink-perf baseline raw_TEST`): each test but the RPC ones as a
+/// verbs loop on RC, no engine (`raw_write` is `write_bw`'s).
+pub const RAW_BASELINES: &str = "raw_write, raw_write_lat, raw_read_bw, raw_read_lat, \
+     raw_send_bw, raw_send_lat, raw_atomic_bw, raw_atomic_lat";
+
 /// The largest one-sided message: the memory each side of an engine run registers and grants
 /// its peer (`corelink-perf` exposes 1 MiB; the engine itself grants any size).
 pub const MAX_ONE_SIDED: usize = 1 << 20;
@@ -301,10 +306,11 @@ pub struct PerfOpts {
     pub progress: bool,
     /// The engine's scheduler knobs (`--flat`, `--no-merge`, `--no-priority`, ...).
     pub sched: SchedOpts,
-    /// `baseline raw_write`: `write_bw` as a hand-written verbs loop on RC (the verbs runner,
-    /// no engine), with the same `-s`, `-l`, `-Q` and `-t`: the floor any engine on that
-    /// provider can reach. Reported as `baseline_raw_write`.
-    pub raw_write: bool,
+    /// `baseline raw_TEST` (`raw_write` for `write_bw`): the test as a hand-written verbs loop
+    /// on RC (the verbs runner, no engine), with the same `-s`, `-l`, `-Q` and `-t`: the floor
+    /// any engine on that provider can reach. Reported as `baseline_raw_write`,
+    /// `baseline_raw_read_lat`, ...
+    pub raw: bool,
     /// `rpc_lat` / `rpc_bw`: every message in a send of its own (`--no-pack`:
     /// `corelink_rpc::EndpointConfig::pack_max` 0), instead of a pass's small messages to
     /// one peer packed into one send.
@@ -384,7 +390,7 @@ impl PerfOpts {
             timeout: Some(Duration::from_secs(600)),
             progress: false,
             sched: SchedOpts { bg_size: 4096, ..SchedOpts::default() },
-            raw_write: false,
+            raw: false,
             no_pack: false,
             explicit: Explicit::default(),
         }
@@ -395,8 +401,8 @@ impl PerfOpts {
     pub fn check(&mut self, all_sizes: bool) -> Result<Vec<String>, PerfError> {
         let mut notes = Vec::new();
         let t = self.test;
-        if self.raw_write {
-            self.check_raw_write()?;
+        if self.raw {
+            self.check_raw()?;
         }
         match (self.transport, t.verb()) {
             (Transport::Uc, Verb::Read | Verb::Atomic) => {
@@ -494,7 +500,7 @@ impl PerfOpts {
     /// receive each; dropped from `-a` with a note).
     fn check_rpc(&mut self, all_sizes: bool, notes: &mut Vec<String>) -> Result<(), PerfError> {
         let t = self.test.name();
-        if self.raw_write || self.transport != Transport::Rc || self.use_srq {
+        if self.raw || self.transport != Transport::Rc || self.use_srq {
             return Err(PerfError::Usage(format!(
                 "{t} runs on the engine (RC, receives per connection): not with -c UC/UD, \
                  --use-srq or a baseline"
@@ -521,45 +527,55 @@ impl PerfOpts {
         Ok(())
     }
 
-    /// What `baseline raw_write` refuses: anything but RC writes without an SRQ, and the engine's
-    /// scheduler options (there is no engine).
-    fn check_raw_write(&self) -> Result<(), PerfError> {
-        if self.test != Test::WriteBw {
+    /// What `baseline raw_TEST` refuses: the RPC tests (the RPC layer runs on the engine),
+    /// anything but RC without an SRQ, and the engine's scheduler options (there is no engine).
+    fn check_raw(&self) -> Result<(), PerfError> {
+        let name = self.report_name();
+        if self.test.is_rpc() {
             return Err(PerfError::Usage(format!(
-                "baseline raw_write measures RDMA writes (write_bw), not {}",
-                self.test.name()
+                "baseline raw_{}: the RPC layer runs on the engine; the raw baselines are {}",
+                self.test.name(),
+                RAW_BASELINES
             )));
         }
         if self.transport != Transport::Rc || self.use_srq {
-            return Err(PerfError::Usage(
-                "baseline raw_write runs on RC without an SRQ (for UC: write_bw -c UC, which \
-                 runs the same verbs loop)"
-                    .into(),
-            ));
+            return Err(PerfError::Usage(format!(
+                "{name} runs on RC without an SRQ (for UC: {} -c UC, which runs the same verbs \
+                 loop)",
+                self.test.name()
+            )));
         }
         if self.sched != (SchedOpts { bg_size: self.sched.bg_size, ..SchedOpts::default() }) {
-            return Err(PerfError::Usage(
-                "baseline raw_write has no engine: --flat, --no-merge, --no-priority, \
+            return Err(PerfError::Usage(format!(
+                "{name} has no engine: --flat, --no-merge, --no-priority, --quiet, \
                  --hot-records, --bg-writes and --max-outstanding do not apply"
-                    .into(),
-            ));
+            )));
         }
         Ok(())
     }
 
     /// Whether the run goes to the verbs runner (`verbs_run`): `-c UC`, `-c UD` or
     /// `--use-srq`, which the engine (RC, receives per connection) does not offer, and
-    /// `baseline raw_write`, which is that runner's loop on RC.
+    /// `baseline raw_TEST`, which is that runner's loop on RC.
     pub fn on_verbs(&self) -> bool {
-        self.raw_write || self.transport != Transport::Rc || self.use_srq
+        self.raw || self.transport != Transport::Rc || self.use_srq
     }
 
-    /// The name reports carry: the test's, or `baseline_raw_write`.
-    pub fn report_name(&self) -> &'static str {
-        if self.raw_write {
-            "baseline_raw_write"
-        } else {
-            self.test.name()
+    /// The name reports carry: the test's, or for `baseline raw_TEST` `baseline_raw_TEST`
+    /// (`baseline_raw_write` for `write_bw`, the first of them).
+    pub fn report_name(&self) -> String {
+        match (self.raw, self.test) {
+            (false, t) => t.name().into(),
+            (true, Test::WriteBw) => "baseline_raw_write".into(),
+            (true, t) => format!("baseline_raw_{}", t.name()),
+        }
+    }
+
+    /// The test a raw baseline's name gives: `raw_write` (`write_bw`) or `raw_TEST`.
+    pub fn raw_test(kind: &str) -> Option<Test> {
+        match kind.strip_prefix("raw_")? {
+            "write" => Some(Test::WriteBw),
+            t => Test::from_name(t),
         }
     }
 
@@ -633,9 +649,9 @@ mod tests {
     }
 
     #[test]
-    fn raw_write_is_rc_writes_on_verbs() {
+    fn raw_baselines_are_rc_verbs_loops() {
         let mut o = PerfOpts::new(Test::WriteBw);
-        o.raw_write = true;
+        o.raw = true;
         o.check(false).expect("RC writes");
         assert!(o.on_verbs());
         assert_eq!(o.report_name(), "baseline_raw_write");
@@ -645,10 +661,25 @@ mod tests {
         let mut flat = o.clone();
         flat.sched.flat = true;
         assert!(matches!(flat.check(false), Err(PerfError::Usage(_))));
-        let mut read = PerfOpts::new(Test::ReadBw);
-        read.raw_write = true;
-        assert!(matches!(read.check(false), Err(PerfError::Usage(_))));
         assert_eq!(PerfOpts::new(Test::WriteBw).report_name(), "write_bw");
+        // Any test but the RPC ones has its raw loop.
+        let mut read = PerfOpts::new(Test::ReadLat);
+        read.raw = true;
+        read.check(false).expect("a raw read_lat");
+        assert!(read.on_verbs());
+        assert_eq!(read.report_name(), "baseline_raw_read_lat");
+        let mut quiet = PerfOpts::new(Test::SendLat);
+        quiet.raw = true;
+        quiet.sched.quiet = true;
+        assert!(matches!(quiet.check(false), Err(PerfError::Usage(_))));
+        let mut rpc = PerfOpts::new(Test::RpcLat);
+        rpc.raw = true;
+        assert!(matches!(rpc.check(false), Err(PerfError::Usage(_))));
+        assert_eq!(PerfOpts::raw_test("raw_write"), Some(Test::WriteBw));
+        assert_eq!(PerfOpts::raw_test("raw_read_lat"), Some(Test::ReadLat));
+        assert_eq!(PerfOpts::raw_test("raw_rpc_lat"), Some(Test::RpcLat));
+        assert_eq!(PerfOpts::raw_test("raw_nothing"), None);
+        assert_eq!(PerfOpts::raw_test("read_lat"), None);
     }
 
     #[test]

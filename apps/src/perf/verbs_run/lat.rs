@@ -18,7 +18,9 @@ use super::guard::{retire, retire_until, Guard, CHECK_EVERY};
 use super::plan::{Plan, LAT_SQ_SLACK};
 use super::setup::Side;
 use super::wire::{poll_ctl, Ctl, Info};
+use crate::perf::clock::Clock;
 use crate::perf::opts::Verb;
+use crate::perf::phase;
 
 /// Where the ping-pong of writes of `size` bytes watches: the 8-byte word holding the last
 /// byte, and that byte's shift in it.
@@ -63,10 +65,11 @@ fn post_one<P: Provider>(
     unsafe { qp.post_send(&[wr]) }.map_err(|e| format!("post_send: {e}"))
 }
 
-/// Waits for one completion on `cq`, checking `g` while idle.
-fn wait_one<C: Cq>(cq: &C, g: &Guard, since: Instant, what: &str) -> Result<Wc, String> {
+/// Waits for one completion on `cq`, checking `g` while idle (from the first check on: no
+/// OS clock read on a round trip's path, which in the Soft-RoCE guest costs microseconds).
+fn wait_one<C: Cq>(cq: &C, g: &Guard, what: &str) -> Result<Wc, String> {
     let mut wc = [Wc::default(); 1];
-    let mut idle = 0u32;
+    let (mut idle, mut since) = (0u32, None);
     loop {
         if cq.poll(&mut wc).map_err(|e| format!("polling a CQ: {e}"))? == 1 {
             if !wc[0].status.is_success() {
@@ -76,7 +79,7 @@ fn wait_one<C: Cq>(cq: &C, g: &Guard, since: Instant, what: &str) -> Result<Wc, 
         }
         idle += 1;
         if idle % CHECK_EVERY == 0 {
-            g.check(since, what)?;
+            g.check(*since.get_or_insert_with(Instant::now), what)?;
         }
     }
 }
@@ -99,11 +102,14 @@ pub fn client<P: Provider>(
     let mut samples = Vec::with_capacity(want);
     let w = watch(size);
     let (mut outstanding, mut wcs) = (0usize, [Wc::default(); 16]);
+    // Samples in ticks of the time-stamp counter, as perftest's (made nanoseconds at the end).
+    let clock = Clock::new();
+    phase::timed_phase_begin(size);
     let start = Instant::now();
-    let deadline = plan.duration.map(|d| start + d);
+    let deadline = plan.duration.map(|d| clock.ticks().wrapping_add(clock.ticks_for(d)));
     let mut i = 0u64;
     loop {
-        let t0 = Instant::now();
+        let t0 = clock.ticks();
         if deadline.map_or(i >= plan.iters, |d| t0 >= d) {
             break;
         }
@@ -111,7 +117,7 @@ pub fn client<P: Provider>(
             Verb::Send => {
                 post_one(s, peer, SendOp::Send, sge, inline)?;
                 outstanding += 1;
-                let wc = wait_one(&s.rcq, g, t0, "the answer to a send")?;
+                let wc = wait_one(&s.rcq, g, "the answer to a send")?;
                 let (qp, slot) = s.recv_origin(wc.wr_id);
                 s.post_recv(qp, slot)?;
             }
@@ -120,11 +126,11 @@ pub fn client<P: Provider>(
                 s.src.write_at(size - 1, &[v]).map_err(|e| format!("the buffer: {e}"))?;
                 post_one(s, peer, SendOp::Write(remote), sge, inline)?;
                 outstanding += 1;
-                let mut idle = 0u32;
+                let (mut idle, mut since) = (0u32, None);
                 while watched(&s.dst, w)? != v {
                     idle += 1;
                     if idle % CHECK_EVERY == 0 {
-                        g.check(t0, "the answer to a write")?;
+                        g.check(*since.get_or_insert_with(Instant::now), "the answer to a write")?;
                     }
                 }
             }
@@ -134,10 +140,10 @@ pub fn client<P: Provider>(
                     _ => SendOp::FetchAdd { remote, add: 1 },
                 };
                 post_one(s, peer, op, sge, false)?;
-                wait_one(&s.scq, g, t0, "a request")?;
+                wait_one(&s.scq, g, "a request")?;
             }
         }
-        samples.push(t0.elapsed().as_nanos() as u64);
+        samples.push(clock.ticks().wrapping_sub(t0));
         i += 1;
         if outstanding > 0 {
             outstanding -= retire(&s.scq, &mut wcs, plan.test.name())?.min(outstanding);
@@ -145,6 +151,8 @@ pub fn client<P: Provider>(
         }
     }
     let elapsed = start.elapsed();
+    phase::timed_phase_end(size);
+    clock.to_ns(&mut samples);
     retire_until(&s.scq, &mut outstanding, 0, g, plan.test.name())?;
     Ok(Measured { iterations: samples.len() as u64, elapsed, peak_rate: 0.0, samples })
 }

@@ -35,7 +35,7 @@ pub struct VerbsInfo {
 /// One size's report, with the engine runner's keys (`workers`: 1).
 pub fn report(o: &PerfOpts, provider: &str, bytes: usize, m: Measured) -> Report {
     let mut rep = Report {
-        test: o.report_name().into(),
+        test: o.report_name(),
         transport: Some(o.transport.name().into()),
         provider: Some(provider.into()),
         workers: Some(1),
@@ -95,7 +95,9 @@ pub fn header_block(o: &PerfOpts, info: &VerbsInfo, notes: &[String]) -> String 
          {}\n \
          Sizes           : {}\n",
         match o.test {
-            _ if o.raw_write => "RDMA_Write BW baseline (raw_write: a verbs loop, no engine)",
+            _ if o.raw && o.test == Test::WriteBw => {
+                "RDMA_Write BW baseline (raw_write: a verbs loop, no engine)"
+            }
             // Polled in memory here, as perftest's (the engine's uses write-with-immediate).
             Test::WriteLat => "RDMA_Write Latency Test",
             t => t.title(),
