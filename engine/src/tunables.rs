@@ -69,8 +69,10 @@ pub const MAX_TIMERS: usize = 1024;
 /// waits at most.
 pub const PARK_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
 
-/// Empty polls in a row before a worker with connections and `worker.park_after_us` looks at
-/// the clock (one read per iteration from then on, until work comes).
+/// Empty polls in a row before an idle worker looks at the clock (one read per iteration from
+/// then on, until work comes): one with connections and `worker.park_after_us`, or one
+/// without connections and `worker.idle_after_us` (in the Soft-RoCE guest a read of its
+/// clock, the HPET, costs about 2.8 us).
 pub const PARK_LOOK_AFTER: u32 = 64;
 
 /// Loop iterations between two publications of a worker's metrics.

@@ -241,7 +241,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                     }
                 }
             } else if let Some(idle) = self.cx.cfg.idle_after {
-                if self.idle_for(idle) {
+                // (as above, the clock is read only after a run of empty polls)
+                self.empty_run = self.empty_run.saturating_add(1);
+                if self.empty_run >= PARK_LOOK_AFTER && self.idle_for(idle) {
                     std::thread::park_timeout(PARK_SLICE);
                 }
             }

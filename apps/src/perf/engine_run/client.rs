@@ -37,6 +37,10 @@ pub(super) struct ClientPart<P: Provider> {
     completed: u64,
     started: Instant,
     deadline: Option<Instant>,
+    /// A latency test's deadline (`-D`) in ticks of `clock`, checked against each sample's end
+    /// (no OS clock read per round trip: in the Soft-RoCE guest, whose clock source is the
+    /// HPET, one costs about 2.8 us).
+    deadline_tick: Option<u64>,
     /// The peak rate's interval: since when (a tick of `clock`), and completions then.
     mark: (u64, u64),
     /// [`PEAK_INTERVAL`] in ticks of `clock`.
@@ -71,9 +75,10 @@ pub(super) struct ClientPart<P: Provider> {
     _p: std::marker::PhantomData<fn() -> P>,
 }
 
-/// A bandwidth test's steady state, decided as its timed part starts: each completion of the
-/// size's token posts the same request again with its buffer, nothing else to decide (the
-/// lean loop a perftest-style benchmark runs, so that what it measures is the engine's cost).
+/// A bandwidth test's steady state, or `read_lat`'s and `atomic_lat`'s, decided as its timed
+/// part starts: each completion of the size's token posts the same request again with its
+/// buffer (a latency test's after taking its sample), nothing else to decide (the lean loop a
+/// perftest-style benchmark runs, so that what it measures is the engine's cost).
 #[derive(Clone, Copy, Debug)]
 struct Steady {
     conn: ConnId,
@@ -82,6 +87,9 @@ struct Steady {
     remote: corelink_engine::verbs::RemoteAddr,
     /// Requests to post in all (lowered to those posted once a timed run's deadline passed).
     until: u64,
+    /// A latency test's: each completion is a sample, and a timed run's deadline is looked at
+    /// then (not once per loop iteration, with no peak rate).
+    lat: bool,
 }
 
 /// How a bandwidth test's steady state posts (its verb, flat or scheduled): one decision for
@@ -128,6 +136,7 @@ impl<P: Provider> ClientPart<P> {
             completed: 0,
             started: now,
             deadline: None,
+            deadline_tick: None,
             mark: (0, 0),
             peak_ticks: clock.ticks_for(PEAK_INTERVAL),
             peak_rate: 0.0,
@@ -214,9 +223,12 @@ impl<P: Provider> ClientPart<P> {
         self.started = now;
         self.mark = (self.clock.ticks(), 0);
         self.deadline = o.duration.map(|d| now + d);
+        self.deadline_tick = o.duration.map(|d| self.mark.0.wrapping_add(self.clock.ticks_for(d)));
+        // (read_lat and atomic_lat too: the ping-pongs' samples end with the echo)
+        let lat = o.test.is_lat();
         self.steady = match (self.conn, self.region) {
             (Some(conn), Some(rg))
-                if !o.test.is_lat()
+                if (!lat || matches!(o.test, Test::ReadLat | Test::AtomicLat))
                     && (o.test.verb() != Verb::Read || o.sched.hot_records == 0) =>
             {
                 let how = match (o.sched.flat, o.test.verb()) {
@@ -228,7 +240,7 @@ impl<P: Provider> ClientPart<P> {
                 };
                 // A timed run posts until `poll` sees its deadline pass.
                 let until = if o.duration.is_some() { u64::MAX } else { o.iters };
-                Some(Steady { conn, token: self.token(), how, remote: rg.at(0), until })
+                Some(Steady { conn, token: self.token(), how, remote: rg.at(0), until, lat })
             }
             _ => None,
         };
@@ -341,9 +353,11 @@ impl<P: Provider> ClientPart<P> {
         let end = self.clock.ticks();
         self.samples.push(end.wrapping_sub(self.t0));
         self.completed += 1;
-        // (the OS clock only for -D: in the Soft-RoCE guest, whose clock source is the HPET, a
-        // read costs about 2.8 us, a fifth of a write_lat round trip)
-        if !self.more(cx) {
+        let more = match self.deadline_tick {
+            Some(d) => end < d,
+            None => self.posted < self.opts.iters,
+        };
+        if !more {
             return self.finish_size(cx, cx.now());
         }
         let buf = match (self.opts.test.verb(), buf) {
@@ -357,7 +371,7 @@ impl<P: Provider> ClientPart<P> {
         self.issue(cx, buf);
     }
 
-    /// Posts a bandwidth test's request again (its buffer back from the completion).
+    /// Posts a steady test's request again (its buffer back from the completion).
     #[inline(always)]
     fn reissue(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
         let Some(s) = &self.steady else { return };
@@ -467,7 +481,7 @@ impl<P: Provider> ClientPart<P> {
 
 impl<P: Provider> Handler<P> for ClientPart<P> {
     fn poll(&mut self, cx: &mut Cx<P>) {
-        if self.steady.is_some() {
+        if self.steady.is_some_and(|s| !s.lat) {
             // Once per loop iteration: the peak rate's sample, and a timed run's end.
             self.sample_peak(self.clock.ticks());
             let over = !self.more(cx);
@@ -558,6 +572,19 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             return;
         }
         if let Some(s) = &self.steady {
+            if s.lat && done.token == s.token && done.status.is_success() {
+                // A read's or an atomic's round trip: its sample, and the next at once.
+                let end = self.clock.ticks();
+                self.samples.push(end.wrapping_sub(self.t0));
+                self.completed += 1;
+                if self.posted < s.until && self.deadline_tick.is_none_or(|d| end < d) {
+                    self.t0 = self.clock.ticks();
+                    self.reissue(cx, done.buf);
+                } else {
+                    self.finish_size(cx, cx.now());
+                }
+                return;
+            }
             if done.token == s.token && done.status.is_success() {
                 // The clock is looked at once per loop iteration, in `poll` (peak rate and a
                 // timed run's end): nothing here but counting and posting again.
