@@ -87,8 +87,8 @@ struct Steady {
     remote: corelink_engine::verbs::RemoteAddr,
     /// Requests to post in all (lowered to those posted once a timed run's deadline passed).
     until: u64,
-    /// A latency test's: each completion is a sample, and a timed run's deadline is looked at
-    /// then (not once per loop iteration, with no peak rate).
+    /// A latency test's: each completion is a sample, and the size's end is looked at then
+    /// (`ClientPart::sample`; not once per loop iteration, and no peak rate).
     lat: bool,
 }
 
@@ -348,16 +348,22 @@ impl<P: Provider> ClientPart<P> {
         self.t0 = t0;
     }
 
-    /// A round trip of a latency test ended (a completion, or an echo).
-    fn lat_sample(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
+    /// Takes the sample of a latency test's round trip, ending now; returns whether the size
+    /// wants another (its iterations, or `-D`'s deadline, on the time-stamp counter).
+    #[inline(always)]
+    fn sample(&mut self) -> bool {
         let end = self.clock.ticks();
         self.samples.push(end.wrapping_sub(self.t0));
         self.completed += 1;
-        let more = match self.deadline_tick {
+        match self.deadline_tick {
             Some(d) => end < d,
             None => self.posted < self.opts.iters,
-        };
-        if !more {
+        }
+    }
+
+    /// A round trip of a latency test ended (a completion, or an echo).
+    fn lat_sample(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
+        if !self.sample() {
             return self.finish_size(cx, cx.now());
         }
         let buf = match (self.opts.test.verb(), buf) {
@@ -574,10 +580,7 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         if let Some(s) = &self.steady {
             if s.lat && done.token == s.token && done.status.is_success() {
                 // A read's or an atomic's round trip: its sample, and the next at once.
-                let end = self.clock.ticks();
-                self.samples.push(end.wrapping_sub(self.t0));
-                self.completed += 1;
-                if self.posted < s.until && self.deadline_tick.is_none_or(|d| end < d) {
+                if self.sample() {
                     self.t0 = self.clock.ticks();
                     self.reissue(cx, done.buf);
                 } else {
