@@ -11,9 +11,11 @@
 # thread's count comes in three parts: set-up, the timed part, tear-down. Per write:
 #   timed  the thread's instructions from the first timed write to the last completion, / N;
 #   whole  all three parts / every write the run posted (the engine's untimed warm-up window
-#          included). Set-up and tear-down hold a busy-polling worker's spinning while the
-#          other threads run (under valgrind threads take turns), so this one depends on
-#          scheduling and shrinks as N grows;
+#          included). Set-up and tear-down hold what the worker spins while the other threads
+#          run (under valgrind threads take turns): on a machine with fewer cores than the
+#          run's threads, as here, corelink-perf's map has an idle worker yield its core
+#          (YIELD_AFTER_EMPTY_POLLS), which keeps that small (0.6 million instructions, from
+#          13.6 million with its TSC calibration on the worker and no yield);
 #   busy   the engine's earlier figure: Worker::after_completions inclusive, in the timed part
 #          (busy iterations only, what --toggle-collect='*after_completions*' counted).
 # Usage: benches/instructions.sh [extra corelink-perf options]

@@ -225,6 +225,10 @@ impl<T> Slab<T> {
 
 impl<T> Drop for Slab<T> {
     fn drop(&mut self) {
+        if self.free.len() == self.slots.len() {
+            // (the usual end: no look at every slot)
+            return;
+        }
         for slot in self.slots.iter_mut().filter(|s| s.full()) {
             // SAFETY: a full slot's value is initialised, and dropped once: the slab goes.
             unsafe { slot.value.assume_init_drop() };
@@ -478,5 +482,23 @@ mod tests {
         // (a debug assertion in debug builds; counted either way)
         assert!(pop.is_err() || pop.unwrap().is_none());
         assert_eq!(s.misses(), 1);
+    }
+
+    #[test]
+    fn a_dropped_slab_drops_the_values_it_holds_once() {
+        use std::rc::Rc;
+        let held = Rc::new(());
+        let mut s = Slab::new(64);
+        let ids: Vec<Id> = (0..5).map(|_| s.insert(held.clone()).unwrap()).collect();
+        drop(s.remove(ids[1]));
+        drop(s.remove(ids[3]));
+        assert_eq!(Rc::strong_count(&held), 4);
+        drop(s);
+        assert_eq!(Rc::strong_count(&held), 1, "the three held values dropped, once each");
+        let mut empty = Slab::new(64);
+        let id = empty.insert(held.clone()).unwrap();
+        drop(empty.remove(id));
+        drop(empty);
+        assert_eq!(Rc::strong_count(&held), 1);
     }
 }

@@ -370,7 +370,7 @@ fn header_block(o: &PerfOpts, info: &RunInfo, notes: &[String]) -> String {
         "{line}\n{:^87}\n Provider        : {:<14} Device : {}\n \
          Transport type  : {:<14} QPs    : {} per connection (engine, rdma_cm)\n \
          Mode            : {mode}\n \
-         Workers         : {} (cores {:?}), control core {}\n \
+         Workers         : {} (cores {:?}), control core {}{}\n \
          TX depth        : {depth}\n \
          Max inline      : {} B   Post list: {}   Signalled: one in {}\n \
          Scheduler       : {}\n \
@@ -384,6 +384,10 @@ fn header_block(o: &PerfOpts, info: &RunInfo, notes: &[String]) -> String {
         info.worker_cores.len(),
         info.worker_cores,
         info.control_core,
+        match info.yield_after {
+            0 => String::new(),
+            n => format!("; idle, they yield their cores after {n} empty polls"),
+        },
         info.max_inline,
         info.post_list,
         info.signal_every,

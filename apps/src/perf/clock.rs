@@ -5,6 +5,7 @@
 //! 2.8 us. A sample's two reads are on one pinned worker thread, so one core's counter
 //! serves both.
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// How long the calibration compares the two clocks.
@@ -20,8 +21,16 @@ pub struct Clock {
 }
 
 impl Clock {
-    /// The time-stamp counter, calibrated (x86-64), or the OS clock.
+    /// The time-stamp counter, calibrated (x86-64), or the OS clock. The calibration spins
+    /// for 20 ms, once a process: the first call makes it (the runners call this on the
+    /// caller's thread before they start any, so that no worker spends its start on it), and
+    /// every later one copies it.
     pub fn new() -> Clock {
+        static CALIBRATED: OnceLock<Clock> = OnceLock::new();
+        *CALIBRATED.get_or_init(Clock::calibrate)
+    }
+
+    fn calibrate() -> Clock {
         #[cfg(target_arch = "x86_64")]
         {
             let (t0, c0) = (Instant::now(), tsc());

@@ -186,6 +186,8 @@ pub fn run(
     on_report: &mut dyn FnMut(&Report),
 ) -> Result<Vec<Report>, PerfError> {
     let notes = check(o)?;
+    // The tick clock's calibration, here rather than on the client's thread.
+    crate::perf::clock::Clock::new();
     let (prov, cfg) = device(o)?;
     if prov == Prov::Soft && matches!(o.role, Role::Client(_) | Role::Server) {
         super::join_soft_fabric();

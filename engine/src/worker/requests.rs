@@ -94,29 +94,58 @@ pub(crate) type Plain<P> = (ConnId, u64, OpKind, Option<Buf<P>>, u32, bool);
 /// requests, at no cost), or an external client's vector (kept by slot, given back in its
 /// completion).
 pub(crate) trait Carried: Sized {
-    /// Keeps it in the slot's place for a vector.
-    fn keep(self, place: &mut Vec<u8>);
+    /// Keeps it in `slot`'s place in `vectors`.
+    fn keep(self, vectors: &mut Vectors, slot: usize);
 }
 
 impl Carried for () {
     #[inline(always)]
-    fn keep(self, _: &mut Vec<u8>) {}
+    fn keep(self, _: &mut Vectors, _: usize) {}
 }
 
 impl Carried for Vec<u8> {
     #[inline(always)]
-    fn keep(self, place: &mut Vec<u8>) {
+    fn keep(self, vectors: &mut Vectors, slot: usize) {
+        vectors.put(slot, self);
+    }
+}
+
+/// External clients' vectors by request slot. Its places are made as far as the highest slot
+/// that held one (within room reserved for every slot at start: it never allocates after),
+/// so that a worker whose requests are all its handler's touches none of them, at start or
+/// at its end.
+pub(crate) struct Vectors {
+    places: Vec<Vec<u8>>,
+}
+
+impl Vectors {
+    fn new(slots: usize) -> Self {
+        Vectors { places: Vec::with_capacity(slots) }
+    }
+
+    #[inline(always)]
+    fn put(&mut self, slot: usize, v: Vec<u8>) {
+        if slot >= self.places.len() {
+            // (within the capacity reserved for every slot: no allocation)
+            debug_assert!(slot < self.places.capacity());
+            self.places.resize_with(slot + 1, Vec::new);
+        }
         // (every client request's vector is taken when it leaves: the place is empty)
-        debug_assert_eq!(place.capacity(), 0);
-        *place = self;
+        debug_assert_eq!(self.places[slot].capacity(), 0);
+        self.places[slot] = v;
+    }
+
+    #[inline(always)]
+    fn take(&mut self, slot: usize) -> Vec<u8> {
+        self.places.get_mut(slot).map(std::mem::take).unwrap_or_default()
     }
 }
 
 /// The requests of one worker.
 pub(crate) struct Requests<P: Provider> {
     slab: Slab<Req<P>>,
-    /// External clients' vectors, by request slot (empty for the handler's requests).
-    ext: Vec<Vec<u8>>,
+    /// External clients' vectors, by request slot (none for the handler's requests).
+    ext: Vectors,
     /// Reads in flight that identical reads may ride on, by key.
     merges: HashMap<MergeKey, ReqId>,
     /// Entries the merge table holds at most (reserved at start: it never grows).
@@ -128,7 +157,7 @@ impl<P: Provider> Requests<P> {
     pub(crate) fn new(capacity: usize, merges: usize) -> Self {
         Requests {
             slab: Slab::new(capacity),
-            ext: (0..capacity).map(|_| Vec::new()).collect(),
+            ext: Vectors::new(capacity),
             merges: HashMap::with_capacity(merges),
             merge_cap: merges,
         }
@@ -145,7 +174,7 @@ impl<P: Provider> Requests<P> {
     ) -> Result<ReqId, (A, E)> {
         match self.slab.insert_from(arg, make) {
             Ok(id) => {
-                ext.keep(&mut self.ext[id.slot()]);
+                ext.keep(&mut self.ext, id.slot());
                 Ok(id)
             }
             Err(arg) => Err((arg, ext)),
@@ -241,7 +270,7 @@ impl<P: Provider> Requests<P> {
     #[inline(always)]
     pub(crate) fn vector(&mut self, id: ReqId, origin: Origin) -> Vec<u8> {
         match origin {
-            Origin::Client(_) => std::mem::take(&mut self.ext[id.slot()]),
+            Origin::Client(_) => self.ext.take(id.slot()),
             Origin::Handler | Origin::Keepalive | Origin::Fence => Vec::new(),
         }
     }
@@ -306,5 +335,25 @@ fn unmerge<P: Provider>(merges: &mut HashMap<MergeKey, ReqId>, r: &Req<P>, epoch
     let key = r.merge_key(epoch);
     if merges.get(&key) == Some(&id) {
         merges.remove(&key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_vectors_are_kept_by_slot_and_make_places_only_as_far_as_used() {
+        let mut v = Vectors::new(1024);
+        assert_eq!(v.places.len(), 0, "no place made at start");
+        v.put(700, vec![1, 2, 3]);
+        assert_eq!(v.places.len(), 701);
+        assert_eq!(v.places.capacity(), 1024, "made within the room reserved: no allocation");
+        v.put(3, vec![4]);
+        assert_eq!(v.places.len(), 701);
+        assert_eq!(v.take(700), vec![1, 2, 3]);
+        assert!(v.take(700).is_empty(), "taken once");
+        assert_eq!(v.take(3), vec![4]);
+        assert!(v.take(900).is_empty(), "a place never made holds nothing");
     }
 }

@@ -10,6 +10,15 @@ use corelink_config::{Topology, Validated};
 
 use crate::perf::opts::{PerfError, PerfOpts, Prov, Role, Verb, DEFAULT_PORT};
 
+/// Empty polls in a row after which a worker of corelink-perf's own core map yields its core,
+/// where the run's threads (its workers, the control core and the main thread) outnumber the
+/// machine's cores: set-up and tear-down, when the control core and the main thread work and
+/// the workers wait for them, then cost the workers' spinning nothing (under valgrind, whose
+/// threads take turns, a 20,000-write `write_bw`'s worker spun about 9 million instructions
+/// there, what 13,000 of its timed writes cost). A run's steady state on soft's loopback polls
+/// no empty CQ, so it never yields there.
+pub const YIELD_AFTER_EMPTY_POLLS: u32 = 64;
+
 fn env<T: std::str::FromStr>(name: &str) -> Result<Option<T>, PerfError> {
     match std::env::var(name) {
         Ok(v) if !v.is_empty() => {
@@ -358,6 +367,9 @@ pub(super) fn core_map(
                 ..CoreMap::default()
             };
             m.worker.idle_after_us = 100;
+            if o.workers + 2 > cores {
+                m.worker.yield_after_empty_polls = YIELD_AFTER_EMPTY_POLLS;
+            }
             if o.role == Role::Server && o.provider != Some(Prov::Ibverbs) && cores >= 2 {
                 // A soft server's client is a process on the same host, its workers from core
                 // 1 up: the server's workers take the highest cores (on two cores: the worker

@@ -185,6 +185,8 @@ pub struct RunInfo {
     pub worker_cores: Vec<usize>,
     /// The control core.
     pub control_core: usize,
+    /// Empty polls after which an idle worker yields its core (0: never).
+    pub yield_after: u32,
     /// Inline bytes.
     pub max_inline: u32,
     /// Work requests per doorbell at most (the core map's, after `-l`).
@@ -239,6 +241,8 @@ fn run_on<P: Provider>(
     on_start: &mut dyn FnMut(&RunInfo),
     on_report: &mut dyn FnMut(&Report),
 ) -> Result<Vec<Report>, PerfError> {
+    // The tick clock's calibration, here rather than on a worker (its handlers copy it).
+    crate::perf::clock::Clock::new();
     let (tx, rx) = mpsc::channel();
     let shared = Shared { target: Arc::new(OnceLock::new()), tx };
     let serve = !matches!(o.role, Role::Client(_));
@@ -272,6 +276,7 @@ fn run_on<P: Provider>(
         device: cfg.device.clone().unwrap_or_else(|| "(first)".into()),
         worker_cores: cfg.workers.clone(),
         control_core: cfg.map.control_core,
+        yield_after: cfg.map.worker.yield_after_empty_polls,
         max_inline: cfg.map.worker.max_inline,
         post_list: cfg.map.worker.batching.post_list,
         signal_every: cfg.map.worker.batching.signal_every,
