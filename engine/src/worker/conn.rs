@@ -1,80 +1,18 @@
-//! A connection as its worker holds it: its lanes (QPs, each with its posted receives and the
-//! work requests it has on the device, in post order), and its requests waiting by class.
+//! A connection as its worker holds it: its lanes (QPs, each with its posted receives and its
+//! send queue), its requests waiting by class (`queues.rs`), its ready request (`ready.rs`).
 
 use arrayvec::ArrayVec;
 use std::time::{Duration, Instant};
 
-use corelink_verbs::{Provider, Qp, QpAttr, QpState, RemoteAddr, WcStatus};
+use corelink_verbs::{Provider, Qp, QpAttr, QpState, WcStatus};
 
+use super::queues::{SendQueue, Waiting};
 use super::ready::Ready;
-use super::ReqId;
 use crate::handoff::Origin;
 use crate::memory::Exposed;
 use crate::pool::Buf;
-use crate::request::{CloseReason, ConnId, ConnInfo, OpKind};
-use crate::slab::Fifo;
-use crate::tunables::{CLASSES, MAX_QPS_PER_CONN};
-
-/// What makes two reads identical (so that one RDMA read serves both).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct MergeKey {
-    pub(crate) slot: u16,
-    /// The connection's write epoch when the read was posted: a read never shares the result
-    /// of a read posted before a write that the connection posted before it.
-    pub(crate) epoch: u32,
-    pub(crate) addr: u64,
-    pub(crate) len: u32,
-    pub(crate) rkey: u32,
-}
-
-/// A request, from the moment `Cx` accepts it until its issuer learns how it ended. It lives in
-/// the worker's request slab; queues and lanes link it (through `link`).
-#[derive(Debug)]
-pub(crate) struct Req<P: Provider> {
-    pub(crate) conn: ConnId,
-    /// The lane it went on (once posted).
-    pub(crate) lane: u8,
-    pub(crate) kind: OpKind,
-    /// Its buffer (an atomic's holds the old value); none once it is a quiet send posted
-    /// inline (the device copied its bytes at the post: the buffer went back to the pool).
-    pub(crate) buf: Option<Buf<P>>,
-    pub(crate) remote: RemoteAddr,
-    /// Bytes it moves.
-    pub(crate) len: u32,
-    pub(crate) imm: Option<u32>,
-    /// Addend (fetch-and-add) or compare value (compare-and-swap).
-    pub(crate) arg: u64,
-    /// Swap value (compare-and-swap).
-    pub(crate) swap: u64,
-    pub(crate) token: u64,
-    pub(crate) origin: Origin,
-    /// The next request riding on this one's work request (merged reads, coalesced writes).
-    pub(crate) next: Option<super::ReqId>,
-    /// While it is in the worker's merge table: the write epoch of its key there.
-    pub(crate) merge_epoch: Option<u32>,
-    /// Its success is not told ([`crate::Cx::send_quiet`], [`crate::Cx::write_quiet`]): its
-    /// work request asks for no completion of its own unless one is due, and its buffer goes
-    /// back to the pool.
-    pub(crate) quiet: bool,
-}
-
-impl<P: Provider> Req<P> {
-    /// Its key in the merge table, as a read posted at write epoch `epoch`.
-    pub(crate) fn merge_key(&self, epoch: u32) -> MergeKey {
-        MergeKey {
-            slot: self.conn.slot,
-            epoch,
-            addr: self.remote.addr,
-            len: self.len,
-            rkey: self.remote.rkey,
-        }
-    }
-
-    /// Whether it counts against the QP's outstanding reads and atomics.
-    pub(crate) fn is_rd_atomic(&self) -> bool {
-        self.kind.is_rd_atomic()
-    }
-}
+use crate::request::{CloseReason, ConnId, ConnInfo};
+use crate::tunables::MAX_QPS_PER_CONN;
 
 /// Where a connection is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,93 +20,6 @@ pub(crate) enum Phase {
     Open,
     /// Closing: nothing new is accepted; waiting for in-flight requests and receives to flush.
     Closing,
-}
-
-/// The work requests a lane has on the device, in post order: a ring of request ids as deep
-/// as the send queue (the scheduler never posts more), so that a post appends and a
-/// completion takes the oldest without visiting any other record.
-#[derive(Debug)]
-pub(crate) struct Posted {
-    ids: Box<[ReqId]>,
-    /// `ids.len() - 1` (a power of two less one).
-    mask: usize,
-    head: usize,
-    len: usize,
-}
-
-impl Posted {
-    /// Room for `depth` work requests.
-    pub(crate) fn new(depth: u32) -> Self {
-        let n = (depth.max(1) as usize).next_power_of_two();
-        Posted { ids: vec![ReqId::from_raw(0); n].into_boxed_slice(), mask: n - 1, head: 0, len: 0 }
-    }
-
-    /// Work requests in it.
-    #[inline(always)]
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it has none.
-    #[inline(always)]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Appends request `id`; false (nothing kept) when it is full, which the scheduler rules
-    /// out (it posts at most the send queue's depth).
-    #[inline(always)]
-    pub(crate) fn push(&mut self, id: ReqId) -> bool {
-        if self.len > self.mask {
-            return false;
-        }
-        if let Some(slot) = self.ids.get_mut((self.head + self.len) & self.mask) {
-            *slot = id;
-        }
-        self.len += 1;
-        true
-    }
-
-    /// Takes the oldest out.
-    #[inline(always)]
-    pub(crate) fn pop(&mut self) -> Option<ReqId> {
-        if self.len == 0 {
-            return None;
-        }
-        let id = self.ids.get(self.head).copied();
-        self.head = (self.head + 1) & self.mask;
-        self.len -= 1;
-        id
-    }
-}
-
-/// A lane's send queue as the scheduler keeps it: what is on the device, in post order.
-#[derive(Debug)]
-pub(crate) struct SendQueue {
-    /// Work requests on the device, signalled or not, in post order: a completion retires
-    /// every one before it (the device completes a QP's requests in order).
-    pub(crate) posted: Posted,
-    /// Of those, reads and atomics.
-    pub(crate) rd_outstanding: u32,
-    /// Unsignalled work requests posted since the last signalled one.
-    pub(crate) unsignalled: u32,
-    /// Whether one of those is loud (not quiet): a signalled one must follow it in the same
-    /// flush. Outside a flush, any unsignalled ones are quiet, and a closing connection's
-    /// lane posts a fence behind them.
-    pub(crate) loud: bool,
-}
-
-impl SendQueue {
-    /// An empty one, `depth` deep.
-    pub(crate) fn new(depth: u32) -> Self {
-        SendQueue { posted: Posted::new(depth), rd_outstanding: 0, unsignalled: 0, loud: false }
-    }
-
-    /// Work requests on the device.
-    #[inline(always)]
-    pub(crate) fn outstanding(&self) -> u32 {
-        self.posted.len() as u32
-    }
 }
 
 /// One QP of a connection.
@@ -182,21 +33,6 @@ pub(crate) struct Lane<P: Provider> {
     pub(crate) recvs_posted: usize,
     /// Its send queue.
     pub(crate) sq: SendQueue,
-}
-
-/// A connection's requests waiting to become work requests, by class (class 0 goes first),
-/// with what the scheduler keeps of them: aging, and the write epoch reads are merged by.
-#[derive(Debug, Default)]
-pub(crate) struct Waiting {
-    pub(crate) queues: [Fifo; CLASSES],
-    /// Requests in `queues`.
-    pub(crate) len: usize,
-    /// Flushes each waiting class was passed over in a row (aging).
-    pub(crate) passed: [u32; CLASSES],
-    /// The largest of `passed`.
-    pub(crate) most_passed: u32,
-    /// Bumped by every non-read posted (see [`MergeKey::epoch`]).
-    pub(crate) write_epoch: u32,
 }
 
 /// A connection.
@@ -438,24 +274,5 @@ mod tests {
         let mut c = conn();
         assert!(c.closing(CloseReason::Local) && !c.closing(CloseReason::Peer));
         assert_eq!(c.reason, Some(CloseReason::Local));
-    }
-
-    #[test]
-    fn posted_keeps_post_order_across_its_wrap_and_refuses_beyond_its_depth() {
-        let id = |n: u64| ReqId::from_raw(n);
-        let mut p = Posted::new(3); // (room for 4: a power of two)
-        for n in 1..=4 {
-            assert!(p.push(id(n)));
-        }
-        assert!(!p.push(id(5)), "full");
-        assert_eq!(p.len(), 4);
-        assert_eq!((p.pop(), p.pop()), (Some(id(1)), Some(id(2))));
-        for n in 6..=7 {
-            assert!(p.push(id(n)));
-        }
-        let rest: Vec<_> = std::iter::from_fn(|| p.pop()).collect();
-        assert_eq!(rest, [id(3), id(4), id(6), id(7)]);
-        assert!(p.is_empty());
-        assert_eq!(p.pop(), None);
     }
 }

@@ -1,8 +1,10 @@
 //! The ids a work request carries: a request's slab id, or a receive's slot, lane and index;
 //! encoded and decoded here only.
 
-use super::requests::ReqId;
 use crate::tunables::RECV_INDEX_BITS;
+
+/// A request's id: its slot in the worker's request slab and the slot's generation.
+pub(crate) type ReqId = crate::slab::Id;
 
 /// A receive's identity: connection slot, lane, its index among the lane's receives, and
 /// its connection's generation (the low [`RECV_GENERATION_BITS`] of it: a completion that

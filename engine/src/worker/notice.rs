@@ -2,8 +2,8 @@
 
 use corelink_verbs::{Provider, WcStatus};
 
-use super::conn::Req;
-use super::requests::{ReqId, Retired};
+use super::ids::ReqId;
+use super::requests::{Req, Retired};
 use crate::client::Event;
 use crate::error::EngineError;
 use crate::handoff::Origin;

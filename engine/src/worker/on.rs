@@ -4,9 +4,9 @@
 
 use corelink_verbs::{Provider, RemoteAddr};
 
+use super::admit::admit;
 use super::cfg::WorkerCfg;
 use super::conn::Conn;
-use super::cx::admit;
 use super::requests::Requests;
 use crate::error::EngineError;
 use crate::handoff::Origin;

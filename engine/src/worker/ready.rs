@@ -9,8 +9,9 @@
 use corelink_verbs::{Provider, SendOp, Sge};
 
 use super::cfg::WorkerCfg;
-use super::conn::{SendQueue, Waiting};
-use super::requests::{ReqId, Requests};
+use super::ids::ReqId;
+use super::queues::{SendQueue, Waiting};
+use super::requests::Requests;
 
 /// One request's work request, made when it was submitted.
 pub(crate) struct Entry<P: Provider> {

@@ -6,19 +6,75 @@
 
 use std::collections::HashMap;
 
-use corelink_verbs::{Provider, WcStatus};
+use corelink_verbs::{Provider, RemoteAddr, WcStatus};
 
 use crate::pool::Buf;
 use crate::request::{ConnId, Done, OpKind};
 
-use super::conn::{MergeKey, Req};
-use super::notice::Notice;
-use super::outbox::Outbox;
+use super::ids::ReqId;
 use crate::handoff::Origin;
-use crate::slab::{Id, Slab};
+use crate::slab::Slab;
 
-/// A request's id: its slot in the worker's slab and the slot's generation.
-pub(crate) type ReqId = Id;
+/// What makes two reads identical (so that one RDMA read serves both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct MergeKey {
+    pub(crate) slot: u16,
+    /// The connection's write epoch when the read was posted: a read never shares the result
+    /// of a read posted before a write that the connection posted before it.
+    pub(crate) epoch: u32,
+    pub(crate) addr: u64,
+    pub(crate) len: u32,
+    pub(crate) rkey: u32,
+}
+
+/// A request, from the moment `Cx` accepts it until its issuer learns how it ended. It lives in
+/// the worker's request slab; queues and lanes link it (through `link`).
+#[derive(Debug)]
+pub(crate) struct Req<P: Provider> {
+    pub(crate) conn: ConnId,
+    /// The lane it went on (once posted).
+    pub(crate) lane: u8,
+    pub(crate) kind: OpKind,
+    /// Its buffer (an atomic's holds the old value); none once it is a quiet send posted
+    /// inline (the device copied its bytes at the post: the buffer went back to the pool).
+    pub(crate) buf: Option<Buf<P>>,
+    pub(crate) remote: RemoteAddr,
+    /// Bytes it moves.
+    pub(crate) len: u32,
+    pub(crate) imm: Option<u32>,
+    /// Addend (fetch-and-add) or compare value (compare-and-swap).
+    pub(crate) arg: u64,
+    /// Swap value (compare-and-swap).
+    pub(crate) swap: u64,
+    pub(crate) token: u64,
+    pub(crate) origin: Origin,
+    /// The next request riding on this one's work request (merged reads, coalesced writes).
+    pub(crate) next: Option<ReqId>,
+    /// While it is in the worker's merge table: the write epoch of its key there.
+    pub(crate) merge_epoch: Option<u32>,
+    /// Its success is not told ([`crate::Cx::send_quiet`], [`crate::Cx::write_quiet`]): its
+    /// work request asks for no completion of its own unless one is due, and its buffer goes
+    /// back to the pool.
+    pub(crate) quiet: bool,
+}
+
+impl<P: Provider> Req<P> {
+    /// Its key in the merge table, as a read posted at write epoch `epoch`.
+    pub(crate) fn merge_key(&self, epoch: u32) -> MergeKey {
+        MergeKey {
+            slot: self.conn.slot,
+            epoch,
+            addr: self.remote.addr,
+            len: self.len,
+            rkey: self.remote.rkey,
+        }
+    }
+
+    /// Whether it counts against the QP's outstanding reads and atomics.
+    pub(crate) fn is_rd_atomic(&self) -> bool {
+        self.kind.is_rd_atomic()
+    }
+}
 
 /// Of a request's fields only its buffer needs dropping, so that a completion can take the
 /// buffer out and forget the record where it lies (`Requests::take_plain`).
@@ -304,16 +360,14 @@ impl<P: Provider> Requests<P> {
         false
     }
 
-    /// Fails request `id` and every request riding on it (taking them out), telling each
-    /// issuer through `outbox`.
-    pub(crate) fn fail_chain(&mut self, id: ReqId, status: WcStatus, outbox: &mut Outbox<P>) {
+    /// Takes request `id` and every request riding on it out, in chain order, handing each
+    /// (with its client's vector) to `each`: a failed work request's issuers are told so.
+    pub(crate) fn take_chain(&mut self, id: ReqId, mut each: impl FnMut(ReqId, Req<P>, Vec<u8>)) {
         let mut next = Some(id);
         while let Some(n) = next {
             let Some((r, data)) = self.remove(n) else { break };
             next = r.next;
-            if let Some(n) = Notice::failed(n, r, status, data, None) {
-                outbox.notify(n);
-            }
+            each(n, r, data);
         }
     }
 

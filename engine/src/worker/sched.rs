@@ -16,13 +16,14 @@ use arrayvec::ArrayVec;
 use corelink_verbs::{Error as VerbsError, Provider, Qp, SendFlags, SendOp, SendWr, Sge, WcStatus};
 
 use super::cfg::WorkerCfg;
-use super::conn::{Conn, Lane, Phase, Req, SendQueue, Waiting};
+use super::conn::{Conn, Lane, Phase};
 use super::conns::Conns;
-use super::ids::WrId;
+use super::ids::{ReqId, WrId};
 use super::notice::Notice;
 use super::outbox::Outbox;
+use super::queues::{SendQueue, Waiting};
 use super::ready::Entry;
-use super::requests::{ReqId, Requests};
+use super::requests::{Req, Requests};
 use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::request::OpKind;
@@ -753,7 +754,7 @@ fn post_wr<P: Provider>(
     // completion is dispatched.
     if unsafe { lane.qp.post_send(std::slice::from_ref(wr)) }.is_err() {
         metrics.doorbells += 1;
-        reqs.fail_chain(id, WcStatus::GeneralErr, outbox);
+        fail_chain(reqs, id, WcStatus::GeneralErr, outbox);
         return false;
     }
     if !lane.sq.posted.push(id) {
@@ -820,7 +821,7 @@ pub(crate) fn post<P: Provider>(
     metrics.signalled += signalled;
     metrics.doorbells += 1;
     for wr in &batch.wrs[k..] {
-        reqs.fail_chain(WrId::req_of(wr.wr_id), WcStatus::GeneralErr, outbox);
+        fail_chain(reqs, WrId::req_of(wr.wr_id), WcStatus::GeneralErr, outbox);
     }
     k
 }
@@ -833,6 +834,21 @@ fn release<P: Provider>(reqs: &mut Requests<P>, id: ReqId) {
     if let Some(r) = reqs.get_mut(id) {
         r.buf = None;
     }
+}
+
+/// Fails request `id`, whose post failed, and every request riding on it, telling each issuer.
+#[cold]
+fn fail_chain<P: Provider>(
+    reqs: &mut Requests<P>,
+    id: ReqId,
+    status: WcStatus,
+    outbox: &mut Outbox<P>,
+) {
+    reqs.take_chain(id, |n, r, data| {
+        if let Some(n) = Notice::failed(n, r, status, data, None) {
+            outbox.notify(n);
+        }
+    });
 }
 
 /// The scheduler's plan, on its own: no QP, no device (a soft PD registers the buffers).

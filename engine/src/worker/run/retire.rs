@@ -5,12 +5,14 @@
 
 use corelink_verbs::{Provider, Wc, WcOpcode, WcStatus};
 
-use super::conn::Phase;
-use super::requests::{ReqId, Retired};
-use super::{Handler, Worker};
+use super::Worker;
 use crate::handoff::Origin;
 use crate::pool::Buf;
 use crate::request::{CloseReason, Done, OpKind};
+use crate::worker::conn::Phase;
+use crate::worker::handler::Handler;
+use crate::worker::ids::ReqId;
+use crate::worker::requests::Retired;
 
 impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// A send-queue completion of request `done` (every request completes once, so each
