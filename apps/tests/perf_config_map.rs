@@ -8,7 +8,7 @@ use std::process::Command;
 
 use corelink_apps::perf::engine_run::{fit_map, MapChange};
 use corelink_apps::perf::opts::{PerfOpts, Test};
-use corelink_config::CoreMap;
+use corelink_config::{CoreMap, Topology};
 
 /// A small core map on soft: depths below what `-t 128` needs, batching and lanes of its own.
 const MAP: &str = r#"
@@ -146,4 +146,30 @@ fn the_binary_prints_the_notes() {
         err.contains("Post list: 8   Signalled: one in 32"),
         "the header shows the map's: {err}"
     );
+}
+
+/// corelink-perf's own map has an idle worker yield its core exactly where the run's threads
+/// (its workers, the control core, the main thread) outnumber the machine's cores, and the
+/// header says so; a `--config` map keeps its own (here none).
+#[test]
+fn its_own_map_yields_idle_workers_only_where_threads_outnumber_cores() {
+    let cores = corelink_config::MachineTopology::load().expect("the topology").cores().len();
+    let run = |extra: &[&std::ffi::OsStr]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_corelink-perf"))
+            .args(["write_bw", "-s", "8", "-n", "2000"])
+            .args(extra)
+            .output()
+            .expect("corelink-perf runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        let line = text.lines().find(|l| l.contains("Workers")).expect("a Workers line");
+        line.to_string()
+    };
+    let own = run(&[]);
+    let yields = 1 + 2 > cores;
+    assert_eq!(own.contains("yield their cores after 64 empty polls"), yields, "{cores}: {own}");
+    let path = map_file("no-yield");
+    let given = run(&["--config".as_ref(), path.as_os_str()]);
+    let _ = std::fs::remove_file(&path);
+    assert!(!given.contains("yield"), "{given}");
 }
