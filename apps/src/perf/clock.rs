@@ -80,6 +80,42 @@ impl Default for Clock {
     }
 }
 
+/// A bandwidth test's peak rate: the best completions per second over an interval of at
+/// least [`crate::perf::engine_run::PEAK_INTERVAL`], sampled on the tick clock (no OS clock
+/// read on a loop's path).
+#[derive(Clone, Copy, Debug)]
+pub struct Peak {
+    clock: Clock,
+    /// The interval in ticks.
+    interval: u64,
+    /// Since when (a tick), and the completions then.
+    mark: (u64, u64),
+    best: f64,
+}
+
+impl Peak {
+    /// None yet, the first interval starting at tick `t`.
+    pub fn new(clock: Clock, t: u64) -> Peak {
+        let interval = clock.ticks_for(crate::perf::engine_run::PEAK_INTERVAL);
+        Peak { clock, interval, mark: (t, 0), best: 0.0 }
+    }
+
+    /// At tick `t`, `done` completions since the start: an interval long enough ends here.
+    #[inline]
+    pub fn sample(&mut self, t: u64, done: u64) {
+        if t.wrapping_sub(self.mark.0) >= self.interval {
+            let secs = self.clock.ns_between(self.mark.0, t) as f64 / 1e9;
+            self.best = self.best.max(done.saturating_sub(self.mark.1) as f64 / secs);
+            self.mark = (t, done);
+        }
+    }
+
+    /// The best rate so far (messages per second; 0 before a whole interval).
+    pub fn rate(&self) -> f64 {
+        self.best
+    }
+}
+
 /// The time-stamp counter (0 where there is none).
 #[inline]
 fn tsc() -> u64 {
@@ -105,5 +141,17 @@ mod tests {
         std::thread::sleep(Duration::from_millis(5));
         let ns = c.ns_between(a, c.ticks());
         assert!(ns >= 4_000_000, "{ns} ns for a 5 ms sleep");
+    }
+
+    #[test]
+    fn a_peak_is_the_best_whole_interval() {
+        let c = Clock { ns_per_tick: 1.0, origin: Some(Instant::now()) };
+        let ms = 1_000_000;
+        let mut p = Peak::new(c, 0);
+        p.sample(ms / 2, 10); // (no whole interval yet)
+        assert_eq!(p.rate(), 0.0);
+        p.sample(ms, 100); // 100 in 1 ms
+        p.sample(3 * ms, 150); // 50 in 2 ms
+        assert_eq!(p.rate(), 100_000.0);
     }
 }

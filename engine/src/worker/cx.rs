@@ -218,29 +218,36 @@ impl<P: Provider> Cx<P> {
         // and what follows is made knowing its kind (not moved through every layer below).
         match op {
             Op::Write { buf, remote, imm } => {
-                self.submit_default(conn, Op::Write { buf, remote, imm }, token)
+                self.in_default_class(conn, Op::Write { buf, remote, imm }, token, false)
             }
-            Op::Send { buf, imm } => self.submit_default(conn, Op::Send { buf, imm }, token),
-            Op::Read { buf, remote } => self.submit_default(conn, Op::Read { buf, remote }, token),
+            Op::Send { buf, imm } => {
+                self.in_default_class(conn, Op::Send { buf, imm }, token, false)
+            }
+            Op::Read { buf, remote } => {
+                self.in_default_class(conn, Op::Read { buf, remote }, token, false)
+            }
             Op::FetchAdd { remote, add } => {
-                self.submit_default(conn, Op::FetchAdd { remote, add }, token)
+                self.in_default_class(conn, Op::FetchAdd { remote, add }, token, false)
             }
             Op::CompareSwap { remote, compare, swap } => {
-                self.submit_default(conn, Op::CompareSwap { remote, compare, swap }, token)
+                self.in_default_class(conn, Op::CompareSwap { remote, compare, swap }, token, false)
             }
         }
     }
 
-    /// [`Cx::submit`] of an operation whose kind the caller's arm knows.
+    /// A request of the handler in its kind's class (the core map's, so in range), quiet
+    /// if `quiet`: [`Cx::submit`]'s arms, [`Cx::send_quiet`] and [`Cx::write_quiet`].
     #[inline(always)]
-    fn submit_default(
+    fn in_default_class(
         &mut self,
         conn: ConnId,
         op: Op<Buf<P>>,
         token: u64,
+        quiet: bool,
     ) -> Result<(), (Op<Buf<P>>, EngineError)> {
         let class = self.cfg.classes[op.kind().index()];
-        self.submit_as(conn, op, token, class)
+        debug_assert!(usize::from(class) < CLASSES);
+        self.handler_request(conn, op, token, class, quiet)
     }
 
     /// Queues a request in request class `class` (0 goes first; at most
@@ -274,18 +281,6 @@ impl<P: Provider> Cx<P> {
         self.accept_with(conn, op, token, Origin::Handler, (), Some(class), quiet)
             .map(|_| ())
             .map_err(|(op, (), e)| (op, e))
-    }
-
-    /// A quiet request of the handler on `conn`, in its kind's default class.
-    #[inline(always)]
-    fn quiet_request(
-        &mut self,
-        conn: ConnId,
-        op: Op<Buf<P>>,
-        token: u64,
-    ) -> Result<(), (Op<Buf<P>>, EngineError)> {
-        let class = self.cfg.classes[op.kind().index()];
-        self.handler_request(conn, op, token, class, true)
     }
 
     /// The flat path: posts the request now, on its own doorbell, signalled, bypassing the
@@ -572,7 +567,7 @@ impl<P: Provider> Cx<P> {
         buf: Buf<P>,
         token: u64,
     ) -> Result<(), (Op<Buf<P>>, EngineError)> {
-        self.quiet_request(conn, Op::Send { buf, imm: None }, token)
+        self.in_default_class(conn, Op::Send { buf, imm: None }, token, true)
     }
 
     /// Writes `buf`'s bytes to `remote` as [`Cx::write`] does, but tells only a failure, as
@@ -589,7 +584,7 @@ impl<P: Provider> Cx<P> {
         imm: Option<u32>,
         token: u64,
     ) -> Result<(), (Op<Buf<P>>, EngineError)> {
-        self.quiet_request(conn, Op::Write { buf, remote, imm }, token)
+        self.in_default_class(conn, Op::Write { buf, remote, imm }, token, true)
     }
 
     /// Writes `buf`'s bytes to `remote` (with an immediate if `imm`).

@@ -11,9 +11,9 @@ use corelink_engine::{
 
 use super::{
     grant_memory, granted, hello, marker, region_byte, write_lat_polls, Event, Shared, SizeResult,
-    BYE_IMM, BYE_TOKEN, ECHO_IMM, GRANT_TOKEN, PEAK_INTERVAL, POLL_SLOT,
+    BYE_IMM, BYE_TOKEN, ECHO_IMM, GRANT_TOKEN, POLL_SLOT,
 };
-use crate::perf::clock::Clock;
+use crate::perf::clock::{Clock, Peak};
 use crate::perf::opts::{PerfOpts, Test, Verb, MAX_ONE_SIDED};
 use crate::perf::phase;
 
@@ -36,16 +36,11 @@ pub(super) struct ClientPart<P: Provider> {
     posted: u64,
     completed: u64,
     started: Instant,
-    deadline: Option<Instant>,
-    /// A latency test's deadline (`-D`) in ticks of `clock`, checked against each sample's end
-    /// (no OS clock read per round trip: in the Soft-RoCE guest, whose clock source is the
-    /// HPET, one costs about 2.8 us).
-    deadline_tick: Option<u64>,
-    /// The peak rate's interval: since when (a tick of `clock`), and completions then.
-    mark: (u64, u64),
-    /// [`PEAK_INTERVAL`] in ticks of `clock`.
-    peak_ticks: u64,
-    peak_rate: f64,
+    /// A timed run's end (`-D`) in ticks of `clock` (no OS clock read on the loop's path: in
+    /// the Soft-RoCE guest, whose clock source is the HPET, one costs about 2.8 us).
+    deadline: Option<u64>,
+    /// A bandwidth test's peak rate.
+    peak: Peak,
     /// A latency test's request in flight since.
     t0: u64,
     /// The latency samples' clock (the time-stamp counter where there is one).
@@ -136,10 +131,7 @@ impl<P: Provider> ClientPart<P> {
             completed: 0,
             started: now,
             deadline: None,
-            deadline_tick: None,
-            mark: (0, 0),
-            peak_ticks: clock.ticks_for(PEAK_INTERVAL),
-            peak_rate: 0.0,
+            peak: Peak::new(clock, 0),
             t0: 0,
             clock,
             polls,
@@ -168,9 +160,15 @@ impl<P: Provider> ClientPart<P> {
     }
 
     /// Whether to issue one more request.
-    fn more(&self, cx: &Cx<P>) -> bool {
+    fn more(&self) -> bool {
+        self.more_at(self.clock.ticks())
+    }
+
+    /// Whether the size wants another request at tick `t` (its iterations, or `-D`'s end).
+    #[inline(always)]
+    fn more_at(&self, t: u64) -> bool {
         match self.deadline {
-            Some(d) => cx.now() < d,
+            Some(d) => t < d,
             None => self.posted < self.opts.iters,
         }
     }
@@ -213,7 +211,6 @@ impl<P: Provider> ClientPart<P> {
         let o = self.opts.clone();
         self.posted = 0;
         self.completed = 0;
-        self.peak_rate = 0.0;
         self.samples.clear();
         if o.test.is_lat() {
             let want = if o.duration.is_some() { 1 << 20 } else { o.iters as usize };
@@ -221,9 +218,9 @@ impl<P: Provider> ClientPart<P> {
         }
         let now = if o.test.is_lat() { Instant::now() } else { cx.now() };
         self.started = now;
-        self.mark = (self.clock.ticks(), 0);
-        self.deadline = o.duration.map(|d| now + d);
-        self.deadline_tick = o.duration.map(|d| self.mark.0.wrapping_add(self.clock.ticks_for(d)));
+        let t = self.clock.ticks();
+        self.peak = Peak::new(self.clock, t);
+        self.deadline = o.duration.map(|d| t.wrapping_add(self.clock.ticks_for(d)));
         // (read_lat and atomic_lat too: the ping-pongs' samples end with the echo)
         let lat = o.test.is_lat();
         self.steady = match (self.conn, self.region) {
@@ -246,7 +243,7 @@ impl<P: Provider> ClientPart<P> {
         };
         self.start_background(cx);
         for b in std::mem::take(&mut self.spare) {
-            if !self.more(cx) {
+            if !self.more() {
                 break;
             }
             self.issue(cx, b);
@@ -355,10 +352,7 @@ impl<P: Provider> ClientPart<P> {
         let end = self.clock.ticks();
         self.samples.push(end.wrapping_sub(self.t0));
         self.completed += 1;
-        match self.deadline_tick {
-            Some(d) => end < d,
-            None => self.posted < self.opts.iters,
-        }
+        self.more_at(end)
     }
 
     /// A round trip of a latency test ended (a completion, or an echo).
@@ -445,12 +439,7 @@ impl<P: Provider> ClientPart<P> {
     /// loop's path: in a guest whose clock source is the HPET each costs microseconds).
     #[inline(never)]
     fn sample_peak(&mut self, t: u64) {
-        if t.wrapping_sub(self.mark.0) >= self.peak_ticks {
-            let secs = self.clock.ns_between(self.mark.0, t) as f64 / 1e9;
-            let rate = (self.completed - self.mark.1) as f64 / secs;
-            self.peak_rate = self.peak_rate.max(rate);
-            self.mark = (t, self.completed);
-        }
+        self.peak.sample(t, self.completed);
     }
 
     fn finish_size(&mut self, cx: &mut Cx<P>, now: Instant) {
@@ -464,7 +453,7 @@ impl<P: Provider> ClientPart<P> {
             bytes: self.size,
             iterations: self.completed,
             elapsed,
-            peak_rate: self.peak_rate,
+            peak_rate: self.peak.rate(),
             samples,
         }));
         self.index += 1;
@@ -489,8 +478,9 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
     fn poll(&mut self, cx: &mut Cx<P>) {
         if self.steady.is_some_and(|s| !s.lat) {
             // Once per loop iteration: the peak rate's sample, and a timed run's end.
-            self.sample_peak(self.clock.ticks());
-            let over = !self.more(cx);
+            let t = self.clock.ticks();
+            self.sample_peak(t);
+            let over = !self.more_at(t);
             if let (Some(s), true) = (&mut self.steady, over) {
                 s.until = s.until.min(self.posted);
             }
@@ -643,7 +633,7 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         }
         self.completed += 1;
         self.sample_peak(self.clock.ticks());
-        if self.more(cx) {
+        if self.more() {
             let buf = match t.verb() {
                 Verb::Atomic => None,
                 _ => done.buf,

@@ -23,8 +23,8 @@ use corelink_rpc::{
     SessionId,
 };
 
-use super::{Event, Shared, SizeResult, PEAK_INTERVAL};
-use crate::perf::clock::Clock;
+use super::{Event, Shared, SizeResult};
+use crate::perf::clock::{Clock, Peak};
 use crate::perf::opts::{PerfOpts, Test};
 use crate::perf::phase;
 
@@ -137,10 +137,10 @@ struct State {
     warming: u64,
     started: Instant,
     deadline: Option<Instant>,
-    mark: (Instant, u64),
     /// The loop clock the peak rate was last sampled at.
     last_now: Instant,
-    peak_rate: f64,
+    /// A bandwidth test's peak rate.
+    peak: Peak,
     t0: u64,
     clock: Clock,
     /// Round trips in ticks of `clock` (nanoseconds once the size ends, as `send_lat`'s).
@@ -183,9 +183,8 @@ impl State {
             warming: 0,
             started: now,
             deadline: None,
-            mark: (now, 0),
             last_now: now,
-            peak_rate: 0.0,
+            peak: Peak::new(Clock::new(), 0),
             t0: 0,
             clock: Clock::new(),
             samples: Vec::new(),
@@ -241,14 +240,13 @@ impl State {
         phase::timed_phase_begin(self.size);
         self.posted = 0;
         self.completed = 0;
-        self.peak_rate = 0.0;
         self.samples.clear();
         if self.lat() {
             let want = if self.opts.duration.is_some() { 1 << 20 } else { self.opts.iters };
             self.samples.reserve(want.min(1 << 24) as usize);
         }
         self.started = now;
-        self.mark = (now, 0);
+        self.peak = Peak::new(self.clock, self.clock.ticks());
         self.deadline = self.opts.duration.map(|d| now + d);
         if self.lat() {
             1
@@ -285,12 +283,7 @@ impl State {
             // The peak rate, sampled once per loop iteration (the calls ended in one share
             // its clock), as send_bw's client samples it.
             self.last_now = now;
-            let dt = now.saturating_duration_since(self.mark.0);
-            if dt >= PEAK_INTERVAL {
-                let rate = (self.completed - self.mark.1) as f64 / dt.as_secs_f64();
-                self.peak_rate = self.peak_rate.max(rate);
-                self.mark = (now, self.completed);
-            }
+            self.peak.sample(self.clock.ticks(), self.completed);
         }
         if self.more(now) {
             return Next::Call(1);
@@ -311,7 +304,7 @@ impl State {
             bytes: self.size,
             iterations: self.completed,
             elapsed: end.duration_since(self.started),
-            peak_rate: self.peak_rate,
+            peak_rate: self.peak.rate(),
             samples,
         }));
         self.index += 1;

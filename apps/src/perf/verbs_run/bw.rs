@@ -10,11 +10,11 @@ use corelink_verbs::{
     Cq, Mr, Provider, Qp, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, DEFAULT_QKEY,
 };
 
-use super::guard::{Guard, CHECK_EVERY};
+use super::guard::{Guard, Idle, CHECK_EVERY};
 use super::plan::Plan;
 use super::setup::Side;
 use super::wire::{poll_ctl, Ctl, Info};
-use crate::perf::engine_run::PEAK_INTERVAL;
+use crate::perf::clock::{Clock, Peak};
 use crate::perf::opts::Verb;
 use crate::perf::phase;
 
@@ -25,7 +25,8 @@ pub struct Measured {
     pub iterations: u64,
     /// From the first post to the last completion.
     pub elapsed: Duration,
-    /// Best messages per second over an interval of at least [`PEAK_INTERVAL`].
+    /// Best messages per second over an interval of at least
+    /// [`PEAK_INTERVAL`](crate::perf::engine_run::PEAK_INTERVAL).
     pub peak_rate: f64,
     /// Latency tests: each round trip, in ns.
     pub samples: Vec<u64>,
@@ -87,8 +88,11 @@ pub fn client<P: Provider>(
     let start = Instant::now();
     let deadline = plan.duration.map(|d| start + d);
     let (mut closing, mut slot, mut completed) = (false, 0usize, 0u64);
-    let (mut mark, mut mark_n, mut peak) = (start, 0u64, 0.0f64);
-    let (mut since, mut idle) = (start, 0u32);
+    // The peak rate on the tick clock, as the engine's client samples it (no OS clock read on
+    // the loop's path).
+    let clock = Clock::new();
+    let mut peak = Peak::new(clock, clock.ticks());
+    let mut idle = Idle::default();
     loop {
         if deadline.is_some_and(|d| !closing && Instant::now() >= d) {
             closing = true;
@@ -158,18 +162,10 @@ pub fn client<P: Provider>(
                 }
                 completed += n as u64;
             }
-            let now = Instant::now();
-            (since, idle) = (now, 0);
-            let dt = now.duration_since(mark);
-            if dt >= PEAK_INTERVAL {
-                peak = peak.max((completed - mark_n) as f64 / dt.as_secs_f64());
-                (mark, mark_n) = (now, completed);
-            }
-        } else {
-            idle += 1;
-            if idle % CHECK_EVERY == 0 {
-                g.check(since, "send completions")?;
-            }
+            idle.reset();
+            peak.sample(clock.ticks(), completed);
+        } else if let Some(since) = idle.due() {
+            g.check(since, "send completions")?;
         }
         if runs.iter().all(|r| r.done && r.outstanding == 0) {
             break;
@@ -177,7 +173,7 @@ pub fn client<P: Provider>(
     }
     let elapsed = start.elapsed();
     phase::timed_phase_end(size);
-    Ok(Measured { iterations: completed, elapsed, peak_rate: peak, samples: Vec::new() })
+    Ok(Measured { iterations: completed, elapsed, peak_rate: peak.rate(), samples: Vec::new() })
 }
 
 /// The server of `send_bw`: reposts each receive as it completes until the client's

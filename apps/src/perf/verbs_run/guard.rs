@@ -52,6 +52,30 @@ impl Guard {
     }
 }
 
+/// A waiting loop's idle polls since its last progress: every [`CHECK_EVERY`]th is due for
+/// the guard's check, with the time the wait is counted from, read at the first check (a wait
+/// that ends sooner reads no clock: in the Soft-RoCE guest a read costs microseconds).
+#[derive(Debug, Default)]
+pub struct Idle {
+    polls: u32,
+    since: Option<Instant>,
+}
+
+impl Idle {
+    /// One more idle poll: `Some(since)` when the guard is to be checked.
+    #[inline]
+    pub fn due(&mut self) -> Option<Instant> {
+        self.polls = self.polls.wrapping_add(1);
+        (self.polls % CHECK_EVERY == 0).then(|| *self.since.get_or_insert_with(Instant::now))
+    }
+
+    /// Progress: the wait starts again.
+    #[inline]
+    pub fn reset(&mut self) {
+        *self = Idle::default();
+    }
+}
+
 /// Polls `cq` once for signalled send completions, each retiring one request; fails on an
 /// error status. Returns how many it retired.
 pub fn retire<C: Cq>(cq: &C, wcs: &mut [Wc], what: &str) -> Result<usize, String> {
@@ -73,13 +97,12 @@ pub fn retire_until<C: Cq>(
     what: &str,
 ) -> Result<(), String> {
     let mut wcs = [Wc::default(); 16];
-    let (mut idle, since) = (0u32, Instant::now());
+    let mut idle = Idle::default();
     while *outstanding > keep {
         let n = retire(cq, &mut wcs, what)?;
         *outstanding = outstanding.saturating_sub(n);
         if n == 0 {
-            idle += 1;
-            if idle % CHECK_EVERY == 0 {
+            if let Some(since) = idle.due() {
                 g.check(since, &format!("the completions of {what}"))?;
             }
         }

@@ -14,7 +14,7 @@ use corelink_verbs::DEFAULT_QKEY;
 use corelink_verbs::{Cq, Mr, Provider, Qp, SendFlags, SendOp, SendWr, Sge, UdDest, Wc};
 
 use super::bw::Measured;
-use super::guard::{retire, retire_until, Guard, CHECK_EVERY};
+use super::guard::{retire, retire_until, Guard, Idle, CHECK_EVERY};
 use super::plan::{Plan, LAT_SQ_SLACK};
 use super::setup::Side;
 use super::wire::{poll_ctl, Ctl, Info};
@@ -65,11 +65,10 @@ fn post_one<P: Provider>(
     unsafe { qp.post_send(&[wr]) }.map_err(|e| format!("post_send: {e}"))
 }
 
-/// Waits for one completion on `cq`, checking `g` while idle (from the first check on: no
-/// OS clock read on a round trip's path, which in the Soft-RoCE guest costs microseconds).
+/// Waits for one completion on `cq`, checking `g` while idle ([`Idle`]).
 fn wait_one<C: Cq>(cq: &C, g: &Guard, what: &str) -> Result<Wc, String> {
     let mut wc = [Wc::default(); 1];
-    let (mut idle, mut since) = (0u32, None);
+    let mut idle = Idle::default();
     loop {
         if cq.poll(&mut wc).map_err(|e| format!("polling a CQ: {e}"))? == 1 {
             if !wc[0].status.is_success() {
@@ -77,9 +76,8 @@ fn wait_one<C: Cq>(cq: &C, g: &Guard, what: &str) -> Result<Wc, String> {
             }
             return Ok(wc[0]);
         }
-        idle += 1;
-        if idle % CHECK_EVERY == 0 {
-            g.check(*since.get_or_insert_with(Instant::now), what)?;
+        if let Some(since) = idle.due() {
+            g.check(since, what)?;
         }
     }
 }
@@ -126,11 +124,10 @@ pub fn client<P: Provider>(
                 s.src.write_at(size - 1, &[v]).map_err(|e| format!("the buffer: {e}"))?;
                 post_one(s, peer, SendOp::Write(remote), sge, inline)?;
                 outstanding += 1;
-                let (mut idle, mut since) = (0u32, None);
+                let mut idle = Idle::default();
                 while watched(&s.dst, w)? != v {
-                    idle += 1;
-                    if idle % CHECK_EVERY == 0 {
-                        g.check(*since.get_or_insert_with(Instant::now), "the answer to a write")?;
+                    if let Some(since) = idle.due() {
+                        g.check(since, "the answer to a write")?;
                     }
                 }
             }
