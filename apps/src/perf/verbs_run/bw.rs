@@ -10,7 +10,7 @@ use corelink_verbs::{
     Cq, Mr, Provider, Qp, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, DEFAULT_QKEY,
 };
 
-use super::guard::{Guard, Idle, CHECK_EVERY};
+use super::guard::{Guard, Idle};
 use super::plan::Plan;
 use super::setup::Side;
 use super::wire::{poll_ctl, Ctl, Info};
@@ -184,21 +184,20 @@ pub fn receive<P: Provider>(
     g: &Guard,
 ) -> Result<u64, String> {
     let mut wcs = [Wc::default(); 32];
-    let (mut got, mut idle) = (0u64, 0u32);
+    let (mut got, mut idle) = (0u64, Idle::default());
     loop {
         let n = s.rcq.poll(&mut wcs).map_err(|e| format!("polling the receive CQ: {e}"))?;
         if n == 0 {
-            idle += 1;
-            if idle % CHECK_EVERY == 0 {
+            if let Some(since) = idle.due() {
                 match poll_ctl(sock)? {
                     Some(Ctl::End(_)) => return Ok(got),
                     Some(c) => return Err(format!("an unexpected {c:?} during send_bw")),
-                    None => g.check(Instant::now(), "sends")?,
+                    None => g.check(since, "sends")?,
                 }
             }
             continue;
         }
-        idle = 0;
+        idle.reset();
         for wc in &wcs[..n] {
             if !wc.status.is_success() {
                 return Err(format!("a receive completed with {}", wc.status));

@@ -8,11 +8,18 @@ use std::time::{Duration, Instant};
 
 use corelink_verbs::{Cq, Wc};
 
+use crate::perf::clock::Clock;
+
 /// How long a client waits without progress before it gives up.
 pub const STALL: Duration = Duration::from_secs(10);
 
-/// Idle polls between two checks.
+/// Idle polls between two looks at the tick clock.
 pub const CHECK_EVERY: u32 = 1024;
+
+/// How often a waiting loop checks its guard at most (its deadline, a stop, a stall; the
+/// servers also their control connection): rarely enough that the check's OS clock read and
+/// system calls cost a spinning loop nothing, often enough against the guard's seconds.
+pub const CHECK_PACE: Duration = Duration::from_millis(2);
 
 /// The limits of a waiting loop.
 #[derive(Debug, Clone)]
@@ -52,12 +59,19 @@ impl Guard {
     }
 }
 
-/// A waiting loop's idle polls since its last progress: every [`CHECK_EVERY`]th is due for
-/// the guard's check, with the time the wait is counted from, read at the first check (a wait
-/// that ends sooner reads no clock: in the Soft-RoCE guest a read costs microseconds).
+/// A waiting loop's idle polls since its last progress. Every [`CHECK_EVERY`]th looks at the
+/// tick clock (the time-stamp counter: no system call), and once [`CHECK_PACE`] has passed
+/// since the wait began or since its last check, the guard is due, with the time the wait is
+/// counted from (read at its first check). A wait shorter than that reads no OS clock: in the
+/// Soft-RoCE guest a read costs about 2.8 us, and a spin on memory or on a CQ makes
+/// `CHECK_EVERY` polls in a few microseconds, so that a look at the OS clock every
+/// `CHECK_EVERY` polls cost the raw loop several reads a round trip.
 #[derive(Debug, Default)]
 pub struct Idle {
     polls: u32,
+    clock: Clock,
+    /// No check before this tick (`None`: the wait's first look sets it).
+    next: Option<u64>,
     since: Option<Instant>,
 }
 
@@ -66,13 +80,32 @@ impl Idle {
     #[inline]
     pub fn due(&mut self) -> Option<Instant> {
         self.polls = self.polls.wrapping_add(1);
-        (self.polls % CHECK_EVERY == 0).then(|| *self.since.get_or_insert_with(Instant::now))
+        if self.polls % CHECK_EVERY != 0 {
+            return None;
+        }
+        self.look()
+    }
+
+    #[inline(never)]
+    fn look(&mut self) -> Option<Instant> {
+        let now = self.clock.ticks();
+        let pace = self.clock.ticks_for(CHECK_PACE);
+        match self.next {
+            Some(t) if now >= t => {}
+            Some(_) => return None,
+            None => {
+                self.next = Some(now.wrapping_add(pace));
+                return None;
+            }
+        }
+        self.next = Some(now.wrapping_add(pace));
+        Some(*self.since.get_or_insert_with(Instant::now))
     }
 
     /// Progress: the wait starts again.
     #[inline]
     pub fn reset(&mut self) {
-        *self = Idle::default();
+        (self.polls, self.next, self.since) = (0, None, None);
     }
 }
 
@@ -108,4 +141,27 @@ pub fn retire_until<C: Cq>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wait's checks come only every `CHECK_EVERY` polls and once `CHECK_PACE` has passed
+    /// (its first look only starts the pace), always with the same `since`; progress resets.
+    #[test]
+    fn idle_checks_at_the_pace_only() {
+        let mut idle = Idle::default();
+        let polls = |idle: &mut Idle| (0..CHECK_EVERY).filter_map(|_| idle.due()).count();
+        assert_eq!(polls(&mut idle), 0, "the first look starts the pace");
+        assert_eq!(polls(&mut idle), 0, "too soon after it");
+        std::thread::sleep(CHECK_PACE * 2);
+        let first = (0..CHECK_EVERY).find_map(|_| idle.due()).expect("due after the pace");
+        assert_eq!(polls(&mut idle), 0, "the pace starts again");
+        std::thread::sleep(CHECK_PACE * 2);
+        let again = (0..CHECK_EVERY).find_map(|_| idle.due()).expect("due again");
+        assert_eq!(first, again, "a wait keeps its start");
+        idle.reset();
+        assert_eq!(polls(&mut idle), 0, "progress starts a new wait");
+    }
 }

@@ -14,7 +14,7 @@ use corelink_verbs::DEFAULT_QKEY;
 use corelink_verbs::{Cq, Mr, Provider, Qp, SendFlags, SendOp, SendWr, Sge, UdDest, Wc};
 
 use super::bw::Measured;
-use super::guard::{retire, retire_until, Guard, Idle, CHECK_EVERY};
+use super::guard::{retire, retire_until, Guard, Idle};
 use super::plan::{Plan, LAT_SQ_SLACK};
 use super::setup::Side;
 use super::wire::{poll_ctl, Ctl, Info};
@@ -114,7 +114,9 @@ pub fn client<P: Provider>(
         match verb {
             Verb::Send => {
                 post_one(s, peer, SendOp::Send, sge, inline)?;
+                // (its completion retired while the answer is on its way, as perftest's)
                 outstanding += 1;
+                outstanding -= retire(&s.scq, &mut wcs, plan.test.name())?.min(outstanding);
                 let wc = wait_one(&s.rcq, g, "the answer to a send")?;
                 let (qp, slot) = s.recv_origin(wc.wr_id);
                 s.post_recv(qp, slot)?;
@@ -124,6 +126,7 @@ pub fn client<P: Provider>(
                 s.src.write_at(size - 1, &[v]).map_err(|e| format!("the buffer: {e}"))?;
                 post_one(s, peer, SendOp::Write(remote), sge, inline)?;
                 outstanding += 1;
+                outstanding -= retire(&s.scq, &mut wcs, plan.test.name())?.min(outstanding);
                 let mut idle = Idle::default();
                 while watched(&s.dst, w)? != v {
                     if let Some(since) = idle.due() {
@@ -142,8 +145,7 @@ pub fn client<P: Provider>(
         }
         samples.push(clock.ticks().wrapping_sub(t0));
         i += 1;
-        if outstanding > 0 {
-            outstanding -= retire(&s.scq, &mut wcs, plan.test.name())?.min(outstanding);
+        if outstanding > LAT_SQ_SLACK / 2 {
             retire_until(&s.scq, &mut outstanding, LAT_SQ_SLACK / 2, g, plan.test.name())?;
         }
     }
@@ -169,7 +171,7 @@ pub fn answer<P: Provider>(
     let inline = plan.inline > 0 && size <= plan.inline as usize;
     let w = watch(size);
     let (mut outstanding, mut wcs, mut rwc) = (0usize, [Wc::default(); 16], [Wc::default(); 1]);
-    let (mut answered, mut idle) = (0u64, 0u32);
+    let (mut answered, mut idle) = (0u64, Idle::default());
     loop {
         let arrived = if write {
             watched(&s.dst, w)? == mark(answered)
@@ -185,17 +187,16 @@ pub fn answer<P: Provider>(
             n == 1
         };
         if !arrived {
-            idle += 1;
-            if idle % CHECK_EVERY == 0 {
+            if let Some(since) = idle.due() {
                 match poll_ctl(sock)? {
                     Some(Ctl::End(_)) => break,
                     Some(c) => return Err(format!("an unexpected {c:?} during the test")),
-                    None => g.check(Instant::now(), "the client's messages")?,
+                    None => g.check(since, "the client's messages")?,
                 }
             }
             continue;
         }
-        idle = 0;
+        idle.reset();
         let op = if write {
             let v = mark(answered);
             s.src.write_at(size - 1, &[v]).map_err(|e| format!("the buffer: {e}"))?;
