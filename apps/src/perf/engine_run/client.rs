@@ -43,6 +43,10 @@ pub(super) struct ClientPart<P: Provider> {
     peak: Peak,
     /// A latency test's request in flight since.
     t0: u64,
+    /// Where the last sample ended, while its size goes on: the next request's sample starts
+    /// there, so that a round trip reads the clock once (as perftest's samples, the times
+    /// between consecutive posts; in the Soft-RoCE guest a counter read is emulated).
+    next_t0: Option<u64>,
     /// The latency samples' clock (the time-stamp counter where there is one).
     clock: Clock,
     /// `write_lat` polls memory for its answers (see [`POLL_SLOT`]).
@@ -133,6 +137,7 @@ impl<P: Provider> ClientPart<P> {
             deadline: None,
             peak: Peak::new(clock, 0),
             t0: 0,
+            next_t0: None,
             clock,
             polls,
             expect: None,
@@ -323,7 +328,8 @@ impl<P: Provider> ClientPart<P> {
         };
         // A sample runs from the request to its answer: the clock starts before the request
         // goes in (the flat path posts, and soft executes, inside the call).
-        let t0 = if lat { self.clock.ticks() } else { self.t0 };
+        let t0 =
+            if lat { self.next_t0.take().unwrap_or_else(|| self.clock.ticks()) } else { self.t0 };
         // With --quiet a ping goes quiet (`Cx::send_quiet`, `Cx::write_quiet`): the pong says
         // it arrived, so it asks for no completion of its own unless one is due.
         let r = match op {
@@ -352,7 +358,9 @@ impl<P: Provider> ClientPart<P> {
         let end = self.clock.ticks();
         self.samples.push(end.wrapping_sub(self.t0));
         self.completed += 1;
-        self.more_at(end)
+        let more = self.more_at(end);
+        self.next_t0 = more.then_some(end);
+        more
     }
 
     /// A round trip of a latency test ended (a completion, or an echo).
@@ -571,7 +579,7 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             if s.lat && done.token == s.token && done.status.is_success() {
                 // A read's or an atomic's round trip: its sample, and the next at once.
                 if self.sample() {
-                    self.t0 = self.clock.ticks();
+                    self.t0 = self.next_t0.take().unwrap_or_else(|| self.clock.ticks());
                     self.reissue(cx, done.buf);
                 } else {
                     self.finish_size(cx, cx.now());
