@@ -149,15 +149,14 @@ mod tests {
 
     /// A wait's checks come only every `CHECK_EVERY` polls and once `CHECK_PACE` has passed
     /// (its first look only starts the pace), always with the same `since`; progress resets.
+    /// (Only lower bounds on time are relied on: a slow machine just sleeps longer.)
     #[test]
     fn idle_checks_at_the_pace_only() {
         let mut idle = Idle::default();
         let polls = |idle: &mut Idle| (0..CHECK_EVERY).filter_map(|_| idle.due()).count();
         assert_eq!(polls(&mut idle), 0, "the first look starts the pace");
-        assert_eq!(polls(&mut idle), 0, "too soon after it");
         std::thread::sleep(CHECK_PACE * 2);
         let first = (0..CHECK_EVERY).find_map(|_| idle.due()).expect("due after the pace");
-        assert_eq!(polls(&mut idle), 0, "the pace starts again");
         std::thread::sleep(CHECK_PACE * 2);
         let again = (0..CHECK_EVERY).find_map(|_| idle.due()).expect("due again");
         assert_eq!(first, again, "a wait keeps its start");
