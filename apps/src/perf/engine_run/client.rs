@@ -328,8 +328,7 @@ impl<P: Provider> ClientPart<P> {
         };
         // A sample runs from the request to its answer: the clock starts before the request
         // goes in (the flat path posts, and soft executes, inside the call).
-        let t0 =
-            if lat { self.next_t0.take().unwrap_or_else(|| self.clock.ticks()) } else { self.t0 };
+        let t0 = if lat { self.sample_start() } else { self.t0 };
         // With --quiet a ping goes quiet (`Cx::send_quiet`, `Cx::write_quiet`): the pong says
         // it arrived, so it asks for no completion of its own unless one is due.
         let r = match op {
@@ -361,6 +360,13 @@ impl<P: Provider> ClientPart<P> {
         let more = self.more_at(end);
         self.next_t0 = more.then_some(end);
         more
+    }
+
+    /// Where the next latency sample starts: the last one's end while its size goes on, else
+    /// now.
+    #[inline(always)]
+    fn sample_start(&mut self) -> u64 {
+        self.next_t0.take().unwrap_or_else(|| self.clock.ticks())
     }
 
     /// A round trip of a latency test ended (a completion, or an echo).
@@ -579,7 +585,7 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             if s.lat && done.token == s.token && done.status.is_success() {
                 // A read's or an atomic's round trip: its sample, and the next at once.
                 if self.sample() {
-                    self.t0 = self.next_t0.take().unwrap_or_else(|| self.clock.ticks());
+                    self.t0 = self.sample_start();
                     self.reissue(cx, done.buf);
                 } else {
                     self.finish_size(cx, cx.now());

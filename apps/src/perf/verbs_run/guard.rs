@@ -89,17 +89,11 @@ impl Idle {
     #[inline(never)]
     fn look(&mut self) -> Option<Instant> {
         let now = self.clock.ticks();
-        let pace = self.clock.ticks_for(CHECK_PACE);
-        match self.next {
-            Some(t) if now >= t => {}
-            Some(_) => return None,
-            None => {
-                self.next = Some(now.wrapping_add(pace));
-                return None;
-            }
+        let due = self.next.is_some_and(|t| now >= t);
+        if due || self.next.is_none() {
+            self.next = Some(now.wrapping_add(self.clock.ticks_for(CHECK_PACE)));
         }
-        self.next = Some(now.wrapping_add(pace));
-        Some(*self.since.get_or_insert_with(Instant::now))
+        due.then(|| *self.since.get_or_insert_with(Instant::now))
     }
 
     /// Progress: the wait starts again.
@@ -121,7 +115,8 @@ pub fn retire<C: Cq>(cq: &C, wcs: &mut [Wc], what: &str) -> Result<usize, String
     Ok(n)
 }
 
-/// Retires until at most `keep` requests are outstanding.
+/// Retires until at most `keep` requests are outstanding (nothing to do, nothing done: the
+/// latency loops call it once a round trip).
 pub fn retire_until<C: Cq>(
     cq: &C,
     outstanding: &mut usize,
@@ -129,6 +124,9 @@ pub fn retire_until<C: Cq>(
     g: &Guard,
     what: &str,
 ) -> Result<(), String> {
+    if *outstanding <= keep {
+        return Ok(());
+    }
     let mut wcs = [Wc::default(); 16];
     let mut idle = Idle::default();
     while *outstanding > keep {

@@ -145,9 +145,7 @@ pub fn client<P: Provider>(
         }
         samples.push(clock.ticks().wrapping_sub(t0));
         i += 1;
-        if outstanding > LAT_SQ_SLACK / 2 {
-            retire_until(&s.scq, &mut outstanding, LAT_SQ_SLACK / 2, g, plan.test.name())?;
-        }
+        retire_until(&s.scq, &mut outstanding, LAT_SQ_SLACK / 2, g, plan.test.name())?;
     }
     let elapsed = start.elapsed();
     phase::timed_phase_end(size);
