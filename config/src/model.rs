@@ -139,7 +139,9 @@ pub struct WorkerResources {
     /// first (and a refusal fails the peer's queue pair too, so a live peer disconnects as
     /// well); with the word, the close says the peer went away after the refusal
     /// (`CloseReason::PeerGone`). Such a close is reported at most this much later; 0: at
-    /// once, for the failure.
+    /// once, for the failure. The same wait the other way round: after the peer's
+    /// disconnect, requests in flight wait at most this long for the answers the peer sent
+    /// before it (an acknowledgement, a refusal) before they flush.
     pub peer_grace_ms: u32,
     /// How queued requests become work requests: doorbells and completions.
     pub batching: Batching,

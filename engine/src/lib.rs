@@ -27,7 +27,10 @@
 //!   A request the peer's side refused (`RemAccessErr`...) is how a dying peer often shows
 //!   first (its memory goes before its connections): its connection waits up to
 //!   `worker.peer_grace_ms` for the peer's disconnect and then closes with
-//!   [`CloseReason::PeerGone`] of the refusal.
+//!   [`CloseReason::PeerGone`] of the refusal. The other way round, a peer's disconnect
+//!   leaves its connection's requests in flight up to as long for the answers the peer sent
+//!   before it (an acknowledgement is a success, a refusal names the close), then flushes
+//!   the rest.
 //! - **A peer that dies is seen in bounded time**, on a busy connection within
 //!   (`worker.retry_cnt` + 1) x 4.096 us x 2^`worker.timeout` (about 0.47 s by default), on an
 //!   idle one within `worker.keepalive_ms` more (a zero-length write probes it;

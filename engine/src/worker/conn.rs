@@ -66,6 +66,9 @@ pub(crate) struct Conn<P: Provider> {
     pub(crate) untrusted: bool,
     /// Its close waits for the peer's disconnect (a request failed on the peer's side).
     peer_wait: PeerWait,
+    /// Its peer disconnected with requests of its in flight: the lanes go to ERR once their
+    /// answers came (the peer sent them before its disconnect) or the wait ran out.
+    answers_wait: PeerWait,
 }
 
 /// A close held for the peer's disconnect (`worker.peer_grace_ms`): a request the peer's side
@@ -129,6 +132,7 @@ impl<P: Provider> Conn<P> {
             live: super::keepalive::Liveness::new(),
             untrusted: false,
             peer_wait: PeerWait::No,
+            answers_wait: PeerWait::No,
         }
     }
 
@@ -161,6 +165,47 @@ impl<P: Provider> Conn<P> {
             }
         }
         self.phase = Phase::Closing;
+    }
+
+    /// The peer disconnected: with requests in flight, the lanes stay as they are a while
+    /// ([`Conn::awaits_answers`]), since what the peer answered before its disconnect (an
+    /// acknowledgement, a refusal) may still be on its way through the device and must not be
+    /// flushed; with none, they go to ERR now, so that the receives flush.
+    pub(crate) fn peer_left(&mut self) {
+        if self.lanes.iter().any(|l| !l.sq.posted.is_empty()) {
+            self.answers_wait = PeerWait::Asked;
+        } else {
+            self.error_lanes();
+        }
+    }
+
+    /// Whether its lanes still wait for the answers to its requests in flight after the
+    /// peer's disconnect (for `grace` from the first look, `worker.peer_grace_ms`); once
+    /// nothing is in flight or the wait ran out, they go to ERR (the rest flushes).
+    pub(crate) fn awaits_answers(
+        &mut self,
+        now: impl FnOnce() -> Instant,
+        grace: Duration,
+    ) -> bool {
+        if self.answers_wait == PeerWait::No {
+            return false;
+        }
+        let in_flight = self.lanes.iter().any(|l| !l.sq.posted.is_empty());
+        if in_flight && self.answers_wait.holds(now, grace) {
+            return true;
+        }
+        self.answers_wait = PeerWait::No;
+        self.error_lanes();
+        false
+    }
+
+    /// A request failed after its connection began closing. One the peer refused after its
+    /// disconnect came (an answer it sent before), names the close: the peer went away after
+    /// refusing it.
+    pub(crate) fn failed_closing(&mut self, status: WcStatus) {
+        if self.reason == Some(CloseReason::Peer) && peer_side(status) {
+            self.reason = Some(CloseReason::PeerGone(status));
+        }
     }
 
     /// Whether its close still waits for the peer's disconnect after a failure on the peer's
@@ -229,6 +274,62 @@ mod tests {
         Conn::new(id, info, Origin::Handler, ArrayVec::new(), 4)
     }
 
+    /// A connection with one lane on a soft QP in INIT, request 7 posted on it.
+    fn conn_in_flight() -> Conn<Soft> {
+        use corelink_verbs::{Context, Pd, QpCap, QpInitAttr, QpType};
+        let ctx = Soft::open("soft0").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let attr = QpInitAttr::<Soft> {
+            qp_type: QpType::Rc,
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            cap,
+            sq_sig_all: false,
+        };
+        let mut qp = pd.create_qp(&attr).unwrap();
+        qp.modify(&QpAttr { state: QpState::Init, ..QpAttr::default() }).unwrap();
+        let mut sq = SendQueue::new(4);
+        assert!(sq.posted.push(crate::worker::ids::ReqId::from_raw(7)));
+        let lane = Lane { qp, cm_key: 1, recvs: Vec::new(), recvs_posted: 0, sq };
+        let mut c = conn();
+        c.lanes.push(lane);
+        c
+    }
+
+    #[test]
+    fn a_peer_that_left_has_its_answers_waited_for() {
+        let (t0, grace) = (Instant::now(), Duration::from_millis(100));
+        let unread = || -> Instant { panic!("the clock is read only while waiting") };
+        let err = |c: &Conn<Soft>| c.lanes[0].qp.state() == QpState::Err;
+        // In flight: the lane stays as it is until the answer comes.
+        let mut c = conn_in_flight();
+        c.peer_left();
+        assert!(c.awaits_answers(|| t0, grace) && !err(&c));
+        assert!(c.awaits_answers(|| t0 + grace / 2, grace) && !err(&c));
+        c.lanes[0].sq.posted.pop();
+        assert!(!c.awaits_answers(unread, grace) && err(&c), "answered: to ERR at once");
+        assert!(!c.awaits_answers(unread, grace), "once");
+        // No answer within the grace: to ERR, what is posted flushes.
+        let mut c = conn_in_flight();
+        c.peer_left();
+        assert!(c.awaits_answers(|| t0, grace));
+        assert!(!c.awaits_answers(|| t0 + grace, grace) && err(&c));
+        // Nothing in flight: to ERR at once, no wait.
+        let mut c = conn_in_flight();
+        c.lanes[0].sq.posted.pop();
+        c.peer_left();
+        assert!(err(&c) && !c.awaits_answers(unread, grace));
+    }
+
     #[test]
     fn a_refusal_by_the_peer_waits_a_while_for_its_disconnect() {
         let (t0, grace) = (Instant::now(), Duration::from_millis(100));
@@ -250,6 +351,19 @@ mod tests {
         assert!(!c.waits_for_peer(|| t0 + grace, grace) && c.releasable());
         c.closing(CloseReason::Peer);
         assert_eq!(c.reason, Some(CloseReason::Error(WcStatus::RemOpErr)));
+        // The answers to what was in flight at the peer's disconnect: a refusal among them
+        // names the close; a failure on this side or a flush does not.
+        for (status, want) in [
+            (WcStatus::RemAccessErr, CloseReason::PeerGone(WcStatus::RemAccessErr)),
+            (WcStatus::WrFlushErr, CloseReason::Peer),
+            (WcStatus::RetryExcErr, CloseReason::Peer),
+        ] {
+            let mut c = conn();
+            c.peer_left();
+            assert!(c.closing(CloseReason::Peer));
+            c.failed_closing(status);
+            assert_eq!(c.reason, Some(want), "{status}");
+        }
         // A failure on this side, or a grace of 0: no wait.
         for (status, g) in
             [(WcStatus::RetryExcErr, grace), (WcStatus::RemAccessErr, Duration::ZERO)]

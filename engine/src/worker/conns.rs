@@ -207,6 +207,17 @@ impl<P: Provider> Conns<P> {
         self.dirty.truncate(kept);
     }
 
+    /// Visits every dirty connection that is closing.
+    pub(crate) fn closing(&mut self, mut visit: impl FnMut(&mut Conn<P>)) {
+        for &slot in &self.dirty {
+            if let Some(c) = self.slots[usize::from(slot)].as_mut() {
+                if c.phase == Phase::Closing {
+                    visit(c);
+                }
+            }
+        }
+    }
+
     /// Visits every dirty connection that is closing and has not yet been disconnected (one a
     /// failed request closed: its other lanes are still up): `disconnect` disconnects it, or
     /// says it waits (for the peer's disconnect) and is visited again.

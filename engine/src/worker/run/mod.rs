@@ -571,9 +571,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                         .find(|c| c.lanes.iter().any(|l| l.cm_key == cm_key));
                     if let Some(c) = found {
                         let id = c.id;
-                        // The peer is gone: everything posted flushes, and the other lanes
-                        // are disconnected.
-                        c.error_lanes();
+                        // The peer is gone: what it answered before still comes, then
+                        // everything posted flushes, and the other lanes are disconnected.
+                        c.peer_left();
                         let _ = self.cx.begin_close(id, CloseReason::Peer);
                     }
                 }
@@ -713,6 +713,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     fn finish_closing(&mut self) {
         let Cx { conns, outbox, now, cfg, .. } = &mut self.cx;
         let grace = cfg.peer_grace;
+        // A connection whose peer left: its lanes go to ERR once the answers in flight came.
+        conns.closing(|c| {
+            c.awaits_answers(|| cx::clock(now), grace);
+        });
         // A connection a failed request closed: every lane's QP to ERR (the failed one is
         // there already), so that everything posted on it flushes, and the peer disconnected
         // (after a wait for the peer's own disconnect, if the failure was on the peer's side).

@@ -129,6 +129,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             }
             c.note_error(status);
             self.cx.conns.mark(slot);
+        } else if status != WcStatus::Success {
+            c.failed_closing(status);
         }
         self.finish(r, status);
     }
