@@ -276,27 +276,10 @@ mod tests {
 
     /// A connection with one lane on a soft QP in INIT, request 7 posted on it.
     fn conn_in_flight() -> Conn<Soft> {
-        use corelink_verbs::{Context, Pd, QpCap, QpInitAttr, QpType};
+        use corelink_verbs::Context;
         let ctx = Soft::open("soft0").unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(16).unwrap();
-        let cap = QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let attr = QpInitAttr::<Soft> {
-            qp_type: QpType::Rc,
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            cap,
-            sq_sig_all: false,
-        };
-        let mut qp = pd.create_qp(&attr).unwrap();
-        qp.modify(&QpAttr { state: QpState::Init, ..QpAttr::default() }).unwrap();
+        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(16).unwrap());
+        let qp = crate::worker::testing::soft_qp_in_init(&pd, &cq, 4);
         let mut sq = SendQueue::new(4);
         assert!(sq.posted.push(crate::worker::ids::ReqId::from_raw(7)));
         let lane = Lane { qp, cm_key: 1, recvs: Vec::new(), recvs_posted: 0, sq };

@@ -33,6 +33,9 @@ mod sched;
 mod timers;
 mod untrusted;
 
+#[cfg(test)]
+mod testing;
+
 pub(crate) use cfg::WorkerCfg;
 pub use completions::Completions;
 pub use cx::Cx;

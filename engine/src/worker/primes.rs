@@ -250,30 +250,14 @@ impl<P: Provider> Primed<P> {
 mod tests {
     use super::*;
     use corelink_verbs::soft::Soft;
-    use corelink_verbs::{Context, Pd, QpCap, QpInitAttr, QpType};
+    use corelink_verbs::Context;
 
     /// A prime of one lane with 4 receives on a soft QP in INIT; its conns, pool and CQ.
     fn primed() -> (Primes<Soft>, Conns<Soft>, Pool<Soft>, ConnId, Qps<Soft>) {
         let ctx = Soft::open("soft0").unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(64).unwrap();
-        let cap = QpCap {
-            max_send_wr: 8,
-            max_recv_wr: 8,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let attr = QpInitAttr::<Soft> {
-            qp_type: QpType::Rc,
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            cap,
-            sq_sig_all: false,
-        };
-        let mut qp = pd.create_qp(&attr).unwrap();
-        qp.modify(&QpAttr { state: QpState::Init, ..QpAttr::default() }).unwrap();
+        let qp = crate::worker::testing::soft_qp_in_init(&pd, &cq, 8);
         let mut qps = Qps::<Soft>::new();
         qps.push(qp);
         let pool = Pool::new(&pd, &[(64, 8)]).unwrap();
