@@ -156,15 +156,28 @@ impl<P: Provider> Conn<P> {
     }
 
     /// The first error status of a failed request closes the connection with it (one on the
-    /// peer's side after a wait for the peer's disconnect: [`Conn::waits_for_peer`]).
+    /// peer's side after a wait for the peer's disconnect: [`Conn::waits_for_peer`]). A refusal
+    /// that comes after the peer's disconnect (an answer the peer sent before it:
+    /// [`Conn::peer_left`]) names that close: the peer went away after refusing it.
     pub(crate) fn note_error(&mut self, status: WcStatus) {
-        if self.reason.is_none() {
-            self.reason = Some(CloseReason::Error(status));
-            if peer_side(status) {
-                self.peer_wait = PeerWait::Asked;
+        match self.reason {
+            None => {
+                self.reason = Some(CloseReason::Error(status));
+                if peer_side(status) {
+                    self.peer_wait = PeerWait::Asked;
+                }
             }
+            Some(CloseReason::Peer) if peer_side(status) => {
+                self.reason = Some(CloseReason::PeerGone(status));
+            }
+            Some(_) => {}
         }
         self.phase = Phase::Closing;
+    }
+
+    /// Whether any of its requests is on the device.
+    fn in_flight(&self) -> bool {
+        self.lanes.iter().any(|l| !l.sq.posted.is_empty())
     }
 
     /// The peer disconnected: with requests in flight, the lanes stay as they are a while
@@ -172,7 +185,7 @@ impl<P: Provider> Conn<P> {
     /// acknowledgement, a refusal) may still be on its way through the device and must not be
     /// flushed; with none, they go to ERR now, so that the receives flush.
     pub(crate) fn peer_left(&mut self) {
-        if self.lanes.iter().any(|l| !l.sq.posted.is_empty()) {
+        if self.in_flight() {
             self.answers_wait = PeerWait::Asked;
         } else {
             self.error_lanes();
@@ -190,22 +203,12 @@ impl<P: Provider> Conn<P> {
         if self.answers_wait == PeerWait::No {
             return false;
         }
-        let in_flight = self.lanes.iter().any(|l| !l.sq.posted.is_empty());
-        if in_flight && self.answers_wait.holds(now, grace) {
+        if self.in_flight() && self.answers_wait.holds(now, grace) {
             return true;
         }
         self.answers_wait = PeerWait::No;
         self.error_lanes();
         false
-    }
-
-    /// A request failed after its connection began closing. One the peer refused after its
-    /// disconnect came (an answer it sent before), names the close: the peer went away after
-    /// refusing it.
-    pub(crate) fn failed_closing(&mut self, status: WcStatus) {
-        if self.reason == Some(CloseReason::Peer) && peer_side(status) {
-            self.reason = Some(CloseReason::PeerGone(status));
-        }
     }
 
     /// Whether its close still waits for the peer's disconnect after a failure on the peer's
@@ -344,7 +347,7 @@ mod tests {
             let mut c = conn();
             c.peer_left();
             assert!(c.closing(CloseReason::Peer));
-            c.failed_closing(status);
+            c.note_error(status);
             assert_eq!(c.reason, Some(want), "{status}");
         }
         // A failure on this side, or a grace of 0: no wait.

@@ -222,13 +222,11 @@ impl<P: Provider> Conns<P> {
     /// failed request closed: its other lanes are still up): `disconnect` disconnects it, or
     /// says it waits (for the peer's disconnect) and is visited again.
     pub(crate) fn undisconnected(&mut self, mut disconnect: impl FnMut(&mut Conn<P>) -> bool) {
-        for &slot in &self.dirty {
-            if let Some(c) = self.slots[usize::from(slot)].as_mut() {
-                if c.phase == Phase::Closing && !c.disconnect_sent {
-                    c.disconnect_sent = disconnect(c);
-                }
+        self.closing(|c| {
+            if !c.disconnect_sent {
+                c.disconnect_sent = disconnect(c);
             }
-        }
+        });
     }
 
     /// Takes out every dirty connection that is closing and has nothing left on the device

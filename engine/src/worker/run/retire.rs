@@ -123,14 +123,15 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         if let (true, Some(lane)) = (r.is_rd_atomic(), c.lanes.get_mut(l)) {
             lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
         }
-        if status != WcStatus::Success && c.phase == Phase::Open {
-            if r.origin == Origin::Keepalive {
+        if status != WcStatus::Success {
+            let open = c.phase == Phase::Open;
+            if open && r.origin == Origin::Keepalive {
                 c.reason = Some(CloseReason::Unanswered(status));
             }
             c.note_error(status);
-            self.cx.conns.mark(slot);
-        } else if status != WcStatus::Success {
-            c.failed_closing(status);
+            if open {
+                self.cx.conns.mark(slot);
+            }
         }
         self.finish(r, status);
     }
