@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Guest instructions per round trip, user and kernel, for perftest, corelink's verbs loop
+# (`baseline raw_TEST`) and the engine, on rxe0 in the Soft-RoCE guest. A QEMU TCG plugin
+# (benches/guest-counts/plugin.c) counts each vCPU's instructions and translation blocks in user
+# and kernel mode, the host time in each mode and the kernel's entries; a marker program
+# (mark.c) has it write its counters out before and after each client run. Each test runs at
+# N1 and N2 iterations, and the per-iteration figure is (count at N2 - count at N1) / (N2 - N1),
+# both vCPUs summed, so that start-up and connection set-up cancel out. Run on the host:
+#
+#   cargo build --release -p corelink-apps --bin corelink-perf
+#   bash benches/guest-counts.sh                  # TESTS="send_lat:8" N1=20000 N2=60000
+#
+# Instruction counts are the emulated CPU's and do not depend on the host's load; the time per
+# mode is host time with the plugin's own overhead in it (a plugin call per block): compare it
+# between kinds in one run only. User-mode counts include the busy-polling of whichever side
+# waits, so they grow with the other side's time; kernel counts do not (the round trip's posts).
+# Needs a C compiler and QEMU with plugin support (Debian's qemu-system-x86 7.2 has it).
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+here=$repo/benches/guest-counts
+perf=${CORELINK_PERF:-${CARGO_TARGET_DIR:-target}/release/corelink-perf}
+n1=${N1:-20000} n2=${N2:-60000}
+tests=${TESTS:-send_lat:8}
+kinds=${KINDS:-perftest raw engine}
+
+if [ "${1:-}" = --inside ]; then
+  # In the guest: each kind and test at N1 and N2, a mark before and after each client run.
+  : "${CORELINK_IBV_DEVICE:?run through tests/rxe-guest/run}"
+  mark=$2
+  dev=$CORELINK_IBV_DEVICE gid=${CORELINK_IBV_GID_INDEX:-1} ip=$CORELINK_IP
+  work=$(mktemp -d) port=18900
+  # (the core maps of benches/perftest-side-by-side.sh: client worker on core 0, server on 1)
+  for side in client:1:0 server:0:1; do
+    IFS=: read -r name control worker <<< "$side"
+    printf '%s\n' 'provider = "ibverbs"' "device = \"$dev\"" "gid_index = $gid" \
+      "control_core = $control" "workers = [$worker]" '[worker]' 'idle_after_us = 100' \
+      'yield_after_empty_polls = 0' 'park_after_us = 0' '[worker.scheduler]' \
+      'max_rd_atomic = 128' > "$work/$name.toml"
+  done
+  for spec in $tests; do
+    test=${spec%%:*} size=${spec##*:}
+    for kind in $kinds; do
+      for n in $n1 $n2; do
+        port=$((port + 1))
+        case $kind in
+          perftest)
+            srv=(taskset -c 1 "ib_$test" -d "$dev" -x "$gid" -s "$size" -n "$n" -p $port -F)
+            cli=(taskset -c 0 "ib_$test" -d "$dev" -x "$gid" -s "$size" -n "$n" -p $port -F "$ip") ;;
+          raw)
+            srv=("$perf" baseline "raw_$test" --provider ibverbs --bind "$ip" -p $port -s "$size" -n "$n")
+            cli=("$perf" baseline "raw_$test" --provider ibverbs -p $port -s "$size" -n "$n" --json "$ip") ;;
+          engine)
+            srv=("$perf" "$test" --config "$work/server.toml" --bind "$ip" -p $port -s "$size" -n "$n")
+            cli=("$perf" "$test" --config "$work/client.toml" -p $port -s "$size" -n "$n" --json "$ip") ;;
+          *) echo "unknown kind $kind (perftest, raw, engine)"; exit 2 ;;
+        esac
+        timeout 300 "${srv[@]}" > "$work/srv.log" 2>&1 &
+        if [ "$kind" = perftest ]; then sleep 1.5; else
+          for _ in $(seq 100); do grep -q listening "$work/srv.log" && break; sleep 0.1; done
+        fi
+        echo "run $kind $test $n"
+        "$mark"
+        timeout 300 "${cli[@]}" > "$work/cli.log" 2>&1 || { echo "client failed:"; cat "$work/cli.log"; }
+        "$mark"
+        wait
+      done
+    done
+  done
+  rm -rf "$work"
+  exit 0
+fi
+
+[ -x "$perf" ] || { echo "no $perf: cargo build --release -p corelink-apps --bin corelink-perf"; exit 1; }
+out=$repo/${CARGO_TARGET_DIR:-target}/guest-counts
+mkdir -p "$out"
+cc -O2 -Wall -shared -fPIC -o "$out/plugin.so" "$here/plugin.c"
+cc -O2 -Wall -static -o "$out/mark" "$here/mark.c"
+rm -f "$out/counts.txt"
+CORELINK_GUEST_QEMU_OPTS="-plugin $out/plugin.so,out=$out/counts.txt" \
+  "$repo/tests/rxe-guest/run" --timeout "${TIMEOUT:-1800}" --env TESTS --env KINDS --env N1 --env N2 \
+  --env CORELINK_PERF -- \
+  bash benches/guest-counts.sh --inside "$out/mark" | tee "$out/guest.log"
+python3 - "$out/guest.log" "$out/counts.txt" "$n1" "$n2" <<'PY'
+import sys, collections
+log, counts, n1, n2 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+runs = [l.split()[1:] for l in open(log) if l.startswith('run ')]
+marks = collections.defaultdict(dict)  # mark -> vcpu -> counters
+for l in open(counts):
+    f = l.split()
+    marks[int(f[1])][int(f[5])] = [int(x) for x in f[7:11]] + [int(x) for x in f[12:16]]
+order = sorted(marks)
+if len(order) != 2 * len(runs):
+    sys.exit(f'{len(runs)} runs but {len(order)} marks: a client failed?')
+def delta(i):
+    a, b = marks[order[2 * i]], marks[order[2 * i + 1]]
+    return [sum(b[v][k] - a.get(v, [0] * 8)[k] for v in b) for k in range(8)]
+got = {}
+for i, (kind, test, n) in enumerate(runs):
+    got[(kind, test, int(n))] = delta(i)
+print(f'per iteration ({n2} - {n1} iterations), both vCPUs; ns: host time with the plugin in it')
+print(f'{"test":10} {"kind":9} {"user insns":>11} {"user TBs":>9} {"user us":>8} '
+      f'{"kern insns":>11} {"kern TBs":>9} {"kern us":>8} {"entries":>8}')
+for (kind, test, n) in got:
+    if n != n2:
+        continue
+    lo, hi = got.get((kind, test, n1)), got[(kind, test, n2)]
+    if lo is None:
+        continue
+    d = [(h - l) / (n2 - n1) for h, l in zip(hi, lo)]
+    print(f'{test:10} {kind:9} {d[0]:11.0f} {d[1]:9.0f} {d[2] / 1000:8.2f} '
+          f'{d[4]:11.0f} {d[5]:9.0f} {d[6] / 1000:8.2f} {d[7]:8.2f}')
+PY
