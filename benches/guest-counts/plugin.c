@@ -1,8 +1,12 @@
 /* A QEMU TCG plugin (QEMU 7.2's plugin API, version 1) for benches/guest-counts.sh: counts, per
  * vCPU, the guest instructions and translation blocks executed in user and in kernel mode, the
- * host time spent in each mode and the kernel's entries, and appends all counters to the file
- * `out=PATH` each time a guest program executes the marker `xchg %bx,%bx` (bytes 66 87 db;
- * mark.c). The counters only grow: the script takes differences between marks.
+ * distinct blocks among them between two entries into the kernel (each block once per stretch:
+ * the code a round trip's path runs through), the host time spent in each mode and the kernel's
+ * entries, and appends all counters to the file `out=PATH` each time a guest program executes
+ * the marker `xchg %bx,%bx` (bytes 66 87 db; mark.c). The counters only grow: the script takes
+ * differences between marks. With `blocks=PATH` each mark also lists the user blocks that ran
+ * since the last one (address, vCPU, runs, stretches run in), to find which code a round trip
+ * runs through.
  *
  * Built by the script with the host's C compiler; the few plugin API declarations it uses are
  * written out here (QEMU's qemu-plugin.h is not packaged). */
@@ -10,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <time.h>
 
 typedef uint64_t qemu_plugin_id_t;
@@ -34,14 +39,30 @@ size_t qemu_plugin_insn_size(const struct qemu_plugin_insn *insn);
 __attribute__((visibility("default"))) int qemu_plugin_version = 1;
 
 #define MAX_VCPUS 64
+#define SEEN_VCPUS 8 /* vCPUs told apart in `struct block` (the guest runs 2) */
 #define KERNEL_START 0xffff800000000000ull /* x86-64: the upper half is the kernel's */
 
 /* One vCPU's counters ([0] user, [1] kernel); written by that vCPU's thread only. */
 struct counters {
-    uint64_t insns[2], tbs[2], ns[2], entries[2];
-    uint64_t since;
+    uint64_t insns[2], tbs[2], ns[2], entries[2], distinct[2];
+    uint64_t since, stretch;
     int mode;
 } __attribute__((aligned(64)));
+
+/* A translation block: its instruction count, mode, and the stretch (per vCPU) in which it
+ * last ran. */
+struct block {
+    uint64_t insns, pc;
+    int mode;
+    uint64_t seen[SEEN_VCPUS];
+    uint64_t runs[SEEN_VCPUS], stretches[SEEN_VCPUS]; /* since the last mark (blocks=PATH) */
+};
+
+/* With `blocks=PATH`: every user block, so that each mark can list those that ran. */
+static FILE *blocks_out;
+static struct block **blocks;
+static size_t nblocks, blocks_cap;
+static pthread_mutex_t blocks_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static struct counters vcpus[MAX_VCPUS];
 static FILE *out;
@@ -54,14 +75,23 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
-/* A translation block ran: `udata` holds its instruction count and mode (bit 0). */
+/* A translation block ran. */
 static void tb_ran(unsigned int vcpu, void *udata)
 {
-    uint64_t u = (uint64_t)(uintptr_t)udata;
-    int mode = (int)(u & 1);
-    struct counters *c = &vcpus[vcpu % MAX_VCPUS];
-    c->insns[mode] += u >> 1;
+    struct block *b = udata;
+    int mode = b->mode;
+    unsigned int v = vcpu % MAX_VCPUS;
+    struct counters *c = &vcpus[v];
+    c->insns[mode] += b->insns;
     c->tbs[mode]++;
+    b->runs[v % SEEN_VCPUS]++;
+    if (mode && !c->mode)
+        c->stretch++; /* into the kernel: a new stretch */
+    if (b->seen[v % SEEN_VCPUS] != c->stretch + 1) {
+        b->seen[v % SEEN_VCPUS] = c->stretch + 1;
+        b->stretches[v % SEEN_VCPUS]++;
+        c->distinct[mode]++;
+    }
     if (mode != c->mode) {
         uint64_t t = now_ns();
         if (c->since)
@@ -85,13 +115,30 @@ static void marked(unsigned int vcpu, void *udata)
         uint64_t ns[2] = { c->ns[0], c->ns[1] };
         if (c->since)
             ns[c->mode] += t - c->since; /* (a racy look at another vCPU's: close enough) */
-        fprintf(out, "mark %lu by %u vcpu %d user %lu %lu %lu %lu kernel %lu %lu %lu %lu\n",
+        fprintf(out, "mark %lu by %u vcpu %d user %lu %lu %lu %lu %lu kernel %lu %lu %lu %lu %lu\n",
                 (unsigned long)marks, vcpu, i, (unsigned long)c->insns[0],
                 (unsigned long)c->tbs[0], (unsigned long)ns[0], (unsigned long)c->entries[0],
-                (unsigned long)c->insns[1], (unsigned long)c->tbs[1], (unsigned long)ns[1],
-                (unsigned long)c->entries[1]);
+                (unsigned long)c->distinct[0], (unsigned long)c->insns[1],
+                (unsigned long)c->tbs[1], (unsigned long)ns[1], (unsigned long)c->entries[1],
+                (unsigned long)c->distinct[1]);
     }
     fflush(out);
+    if (!blocks_out)
+        return;
+    /* The user blocks that ran since the last mark: pc, vCPU, runs, stretches run in. */
+    pthread_mutex_lock(&blocks_lock);
+    for (size_t i = 0; i < nblocks; i++) {
+        struct block *b = blocks[i];
+        for (int v = 0; v < SEEN_VCPUS; v++) {
+            if (b->stretches[v])
+                fprintf(blocks_out, "mark %lu block %lx vcpu %d runs %lu stretches %lu\n",
+                        (unsigned long)marks, (unsigned long)b->pc, v,
+                        (unsigned long)b->runs[v], (unsigned long)b->stretches[v]);
+            b->runs[v] = b->stretches[v] = 0;
+        }
+    }
+    pthread_mutex_unlock(&blocks_lock);
+    fflush(blocks_out);
 }
 
 static void translated(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
@@ -100,9 +147,25 @@ static void translated(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     uint64_t pc = qemu_plugin_tb_vaddr(tb);
     size_t n = qemu_plugin_tb_n_insns(tb);
     int mode = pc >= KERNEL_START;
-    uint64_t udata = ((uint64_t)n << 1) | (uint64_t)mode;
-    qemu_plugin_register_vcpu_tb_exec_cb(tb, tb_ran, QEMU_PLUGIN_CB_NO_REGS,
-                                         (void *)(uintptr_t)udata);
+    /* (one record per translation, kept for the run: blocks are few next to their runs) */
+    struct block *b = calloc(1, sizeof *b);
+    if (!b)
+        abort();
+    b->insns = n;
+    b->pc = pc;
+    b->mode = mode;
+    if (blocks_out && !mode) {
+        pthread_mutex_lock(&blocks_lock);
+        if (nblocks == blocks_cap) {
+            blocks_cap = blocks_cap ? 2 * blocks_cap : 4096;
+            blocks = realloc(blocks, blocks_cap * sizeof *blocks);
+            if (!blocks)
+                abort();
+        }
+        blocks[nblocks++] = b;
+        pthread_mutex_unlock(&blocks_lock);
+    }
+    qemu_plugin_register_vcpu_tb_exec_cb(tb, tb_ran, QEMU_PLUGIN_CB_NO_REGS, b);
     if (mode)
         return;
     for (size_t i = 0; i < n; i++) {
@@ -122,6 +185,10 @@ __attribute__((visibility("default"))) int qemu_plugin_install(qemu_plugin_id_t 
     for (int i = 0; i < argc; i++)
         if (strncmp(argv[i], "out=", 4) == 0)
             path = argv[i] + 4;
+        else if (strncmp(argv[i], "blocks=", 7) == 0 && !(blocks_out = fopen(argv[i] + 7, "w"))) {
+            perror(argv[i] + 7);
+            return -1;
+        }
     if (!path) {
         fprintf(stderr, "guest-counts plugin: no out=PATH\n");
         return -1;
