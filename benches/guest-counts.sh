@@ -33,14 +33,11 @@ if [ "${1:-}" = --inside ]; then
   mark=$2
   dev=$CORELINK_IBV_DEVICE gid=${CORELINK_IBV_GID_INDEX:-1} ip=$CORELINK_IP
   work=$(mktemp -d) port=18900
-  # (the core maps of benches/perftest-side-by-side.sh: client worker on core 0, server on 1)
-  for side in client:1:0 server:0:1; do
-    IFS=: read -r name control worker <<< "$side"
-    printf '%s\n' 'provider = "ibverbs"' "device = \"$dev\"" "gid_index = $gid" \
-      "control_core = $control" "workers = [$worker]" '[worker]' 'idle_after_us = 100' \
-      'yield_after_empty_polls = 0' 'park_after_us = 0' '[worker.scheduler]' \
-      'max_rd_atomic = 128' > "$work/$name.toml"
-  done
+  # (perftest-side-by-side.sh's latency maps: client worker on core 0, server's on 1)
+  # shellcheck source=benches/guest-core-map.sh
+  source "$repo/benches/guest-core-map.sh"
+  core_map "$work/client.toml" 1 0 0
+  core_map "$work/server.toml" 0 1 0
   for spec in $tests; do
     test=${spec%%:*} size=${spec##*:}
     for kind in $kinds; do
@@ -80,7 +77,9 @@ mkdir -p "$out"
 cc -O2 -Wall -shared -fPIC -o "$out/plugin.so" "$here/plugin.c" -lpthread
 cc -O2 -Wall -static -o "$out/mark" "$here/mark.c"
 rm -f "$out/counts.txt"
-CORELINK_GUEST_QEMU_OPTS="-plugin $out/plugin.so,out=$out/counts.txt" \
+# (BLOCKS=1: the plugin also lists, at each mark, the user blocks that ran, in blocks.txt)
+blocks=${BLOCKS:+,blocks=$out/blocks.txt}
+CORELINK_GUEST_QEMU_OPTS="-plugin $out/plugin.so,out=$out/counts.txt$blocks" \
   "$repo/tests/rxe-guest/run" --timeout "${TIMEOUT:-1800}" --env TESTS --env KINDS --env N1 --env N2 \
   --env CORELINK_PERF -- \
   bash benches/guest-counts.sh --inside "$out/mark" | tee "$out/guest.log"

@@ -30,25 +30,9 @@ iters=${ITERS:-1000}
 [ -x "$perf" ] || { echo "no $perf: cargo build --release -p corelink-apps --bin corelink-perf"; exit 1; }
 work=$(mktemp -d)
 # The two processes on different cores: the server's worker on 1, the client's on 0.
-# Reads and atomics in flight per QP: perftest keeps the device's max_qp_rd_atom (rxe: 128),
-# so corelink's maps say as many (`worker.scheduler.max_rd_atomic`, RD_ATOMIC, default 128;
-# the engine's own default is 16, a ConnectX's cap).
-# core_map FILE CONTROL_CORE WORKER_CORE YIELD_AFTER_EMPTY_POLLS [PARK_AFTER_US]
-core_map() {
-  cat > "$1" <<MAP
-provider = "ibverbs"
-device = "$dev"
-gid_index = $gid
-control_core = $2
-workers = [$3]
-[worker]
-idle_after_us = 100
-yield_after_empty_polls = $4
-park_after_us = ${5:-0}
-[worker.scheduler]
-max_rd_atomic = ${RD_ATOMIC:-128}
-MAP
-}
+# (core_map: benches/guest-core-map.sh)
+# shellcheck source=benches/guest-core-map.sh
+source "$(dirname "${BASH_SOURCE[0]}")/guest-core-map.sh"
 core_map "$work/client.toml" 1 0 "${CLIENT_YIELD:-0}"
 core_map "$work/server.toml" 0 1 "${SERVER_YIELD:-0}"
 core_map "$work/server-idle.toml" 0 1 "${SERVER_YIELD:-0}" "${SERVER_PARK_US:-100}"

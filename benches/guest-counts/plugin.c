@@ -80,16 +80,16 @@ static void tb_ran(unsigned int vcpu, void *udata)
 {
     struct block *b = udata;
     int mode = b->mode;
-    unsigned int v = vcpu % MAX_VCPUS;
-    struct counters *c = &vcpus[v];
+    struct counters *c = &vcpus[vcpu % MAX_VCPUS];
+    unsigned int s = vcpu % SEEN_VCPUS;
     c->insns[mode] += b->insns;
     c->tbs[mode]++;
-    b->runs[v % SEEN_VCPUS]++;
+    b->runs[s]++;
     if (mode && !c->mode)
         c->stretch++; /* into the kernel: a new stretch */
-    if (b->seen[v % SEEN_VCPUS] != c->stretch + 1) {
-        b->seen[v % SEEN_VCPUS] = c->stretch + 1;
-        b->stretches[v % SEEN_VCPUS]++;
+    if (b->seen[s] != c->stretch + 1) {
+        b->seen[s] = c->stretch + 1;
+        b->stretches[s]++;
         c->distinct[mode]++;
     }
     if (mode != c->mode) {
@@ -182,13 +182,17 @@ __attribute__((visibility("default"))) int qemu_plugin_install(qemu_plugin_id_t 
 {
     (void)info;
     const char *path = NULL;
-    for (int i = 0; i < argc; i++)
-        if (strncmp(argv[i], "out=", 4) == 0)
+    for (int i = 0; i < argc; i++) {
+        if (strncmp(argv[i], "out=", 4) == 0) {
             path = argv[i] + 4;
-        else if (strncmp(argv[i], "blocks=", 7) == 0 && !(blocks_out = fopen(argv[i] + 7, "w"))) {
-            perror(argv[i] + 7);
-            return -1;
+        } else if (strncmp(argv[i], "blocks=", 7) == 0) {
+            blocks_out = fopen(argv[i] + 7, "w");
+            if (!blocks_out) {
+                perror(argv[i] + 7);
+                return -1;
+            }
         }
+    }
     if (!path) {
         fprintf(stderr, "guest-counts plugin: no out=PATH\n");
         return -1;
