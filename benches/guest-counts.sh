@@ -14,6 +14,13 @@
 #   cargo build --release -p corelink-apps --bin corelink-perf
 #   bash benches/guest-counts.sh                  # TESTS="send_lat:8" N1=20000 N2=60000
 #
+# CORELINK_ARGS and SERVER_ARGS: extra corelink-perf options for the engine's client and server
+# (e.g. --quiet for both), as in perftest-side-by-side.sh. Built with `--features guest-marks`,
+# corelink-perf marks where the engine and the raw loop find a message: "tails" counts the
+# stretches from such a mark to the next entry into the kernel (the answer's doorbell), and
+# "tail blocks" the distinct user blocks in them, the part of a ping-pong's user code that is
+# on its critical path (the rest runs while the peer answers). perftest has no marks.
+#
 # Instruction counts are the emulated CPU's and do not depend on the host's load; the time per
 # mode is host time with the plugin's own overhead in it (a plugin call per block): compare it
 # between kinds in one run only. User-mode counts include the busy-polling of whichever side
@@ -51,8 +58,10 @@ if [ "${1:-}" = --inside ]; then
             srv=("$perf" baseline "raw_$test" --provider ibverbs --bind "$ip" -p $port -s "$size" -n "$n")
             cli=("$perf" baseline "raw_$test" --provider ibverbs -p $port -s "$size" -n "$n" --json "$ip") ;;
           engine)
-            srv=("$perf" "$test" --config "$work/server.toml" --bind "$ip" -p $port -s "$size" -n "$n")
-            cli=("$perf" "$test" --config "$work/client.toml" -p $port -s "$size" -n "$n" --json "$ip") ;;
+            # shellcheck disable=SC2206 # (extra options, split on spaces)
+            srv=("$perf" "$test" --config "$work/server.toml" --bind "$ip" -p $port -s "$size" -n "$n" ${SERVER_ARGS:-})
+            # shellcheck disable=SC2206
+            cli=("$perf" "$test" --config "$work/client.toml" -p $port -s "$size" -n "$n" ${CORELINK_ARGS:-} --json "$ip") ;;
           *) echo "unknown kind $kind (perftest, raw, engine)"; exit 2 ;;
         esac
         timeout 300 "${srv[@]}" > "$work/srv.log" 2>&1 &
@@ -81,7 +90,7 @@ rm -f "$out/counts.txt"
 blocks=${BLOCKS:+,blocks=$out/blocks.txt}
 CORELINK_GUEST_QEMU_OPTS="-plugin $out/plugin.so,out=$out/counts.txt$blocks" \
   "$repo/tests/rxe-guest/run" --timeout "${TIMEOUT:-1800}" --env TESTS --env KINDS --env N1 --env N2 \
-  --env CORELINK_PERF -- \
+  --env CORELINK_PERF --env CORELINK_ARGS --env SERVER_ARGS -- \
   bash benches/guest-counts.sh --inside "$out/mark" | tee "$out/guest.log"
 python3 - "$out/guest.log" "$out/counts.txt" "$n1" "$n2" <<'PY'
 import sys, collections
@@ -90,19 +99,22 @@ runs = [l.split()[1:] for l in open(log) if l.startswith('run ')]
 marks = collections.defaultdict(dict)  # mark -> vcpu -> counters
 for l in open(counts):
     f = l.split()
-    marks[int(f[1])][int(f[5])] = [int(x) for x in f[7:12]] + [int(x) for x in f[13:18]]
+    # (tails: a build with tail marks only, see the plugin)
+    tails = [int(x) for x in f[19:21]] if len(f) > 20 else [0, 0]
+    marks[int(f[1])][int(f[5])] = [int(x) for x in f[7:12]] + [int(x) for x in f[13:18]] + tails
 order = sorted(marks)
 if len(order) != 2 * len(runs):
     sys.exit(f'{len(runs)} runs but {len(order)} marks: a client failed?')
 def delta(i):
     a, b = marks[order[2 * i]], marks[order[2 * i + 1]]
-    return [sum(b[v][k] - a.get(v, [0] * 10)[k] for v in b) for k in range(10)]
+    return [sum(b[v][k] - a.get(v, [0] * 12)[k] for v in b) for k in range(12)]
 got = {}
 for i, (kind, test, n) in enumerate(runs):
     got[(kind, test, int(n))] = delta(i)
 print(f'per iteration ({n2} - {n1} iterations), both vCPUs; ns: host time with the plugin in it')
 print(f'{"test":10} {"kind":9} {"user insns":>11} {"user TBs":>9} {"distinct":>9} {"user us":>8} '
-      f'{"kern insns":>11} {"kern TBs":>9} {"distinct":>9} {"kern us":>8} {"entries":>8}')
+      f'{"kern insns":>11} {"kern TBs":>9} {"distinct":>9} {"kern us":>8} {"entries":>8} {"tails":>6} '
+      f'{"tail blocks":>11}')
 for (kind, test, n) in got:
     if n != n2:
         continue
@@ -111,5 +123,6 @@ for (kind, test, n) in got:
         continue
     d = [(h - l) / (n2 - n1) for h, l in zip(hi, lo)]
     print(f'{test:10} {kind:9} {d[0]:11.0f} {d[1]:9.0f} {d[4]:9.0f} {d[2] / 1000:8.2f} '
-          f'{d[5]:11.0f} {d[6]:9.0f} {d[9]:9.0f} {d[7] / 1000:8.2f} {d[8]:8.2f}')
+          f'{d[5]:11.0f} {d[6]:9.0f} {d[9]:9.0f} {d[7] / 1000:8.2f} {d[8]:8.2f} {d[10]:6.2f} '
+          f'{d[11]:11.0f}')
 PY

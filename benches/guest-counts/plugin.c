@@ -5,8 +5,13 @@
  * entries, and appends all counters to the file `out=PATH` each time a guest program executes
  * the marker `xchg %bx,%bx` (bytes 66 87 db; mark.c). The counters only grow: the script takes
  * differences between marks. With `blocks=PATH` each mark also lists the user blocks that ran
- * since the last one (address, vCPU, runs, stretches run in), to find which code a round trip
- * runs through.
+ * since the last one (address, vCPU, runs, stretches run in, tails run in), to find which code
+ * a round trip runs through.
+ *
+ * Tails: a build with tail marks (corelink-perf built with `--features guest-marks`: the
+ * instruction `xchg %cx,%cx`, bytes 66 87 c9, where a receive's completion is found) also gets,
+ * per vCPU, the tails (each from a tail mark to the next entry into the kernel: a message's
+ * arrival to its answer's doorbell) and the distinct user blocks run in them.
  *
  * Built by the script with the host's C compiler; the few plugin API declarations it uses are
  * written out here (QEMU's qemu-plugin.h is not packaged). */
@@ -47,6 +52,10 @@ struct counters {
     uint64_t insns[2], tbs[2], ns[2], entries[2], distinct[2];
     uint64_t since, stretch;
     int mode;
+    /* Tails: from a tail mark to the next entry into the kernel (`tails` counts them, and is
+     * the current one's number), and the distinct user blocks run in them. */
+    int in_tail;
+    uint64_t tails, tail_distinct;
 } __attribute__((aligned(64)));
 
 /* A translation block: its instruction count, mode, and the stretch (per vCPU) in which it
@@ -56,6 +65,7 @@ struct block {
     int mode;
     uint64_t seen[SEEN_VCPUS];
     uint64_t runs[SEEN_VCPUS], stretches[SEEN_VCPUS]; /* since the last mark (blocks=PATH) */
+    uint64_t tail_seen[SEEN_VCPUS], tails[SEEN_VCPUS]; /* (as `seen` and `stretches`, in tails) */
 };
 
 /* With `blocks=PATH`: every user block, so that each mark can list those that ran. */
@@ -85,8 +95,15 @@ static void tb_ran(unsigned int vcpu, void *udata)
     c->insns[mode] += b->insns;
     c->tbs[mode]++;
     b->runs[s]++;
-    if (mode && !c->mode)
+    if (mode && !c->mode) {
         c->stretch++; /* into the kernel: a new stretch */
+        c->in_tail = 0;
+    }
+    if (c->in_tail && b->tail_seen[s] != c->tails) {
+        b->tail_seen[s] = c->tails;
+        b->tails[s]++;
+        c->tail_distinct++;
+    }
     if (b->seen[s] != c->stretch + 1) {
         b->seen[s] = c->stretch + 1;
         b->stretches[s]++;
@@ -115,12 +132,14 @@ static void marked(unsigned int vcpu, void *udata)
         uint64_t ns[2] = { c->ns[0], c->ns[1] };
         if (c->since)
             ns[c->mode] += t - c->since; /* (a racy look at another vCPU's: close enough) */
-        fprintf(out, "mark %lu by %u vcpu %d user %lu %lu %lu %lu %lu kernel %lu %lu %lu %lu %lu\n",
+        fprintf(out, "mark %lu by %u vcpu %d user %lu %lu %lu %lu %lu kernel %lu %lu %lu %lu %lu "
+                     "tails %lu %lu\n",
                 (unsigned long)marks, vcpu, i, (unsigned long)c->insns[0],
                 (unsigned long)c->tbs[0], (unsigned long)ns[0], (unsigned long)c->entries[0],
                 (unsigned long)c->distinct[0], (unsigned long)c->insns[1],
                 (unsigned long)c->tbs[1], (unsigned long)ns[1], (unsigned long)c->entries[1],
-                (unsigned long)c->distinct[1]);
+                (unsigned long)c->distinct[1], (unsigned long)c->tails,
+                (unsigned long)c->tail_distinct);
     }
     fflush(out);
     if (!blocks_out)
@@ -131,14 +150,24 @@ static void marked(unsigned int vcpu, void *udata)
         struct block *b = blocks[i];
         for (int v = 0; v < SEEN_VCPUS; v++) {
             if (b->stretches[v])
-                fprintf(blocks_out, "mark %lu block %lx vcpu %d runs %lu stretches %lu\n",
+                fprintf(blocks_out, "mark %lu block %lx vcpu %d runs %lu stretches %lu tails %lu\n",
                         (unsigned long)marks, (unsigned long)b->pc, v,
-                        (unsigned long)b->runs[v], (unsigned long)b->stretches[v]);
-            b->runs[v] = b->stretches[v] = 0;
+                        (unsigned long)b->runs[v], (unsigned long)b->stretches[v],
+                        (unsigned long)b->tails[v]);
+            b->runs[v] = b->stretches[v] = b->tails[v] = 0;
         }
     }
     pthread_mutex_unlock(&blocks_lock);
     fflush(blocks_out);
+}
+
+/* A tail mark ran: the user blocks until this vCPU next enters the kernel are a tail's. */
+static void tail_marked(unsigned int vcpu, void *udata)
+{
+    (void)udata;
+    struct counters *c = &vcpus[vcpu % MAX_VCPUS];
+    c->in_tail = 1;
+    c->tails++;
 }
 
 static void translated(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
@@ -173,6 +202,9 @@ static void translated(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         if (qemu_plugin_insn_size(insn) == 3 &&
             memcmp(qemu_plugin_insn_data(insn), "\x66\x87\xdb", 3) == 0)
             qemu_plugin_register_vcpu_insn_exec_cb(insn, marked, QEMU_PLUGIN_CB_NO_REGS, NULL);
+        else if (qemu_plugin_insn_size(insn) == 3 &&
+                 memcmp(qemu_plugin_insn_data(insn), "\x66\x87\xc9", 3) == 0)
+            qemu_plugin_register_vcpu_insn_exec_cb(insn, tail_marked, QEMU_PLUGIN_CB_NO_REGS, NULL);
     }
 }
 

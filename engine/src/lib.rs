@@ -127,11 +127,24 @@ pub use request::{CloseReason, ConnId, ConnInfo, Done, Message, Op, OpKind};
 pub use worker::{Completions, Cx, Handler, On, Reconnect, Redial};
 
 /// Internals that benchmarks and baselines measure directly (not part of the API): the SPSC
-/// ring between threads and the registered buffer pool.
+/// ring between threads and the registered buffer pool, and the guest counts' tail mark.
 #[doc(hidden)]
 pub mod bench_support {
     pub use crate::pool::Pool;
     pub use crate::ring::{ring, Consumer, Producer};
+
+    /// A tail mark for `benches/guest-counts.sh`, in a build with the `guest-marks` feature (a
+    /// no-op without it): the guest's plugin counts the distinct code run from here to the
+    /// next entry into the kernel (from a receive's completion to the answer's doorbell).
+    #[inline(always)]
+    pub fn tail_mark() {
+        #[cfg(all(feature = "guest-marks", target_arch = "x86_64"))]
+        // SAFETY: `xchg cx, cx` exchanges a register with itself: no register, flag or memory
+        // changes (the plugin knows it by its bytes, 66 87 c9).
+        unsafe {
+            std::arch::asm!("xchg cx, cx", options(nomem, nostack, preserves_flags));
+        }
+    }
 }
 
 /// Internals that the fuzz targets (`fuzz/`) drive directly (not part of the API): the engine's

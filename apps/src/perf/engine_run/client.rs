@@ -74,10 +74,11 @@ pub(super) struct ClientPart<P: Provider> {
     _p: std::marker::PhantomData<fn() -> P>,
 }
 
-/// A bandwidth test's steady state, or `read_lat`'s and `atomic_lat`'s, decided as its timed
-/// part starts: each completion of the size's token posts the same request again with its
-/// buffer (a latency test's after taking its sample), nothing else to decide (the lean loop a
-/// perftest-style benchmark runs, so that what it measures is the engine's cost).
+/// A bandwidth test's steady state, or `read_lat`'s, `atomic_lat`'s and `send_lat`'s, decided
+/// as its timed part starts: each completion of the size's token (send_lat: each pong) posts
+/// the same request again with its buffer (a latency test's after taking its sample), nothing
+/// else to decide (the lean loop a perftest-style benchmark runs, so that what it measures is
+/// the engine's cost).
 #[derive(Clone, Copy, Debug)]
 struct Steady {
     conn: ConnId,
@@ -99,6 +100,11 @@ enum How {
     Send,
     Read,
     Atomic,
+    /// send_lat's pings, scheduled: each pong takes its sample and sends the next (quiet with
+    /// `--quiet`); a ping's own completion only gives its buffer back for the next.
+    Ping {
+        quiet: bool,
+    },
     /// `--flat` (`Cx::post_now`) with this verb.
     Flat(Verb),
 }
@@ -230,10 +236,13 @@ impl<P: Provider> ClientPart<P> {
         let lat = o.test.is_lat();
         self.steady = match (self.conn, self.region) {
             (Some(conn), Some(rg))
-                if (!lat || matches!(o.test, Test::ReadLat | Test::AtomicLat))
+                if (!lat
+                    || matches!(o.test, Test::ReadLat | Test::AtomicLat)
+                    || (o.test == Test::SendLat && !o.sched.flat))
                     && (o.test.verb() != Verb::Read || o.sched.hot_records == 0) =>
             {
                 let how = match (o.sched.flat, o.test.verb()) {
+                    (false, _) if o.test == Test::SendLat => How::Ping { quiet: o.sched.quiet },
                     (true, verb) => How::Flat(verb),
                     (false, Verb::Write) => How::Write,
                     (false, Verb::Send) => How::Send,
@@ -395,6 +404,8 @@ impl<P: Provider> ClientPart<P> {
             // record is built (a runtime `Op` costs a match and a copy of it per request).
             (How::Write, Some(buf)) => cx.write(conn, buf, remote, None, token),
             (How::Send, Some(buf)) => cx.send(conn, buf, None, token),
+            (How::Ping { quiet: false }, Some(buf)) => cx.send(conn, buf, Some(ECHO_IMM), token),
+            (How::Ping { quiet: true }, Some(buf)) => cx.send_quiet(conn, buf, token),
             (How::Read, Some(buf)) => cx.read(conn, buf, remote, token),
             (How::Atomic, _) => cx.fetch_add(conn, remote, 1, token),
             (How::Flat(verb), buf) => {
@@ -545,6 +556,24 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         if self.finished || self.error.is_some() {
             return;
         }
+        if let Some(s) = self.steady.filter(|s| matches!(s.how, How::Ping { .. })) {
+            // send_lat's steady state: a pong (its immediate, unless quiet) ends a sample, and
+            // the next ping goes with the last one's buffer.
+            let quiet = s.how == How::Ping { quiet: true };
+            if msg.imm == Some(ECHO_IMM) || (quiet && msg.imm.is_none()) {
+                if !self.sample() {
+                    return self.finish_size(cx, cx.now());
+                }
+                match self.reuse.take().map_or_else(|| cx.alloc(self.size), Ok) {
+                    Ok(b) => {
+                        self.t0 = self.sample_start();
+                        self.reissue(cx, Some(b));
+                    }
+                    Err(e) => self.fail(cx, format!("a {} B buffer: {e}", self.size)),
+                }
+                return;
+            }
+        }
         if let Some(region) = granted(msg) {
             if self.region.replace(region).is_none() {
                 self.start_size(cx);
@@ -582,7 +611,15 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             return;
         }
         if let Some(s) = &self.steady {
-            if s.lat && done.token == s.token && done.status.is_success() {
+            let ok = done.token == s.token && done.status.is_success();
+            if let (How::Ping { .. }, true) = (s.how, ok) {
+                // A ping's own completion: its buffer serves the next (its pong is the sample).
+                if let Some(b) = done.buf.filter(|b| b.capacity() >= self.size) {
+                    self.reuse = Some(b);
+                }
+                return;
+            }
+            if s.lat && ok {
                 // A read's or an atomic's round trip: its sample, and the next at once.
                 if self.sample() {
                     self.t0 = self.sample_start();
@@ -592,7 +629,7 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
                 }
                 return;
             }
-            if done.token == s.token && done.status.is_success() {
+            if ok {
                 // The clock is looked at once per loop iteration, in `poll` (peak rate and a
                 // timed run's end): nothing here but counting and posting again.
                 self.completed += 1;

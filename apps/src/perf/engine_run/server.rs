@@ -61,15 +61,37 @@ impl<P: Provider> ServerPart<P> {
 }
 
 impl<P: Provider> ServerPart<P> {
+    /// Sends `data` back on `conn` (quiet, or with `ECHO_IMM`).
+    #[inline(always)]
+    fn echo_send(&mut self, cx: &mut Cx<P>, conn: ConnId, data: &[u8], quiet: bool) {
+        let r = cx.alloc(data.len()).and_then(|mut b| {
+            b.fill(data)?;
+            if quiet {
+                cx.send_quiet(conn, b, 0).map_err(|(_, e)| e)
+            } else {
+                cx.send(conn, b, Some(ECHO_IMM), 0).map_err(|(_, e)| e)
+            }
+        });
+        if let Err(e) = r {
+            self.answer_failed(cx, conn, e);
+        }
+    }
+
+    /// An answer could not go: the run fails, unless the connection or the engine is ending.
+    #[cold]
+    fn answer_failed(&mut self, cx: &mut Cx<P>, conn: ConnId, e: EngineError) {
+        if !matches!(e, EngineError::ConnectionClosing(_) | EngineError::ShuttingDown) {
+            self.fail(cx, conn, format!("answering: {e}"));
+        }
+    }
+
     /// Answers a write of `n` bytes with a write of the same length into the client's memory.
     fn echo_write(&mut self, cx: &mut Cx<P>, conn: ConnId, region: RemoteRegion, n: u32) {
         let r = cx
             .alloc(n as usize)
             .and_then(|b| cx.write(conn, b, region.at(0), Some(ECHO_IMM), 0).map_err(|(_, e)| e));
         if let Err(e) = r {
-            if !matches!(e, EngineError::ConnectionClosing(_) | EngineError::ShuttingDown) {
-                self.fail(cx, conn, format!("answering: {e}"));
-            }
+            self.answer_failed(cx, conn, e);
         }
     }
 }
@@ -101,9 +123,7 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
             }
         });
         if let Err(e) = r {
-            if !matches!(e, EngineError::ConnectionClosing(_) | EngineError::ShuttingDown) {
-                self.fail(cx, conn, format!("answering: {e}"));
-            }
+            self.answer_failed(cx, conn, e);
         }
     }
 
@@ -132,6 +152,15 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
     }
 
     fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
+        // A ping-pong's ping first (its answer is the round trip's path): a send_lat ping
+        // carries `ECHO_IMM`, or no immediate with `--quiet`, and its pong goes the same way.
+        // (write_lat's pings are writes with an immediate: `written` says so.)
+        if msg.written.is_none() && self.test == Test::SendLat {
+            let quiet = msg.imm.is_none();
+            if quiet || msg.imm == Some(ECHO_IMM) {
+                return self.echo_send(cx, conn, msg.data, quiet);
+            }
+        }
         if let Some(region) = granted(msg) {
             if let Some(c) = self.conn.as_mut().filter(|c| c.0 == conn) {
                 c.1 = Some(region);
@@ -152,14 +181,7 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
             return; // send_bw: receive and let the engine repost
         }
         let r = match msg.written {
-            None => cx.alloc(msg.data.len()).and_then(|mut b| {
-                b.fill(msg.data)?;
-                if quiet_ping {
-                    cx.send_quiet(conn, b, 0).map_err(|(_, e)| e)
-                } else {
-                    cx.send(conn, b, Some(ECHO_IMM), 0).map_err(|(_, e)| e)
-                }
-            }),
+            None => return self.echo_send(cx, conn, msg.data, quiet_ping),
             Some(n) => match self.conn.and_then(|c| c.1) {
                 Some(region) => return self.echo_write(cx, conn, region, n),
                 None => {
@@ -169,9 +191,7 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
             },
         };
         if let Err(e) = r {
-            if !matches!(e, EngineError::ConnectionClosing(_) | EngineError::ShuttingDown) {
-                self.fail(cx, conn, format!("answering: {e}"));
-            }
+            self.answer_failed(cx, conn, e);
         }
     }
 

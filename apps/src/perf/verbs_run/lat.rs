@@ -71,6 +71,7 @@ fn wait_one<C: Cq>(cq: &C, g: &Guard, what: &str) -> Result<Wc, String> {
     let mut idle = Idle::default();
     loop {
         if cq.poll(&mut wc).map_err(|e| format!("polling a CQ: {e}"))? == 1 {
+            corelink_engine::bench_support::tail_mark();
             if !wc[0].status.is_success() {
                 return Err(format!("{what} completed with {}", wc[0].status));
             }
@@ -176,6 +177,7 @@ pub fn answer<P: Provider>(
         } else {
             let n = s.rcq.poll(&mut rwc).map_err(|e| format!("polling the receive CQ: {e}"))?;
             if n == 1 {
+                corelink_engine::bench_support::tail_mark();
                 if !rwc[0].status.is_success() {
                     return Err(format!("a receive completed with {}", rwc[0].status));
                 }

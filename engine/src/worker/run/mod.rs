@@ -431,6 +431,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     fn dispatch_recv(&mut self, wc: &Wc, id: RecvId) {
+        crate::bench_support::tail_mark();
         let found = self.cx.conns.at_mut(id.slot).filter(|c| id.is_of(c.id)).and_then(|c| {
             let lane = c.lanes.get_mut(usize::from(id.lane))?;
             lane.recvs_posted = lane.recvs_posted.saturating_sub(1);
