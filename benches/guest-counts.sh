@@ -19,7 +19,10 @@
 # corelink-perf marks where the engine and the raw loop find a message: "tails" counts the
 # stretches from such a mark to the next entry into the kernel (the answer's doorbell), and
 # "tail blocks" the distinct user blocks in them, the part of a ping-pong's user code that is
-# on its critical path (the rest runs while the peer answers). perftest has no marks.
+# on its critical path (the rest runs while the peer answers), "rets" and "calls" the returns
+# and calls run in them: in this emulator a return costs a look-up of the next block (about 40
+# ns a call and its return, where a distinct block reached by a direct jump costs next to
+# nothing). perftest has no marks.
 #
 # Instruction counts are the emulated CPU's and do not depend on the host's load; the time per
 # mode is host time with the plugin's own overhead in it (a plugin call per block): compare it
@@ -100,21 +103,21 @@ marks = collections.defaultdict(dict)  # mark -> vcpu -> counters
 for l in open(counts):
     f = l.split()
     # (tails: a build with tail marks only, see the plugin)
-    tails = [int(x) for x in f[19:21]] if len(f) > 20 else [0, 0]
+    tails = [int(x) for x in f[19:23]] if len(f) > 22 else [0, 0, 0, 0]
     marks[int(f[1])][int(f[5])] = [int(x) for x in f[7:12]] + [int(x) for x in f[13:18]] + tails
 order = sorted(marks)
 if len(order) != 2 * len(runs):
     sys.exit(f'{len(runs)} runs but {len(order)} marks: a client failed?')
 def delta(i):
     a, b = marks[order[2 * i]], marks[order[2 * i + 1]]
-    return [sum(b[v][k] - a.get(v, [0] * 12)[k] for v in b) for k in range(12)]
+    return [sum(b[v][k] - a.get(v, [0] * 14)[k] for v in b) for k in range(14)]
 got = {}
 for i, (kind, test, n) in enumerate(runs):
     got[(kind, test, int(n))] = delta(i)
 print(f'per iteration ({n2} - {n1} iterations), both vCPUs; ns: host time with the plugin in it')
 print(f'{"test":10} {"kind":9} {"user insns":>11} {"user TBs":>9} {"distinct":>9} {"user us":>8} '
       f'{"kern insns":>11} {"kern TBs":>9} {"distinct":>9} {"kern us":>8} {"entries":>8} {"tails":>6} '
-      f'{"tail blocks":>11}')
+      f'{"tail blocks":>11} {"rets":>5} {"calls":>5}')
 for (kind, test, n) in got:
     if n != n2:
         continue
@@ -124,5 +127,5 @@ for (kind, test, n) in got:
     d = [(h - l) / (n2 - n1) for h, l in zip(hi, lo)]
     print(f'{test:10} {kind:9} {d[0]:11.0f} {d[1]:9.0f} {d[4]:9.0f} {d[2] / 1000:8.2f} '
           f'{d[5]:11.0f} {d[6]:9.0f} {d[9]:9.0f} {d[7] / 1000:8.2f} {d[8]:8.2f} {d[10]:6.2f} '
-          f'{d[11]:11.0f}')
+          f'{d[11]:11.0f} {d[12]:5.0f} {d[13]:5.0f}')
 PY

@@ -5,13 +5,14 @@
  * entries, and appends all counters to the file `out=PATH` each time a guest program executes
  * the marker `xchg %bx,%bx` (bytes 66 87 db; mark.c). The counters only grow: the script takes
  * differences between marks. With `blocks=PATH` each mark also lists the user blocks that ran
- * since the last one (address, vCPU, runs, stretches run in, tails run in), to find which code
- * a round trip runs through.
+ * since the last one (address, vCPU, runs, stretches and tails run in, and whether it ends in a
+ * call or a return), to find which code a round trip runs through.
  *
  * Tails: a build with tail marks (corelink-perf built with `--features guest-marks`: the
  * instruction `xchg %cx,%cx`, bytes 66 87 c9, where a receive's completion is found) also gets,
  * per vCPU, the tails (each from a tail mark to the next entry into the kernel: a message's
- * arrival to its answer's doorbell) and the distinct user blocks run in them.
+ * arrival to its answer's doorbell), the distinct user blocks run in them, and the calls and
+ * returns among those blocks' runs (each block's last instruction says whether it is one).
  *
  * Built by the script with the host's C compiler; the few plugin API declarations it uses are
  * written out here (QEMU's qemu-plugin.h is not packaged). */
@@ -55,7 +56,7 @@ struct counters {
     /* Tails: from a tail mark to the next entry into the kernel (`tails` counts them, and is
      * the current one's number), and the distinct user blocks run in them. */
     int in_tail;
-    uint64_t tails, tail_distinct;
+    uint64_t tails, tail_distinct, tail_rets, tail_calls;
 } __attribute__((aligned(64)));
 
 /* A translation block: its instruction count, mode, and the stretch (per vCPU) in which it
@@ -63,6 +64,7 @@ struct counters {
 struct block {
     uint64_t insns, pc;
     int mode;
+    int ends_in; /* how it ends: END_RET, END_CALL, or 0 (another branch or the block's limit) */
     uint64_t seen[SEEN_VCPUS];
     uint64_t runs[SEEN_VCPUS], stretches[SEEN_VCPUS]; /* since the last mark (blocks=PATH) */
     uint64_t tail_seen[SEEN_VCPUS], tails[SEEN_VCPUS]; /* (as `seen` and `stretches`, in tails) */
@@ -73,6 +75,8 @@ static FILE *blocks_out;
 static struct block **blocks;
 static size_t nblocks, blocks_cap;
 static pthread_mutex_t blocks_lock = PTHREAD_MUTEX_INITIALIZER;
+
+enum { END_RET = 1, END_CALL = 2 };
 
 static struct counters vcpus[MAX_VCPUS];
 static FILE *out;
@@ -99,10 +103,14 @@ static void tb_ran(unsigned int vcpu, void *udata)
         c->stretch++; /* into the kernel: a new stretch */
         c->in_tail = 0;
     }
-    if (c->in_tail && b->tail_seen[s] != c->tails) {
-        b->tail_seen[s] = c->tails;
-        b->tails[s]++;
-        c->tail_distinct++;
+    if (c->in_tail) {
+        if (b->tail_seen[s] != c->tails) {
+            b->tail_seen[s] = c->tails;
+            b->tails[s]++;
+            c->tail_distinct++;
+        }
+        c->tail_rets += b->ends_in == END_RET;
+        c->tail_calls += b->ends_in == END_CALL;
     }
     if (b->seen[s] != c->stretch + 1) {
         b->seen[s] = c->stretch + 1;
@@ -133,13 +141,14 @@ static void marked(unsigned int vcpu, void *udata)
         if (c->since)
             ns[c->mode] += t - c->since; /* (a racy look at another vCPU's: close enough) */
         fprintf(out, "mark %lu by %u vcpu %d user %lu %lu %lu %lu %lu kernel %lu %lu %lu %lu %lu "
-                     "tails %lu %lu\n",
+                     "tails %lu %lu %lu %lu\n",
                 (unsigned long)marks, vcpu, i, (unsigned long)c->insns[0],
                 (unsigned long)c->tbs[0], (unsigned long)ns[0], (unsigned long)c->entries[0],
                 (unsigned long)c->distinct[0], (unsigned long)c->insns[1],
                 (unsigned long)c->tbs[1], (unsigned long)ns[1], (unsigned long)c->entries[1],
                 (unsigned long)c->distinct[1], (unsigned long)c->tails,
-                (unsigned long)c->tail_distinct);
+                (unsigned long)c->tail_distinct, (unsigned long)c->tail_rets,
+                (unsigned long)c->tail_calls);
     }
     fflush(out);
     if (!blocks_out)
@@ -150,10 +159,12 @@ static void marked(unsigned int vcpu, void *udata)
         struct block *b = blocks[i];
         for (int v = 0; v < SEEN_VCPUS; v++) {
             if (b->stretches[v])
-                fprintf(blocks_out, "mark %lu block %lx vcpu %d runs %lu stretches %lu tails %lu\n",
+                fprintf(blocks_out,
+                        "mark %lu block %lx vcpu %d runs %lu stretches %lu tails %lu ends %s\n",
                         (unsigned long)marks, (unsigned long)b->pc, v,
                         (unsigned long)b->runs[v], (unsigned long)b->stretches[v],
-                        (unsigned long)b->tails[v]);
+                        (unsigned long)b->tails[v],
+                        b->ends_in == END_RET ? "ret" : b->ends_in == END_CALL ? "call" : "-");
             b->runs[v] = b->stretches[v] = b->tails[v] = 0;
         }
     }
@@ -193,6 +204,18 @@ static void translated(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         }
         blocks[nblocks++] = b;
         pthread_mutex_unlock(&blocks_lock);
+    }
+    if (n) {
+        /* (a call or a return ends its block: the last instruction says which; prefixes aside) */
+        struct qemu_plugin_insn *last = qemu_plugin_tb_get_insn(tb, n - 1);
+        const uint8_t *d = qemu_plugin_insn_data(last);
+        size_t len = qemu_plugin_insn_size(last), i = 0;
+        while (i + 1 < len && (d[i] == 0xf3 || d[i] == 0xf2 || d[i] == 0x66 || (d[i] & 0xf0) == 0x40))
+            i++;
+        if (d[i] == 0xc3 || d[i] == 0xc2)
+            b->ends_in = END_RET;
+        else if (d[i] == 0xe8 || (d[i] == 0xff && i + 1 < len && ((d[i + 1] >> 3) & 7) == 2))
+            b->ends_in = END_CALL;
     }
     qemu_plugin_register_vcpu_tb_exec_cb(tb, tb_ran, QEMU_PLUGIN_CB_NO_REGS, b);
     if (mode)
