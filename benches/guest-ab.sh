@@ -12,7 +12,9 @@
 # Default: the engine as is, with --quiet on both sides, and the raw loop, all from
 # target/release/corelink-perf. ROUNDS (5), TESTS ("send_lat:8 write_lat:8") and ITERS (5000)
 # as perftest-side-by-side.sh's. Prints every round's table, then per variant and test the
-# medians of corelink's figure, of perftest's beside it, and of their ratios.
+# medians of corelink's figure, of perftest's beside it, and of their ratios. A test that a
+# variant's options refuse (`--quiet` is for send_lat and write_lat) reports nothing for it and
+# is left out of its medians.
 set -u
 : "${CORELINK_IBV_DEVICE:?run this inside tests/rxe-guest/run}"
 here=$(dirname "${BASH_SOURCE[0]}")
