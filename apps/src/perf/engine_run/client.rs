@@ -386,12 +386,18 @@ impl<P: Provider> ClientPart<P> {
         let buf = match (self.opts.test.verb(), buf) {
             (Verb::Atomic, _) => None,
             (_, Some(b)) => Some(b),
-            (_, None) => match self.reuse.take().map_or_else(|| cx.alloc(self.size), Ok) {
+            (_, None) => match self.ping_buf(cx) {
                 Ok(b) => Some(b),
                 Err(e) => return self.fail(cx, format!("a {} B buffer: {e}", self.size)),
             },
         };
         self.issue(cx, buf);
+    }
+
+    /// A ping's buffer: the last ping's, back from its completion, else a new one.
+    #[inline(always)]
+    fn ping_buf(&mut self, cx: &mut Cx<P>) -> corelink_engine::Result<Buf<P>> {
+        self.reuse.take().map_or_else(|| cx.alloc(self.size), Ok)
     }
 
     /// Posts a steady test's request again (its buffer back from the completion).
@@ -556,15 +562,14 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         if self.finished || self.error.is_some() {
             return;
         }
-        if let Some(s) = self.steady.filter(|s| matches!(s.how, How::Ping { .. })) {
+        if let Some(Steady { how: How::Ping { quiet }, .. }) = self.steady {
             // send_lat's steady state: a pong (its immediate, unless quiet) ends a sample, and
             // the next ping goes with the last one's buffer.
-            let quiet = s.how == How::Ping { quiet: true };
             if msg.imm == Some(ECHO_IMM) || (quiet && msg.imm.is_none()) {
                 if !self.sample() {
                     return self.finish_size(cx, cx.now());
                 }
-                match self.reuse.take().map_or_else(|| cx.alloc(self.size), Ok) {
+                match self.ping_buf(cx) {
                     Ok(b) => {
                         self.t0 = self.sample_start();
                         self.reissue(cx, Some(b));

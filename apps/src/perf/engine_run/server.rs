@@ -174,24 +174,14 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
             self.complete = true;
             return;
         }
-        // A quiet send_lat ping (`--quiet`) carries no immediate, and its pong goes quiet too
-        // (the next ping says it arrived); other pings carry `ECHO_IMM`, and so do their pongs.
-        let quiet_ping = self.test == Test::SendLat && msg.imm.is_none();
-        if !quiet_ping && msg.imm != Some(ECHO_IMM) {
+        // (send_lat's pings, quiet or not, were answered above)
+        if msg.imm != Some(ECHO_IMM) {
             return; // send_bw: receive and let the engine repost
         }
-        let r = match msg.written {
-            None => return self.echo_send(cx, conn, msg.data, quiet_ping),
-            Some(n) => match self.conn.and_then(|c| c.1) {
-                Some(region) => return self.echo_write(cx, conn, region, n),
-                None => {
-                    self.early.push(n); // answered once the client's grant arrives
-                    Ok(())
-                }
-            },
-        };
-        if let Err(e) = r {
-            self.answer_failed(cx, conn, e);
+        match (msg.written, self.conn.and_then(|c| c.1)) {
+            (None, _) => self.echo_send(cx, conn, msg.data, false),
+            (Some(n), Some(region)) => self.echo_write(cx, conn, region, n),
+            (Some(n), None) => self.early.push(n), // answered once the client's grant arrives
         }
     }
 
