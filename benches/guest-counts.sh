@@ -102,9 +102,8 @@ runs = [l.split()[1:] for l in open(log) if l.startswith('run ')]
 marks = collections.defaultdict(dict)  # mark -> vcpu -> counters
 for l in open(counts):
     f = l.split()
-    # (tails: a build with tail marks only, see the plugin)
-    tails = [int(x) for x in f[19:23]] if len(f) > 22 else [0, 0, 0, 0]
-    marks[int(f[1])][int(f[5])] = [int(x) for x in f[7:12]] + [int(x) for x in f[13:18]] + tails
+    # user, kernel, and tails (all zero unless the build has tail marks: see the plugin)
+    marks[int(f[1])][int(f[5])] = [int(x) for x in f[7:12] + f[13:18] + f[19:23]]
 order = sorted(marks)
 if len(order) != 2 * len(runs):
     sys.exit(f'{len(runs)} runs but {len(order)} marks: a client failed?')
