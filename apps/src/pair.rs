@@ -115,6 +115,7 @@ impl<P: Provider, S: Handler<P>, C: Handler<P>> Handler<P> for Pair<S, C> {
         }
     }
 
+    #[inline(always)]
     fn poll(&mut self, cx: &mut Cx<P>) {
         if let Some(s) = &mut self.server {
             s.poll(cx);

@@ -352,11 +352,13 @@ impl Qp<Ibverbs> for IbvQp {
         self.modify_raw(&mut a, mask, attr.state)
     }
 
+    #[inline]
     unsafe fn post_send(&mut self, wrs: &[SendWr<'_, Ibverbs>]) -> Result<()> {
         // SAFETY: forwarded caller contract.
         unsafe { post::post_send(self, wrs) }
     }
 
+    #[inline]
     unsafe fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
         // SAFETY: forwarded caller contract.
         unsafe { post::post_recv(self, wrs) }

@@ -312,8 +312,9 @@ impl<P: Provider> ClientPart<P> {
         let (Some(conn), token) = (self.conn, self.token()) else { return };
         let lat = self.opts.test.is_lat();
         let quiet = self.opts.sched.quiet;
-        // (a quiet ping carries no immediate: `Cx::send_quiet` sends none)
-        let imm = (lat && !quiet).then_some(ECHO_IMM);
+        // (send_lat's pings are plain sends, as perftest's; write_lat's writes, where the
+        // server does not poll, carry an immediate, unless quiet: `Cx::write_quiet` has none)
+        let imm = (lat && !quiet && self.opts.test != Test::SendLat).then_some(ECHO_IMM);
         let region = self.region;
         let op = match (self.opts.test.verb(), buf, region) {
             (Verb::Send, Some(buf), _) => Op::Send { buf, imm },
@@ -410,7 +411,7 @@ impl<P: Provider> ClientPart<P> {
             // record is built (a runtime `Op` costs a match and a copy of it per request).
             (How::Write, Some(buf)) => cx.write(conn, buf, remote, None, token),
             (How::Send, Some(buf)) => cx.send(conn, buf, None, token),
-            (How::Ping { quiet: false }, Some(buf)) => cx.send(conn, buf, Some(ECHO_IMM), token),
+            (How::Ping { quiet: false }, Some(buf)) => cx.send(conn, buf, None, token),
             (How::Ping { quiet: true }, Some(buf)) => cx.send_quiet(conn, buf, token),
             (How::Read, Some(buf)) => cx.read(conn, buf, remote, token),
             (How::Atomic, _) => cx.fetch_add(conn, remote, 1, token),
@@ -506,35 +507,13 @@ impl<P: Provider> ClientPart<P> {
 }
 
 impl<P: Provider> Handler<P> for ClientPart<P> {
+    /// Inlined into the engine's loop: most of a latency run's iterations have nothing here
+    /// to look at, and cost one test (a call and its return are dear in the guest).
+    #[inline]
     fn poll(&mut self, cx: &mut Cx<P>) {
-        if self.steady.is_some_and(|s| !s.lat) {
-            // Once per loop iteration: the peak rate's sample, and a timed run's end.
-            let t = self.clock.ticks();
-            self.sample_peak(t);
-            let over = !self.more_at(t);
-            if let (Some(s), true) = (&mut self.steady, over) {
-                s.until = s.until.min(self.posted);
-            }
-        }
-        if let Some(m) = self.expect {
-            if region_byte(&self.mem, 2 * POLL_SLOT - 1) == m && self.error.is_none() {
-                self.expect = None;
-                self.lat_sample(cx, None);
-            }
-        }
-        while let Some(b) = self.retry.pop() {
-            let before = self.retry.len();
-            self.issue(cx, b);
-            if self.retry.len() > before || self.error.is_some() {
-                break; // still full: next iteration
-            }
-        }
-        if let (false, Some(&addr)) = (self.asked, self.shared.target.get()) {
-            self.asked = true;
-            let h = hello(self.opts.test, self.opts.max_size(), self.conns);
-            if let Err(e) = cx.connect(addr, &h, 1) {
-                self.shared.tell(Event::ClientDone(Err(format!("connect to {addr}: {e}"))));
-            }
+        let bw = self.steady.is_some_and(|s| !s.lat);
+        if bw || self.expect.is_some() || !self.retry.is_empty() || !self.asked {
+            self.poll_rest(cx);
         }
     }
 
@@ -562,10 +541,10 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         if self.finished || self.error.is_some() {
             return;
         }
-        if let Some(Steady { how: How::Ping { quiet }, .. }) = self.steady {
-            // send_lat's steady state: a pong (its immediate, unless quiet) ends a sample, and
+        if let Some(Steady { how: How::Ping { .. }, .. }) = self.steady {
+            // send_lat's steady state: a pong (a plain send, as the ping) ends a sample, and
             // the next ping goes with the last one's buffer.
-            if msg.imm == Some(ECHO_IMM) || (quiet && msg.imm.is_none()) {
+            if msg.imm.is_none() {
                 if !self.sample() {
                     return self.finish_size(cx, cx.now());
                 }
@@ -585,9 +564,9 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             }
             return;
         }
-        // (a quiet send_lat's pong carries no immediate)
+        // (send_lat's pongs are plain sends)
         let pong = match self.opts.test {
-            Test::SendLat => msg.imm.is_none() || msg.imm == Some(ECHO_IMM),
+            Test::SendLat => msg.imm.is_none(),
             Test::WriteLat => msg.imm == Some(ECHO_IMM),
             _ => false,
         };
@@ -712,5 +691,42 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             )),
         };
         self.shared.tell(Event::ClientDone(r));
+    }
+}
+
+impl<P: Provider> ClientPart<P> {
+    /// [`Handler::poll`]'s work, when there is any: a bandwidth run's peak-rate sample and
+    /// end, write_lat's watched byte, requests to retry, and the connect.
+    #[inline(never)]
+    fn poll_rest(&mut self, cx: &mut Cx<P>) {
+        if self.steady.is_some_and(|s| !s.lat) {
+            // Once per loop iteration: the peak rate's sample, and a timed run's end.
+            let t = self.clock.ticks();
+            self.sample_peak(t);
+            let over = !self.more_at(t);
+            if let (Some(s), true) = (&mut self.steady, over) {
+                s.until = s.until.min(self.posted);
+            }
+        }
+        if let Some(m) = self.expect {
+            if region_byte(&self.mem, 2 * POLL_SLOT - 1) == m && self.error.is_none() {
+                self.expect = None;
+                self.lat_sample(cx, None);
+            }
+        }
+        while let Some(b) = self.retry.pop() {
+            let before = self.retry.len();
+            self.issue(cx, b);
+            if self.retry.len() > before || self.error.is_some() {
+                break; // still full: next iteration
+            }
+        }
+        if let (false, Some(&addr)) = (self.asked, self.shared.target.get()) {
+            self.asked = true;
+            let h = hello(self.opts.test, self.opts.max_size(), self.conns);
+            if let Err(e) = cx.connect(addr, &h, 1) {
+                self.shared.tell(Event::ClientDone(Err(format!("connect to {addr}: {e}"))));
+            }
+        }
     }
 }

@@ -11,13 +11,15 @@
 //!   best rate over intervals of at least [`PEAK_INTERVAL`] (at least the average).
 //! - `read_lat`, `atomic_lat`: one read (fetch-and-add) at a time; each sample is its full round
 //!   trip, reported as is (perftest's convention for reads and atomics).
-//! - `send_lat`: a send ping-pong, the server echoing each message; `write_lat`: a ping-pong of
+//! - `send_lat`: a ping-pong of plain sends (no immediate, as perftest's), the server echoing
+//!   each message; `write_lat`: a ping-pong of
 //!   RDMA writes, each side's handler polling the last byte of its memory for the other's
 //!   write, as perftest does (see `POLL_SLOT`; sizes over half the region fall back to writes
 //!   with immediate, answered through the receive queue). Both report half the round trip
 //!   (one-way), as perftest does.
 //!
-//! The server part is generic: it echoes sends carrying [`ECHO_IMM`], answers writes carrying
+//! The server part is generic: it echoes sends carrying [`ECHO_IMM`] (and, in `send_lat`,
+//! sends carrying none), answers writes carrying
 //! [`ECHO_IMM`] with a write of the same length into the client's region, and otherwise only
 //! keeps its region and receives available; it refuses a client whose test or sizes it was not
 //! started for.

@@ -22,8 +22,8 @@ pub(super) struct ServerPart<P: Provider> {
     sizes: Vec<usize>,
     /// `write_lat` in polling mode (`write_lat_polls`, decided once).
     polls: bool,
-    /// `--quiet`: `write_lat`'s pongs in polling mode go quiet (send_lat's answer as the
-    /// client's pings go).
+    /// `--quiet`: send_lat's pongs and `write_lat`'s in polling mode go quiet (unsignalled,
+    /// as the client's pings then go).
     quiet: bool,
     /// The last marker seen (polling mode).
     last: u8,
@@ -61,15 +61,22 @@ impl<P: Provider> ServerPart<P> {
 }
 
 impl<P: Provider> ServerPart<P> {
-    /// Sends `data` back on `conn` (quiet, or with `ECHO_IMM`).
+    /// Sends `data` back on `conn`: quiet (no immediate), or with `imm`.
     #[inline(always)]
-    fn echo_send(&mut self, cx: &mut Cx<P>, conn: ConnId, data: &[u8], quiet: bool) {
+    fn echo_send(
+        &mut self,
+        cx: &mut Cx<P>,
+        conn: ConnId,
+        data: &[u8],
+        quiet: bool,
+        imm: Option<u32>,
+    ) {
         let r = cx.alloc(data.len()).and_then(|mut b| {
             b.fill(data)?;
             if quiet {
                 cx.send_quiet(conn, b, 0).map_err(|(_, e)| e)
             } else {
-                cx.send(conn, b, Some(ECHO_IMM), 0).map_err(|(_, e)| e)
+                cx.send(conn, b, imm, 0).map_err(|(_, e)| e)
             }
         });
         if let Err(e) = r {
@@ -97,33 +104,17 @@ impl<P: Provider> ServerPart<P> {
 }
 
 impl<P: Provider> Handler<P> for ServerPart<P> {
-    /// `write_lat` in polling mode: answers a new marker at the end of the server's slot.
+    /// `write_lat` in polling mode: answers a new marker at the end of the server's slot
+    /// (inlined into the engine's loop: an idle iteration costs a test and a load here).
+    #[inline]
     fn poll(&mut self, cx: &mut Cx<P>) {
         if !self.polls || self.error.is_some() {
             return;
         }
         let Some((conn, Some(region), _)) = self.conn else { return };
         let b = region_byte(&self.mem, POLL_SLOT - 1);
-        if b == 0 || b == self.last {
-            return;
-        }
-        self.last = b;
-        let Some(&size) = self.sizes.get(usize::from(b >> 3)) else {
-            return self.fail(cx, conn, format!("marker {b:#x}: a size this server lacks"));
-        };
-        let r = cx.alloc(size).and_then(|mut buf| {
-            buf.set_len(size)?;
-            buf.as_mut_slice()[size - 1] = b;
-            let at = region.at((2 * POLL_SLOT - size) as u64);
-            // (quiet, with --quiet: the client's next ping says this pong arrived)
-            if self.quiet {
-                cx.write_quiet(conn, buf, at, None, 0).map_err(|(_, e)| e)
-            } else {
-                cx.write(conn, buf, at, None, 0).map_err(|(_, e)| e)
-            }
-        });
-        if let Err(e) = r {
-            self.answer_failed(cx, conn, e);
+        if b != 0 && b != self.last {
+            self.answer_marker(cx, conn, region, b);
         }
     }
 
@@ -152,14 +143,11 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
     }
 
     fn on_message(&mut self, cx: &mut Cx<P>, conn: ConnId, msg: &Message<'_>) {
-        // A ping-pong's ping first (its answer is the round trip's path): a send_lat ping
-        // carries `ECHO_IMM`, or no immediate with `--quiet`, and its pong goes the same way.
-        // (write_lat's pings are writes with an immediate: `written` says so.)
-        if msg.written.is_none() && self.test == Test::SendLat {
-            let quiet = msg.imm.is_none();
-            if quiet || msg.imm == Some(ECHO_IMM) {
-                return self.echo_send(cx, conn, msg.data, quiet);
-            }
+        // A ping-pong's ping first (its answer is the round trip's path): a send_lat ping is a
+        // plain send, as perftest's, and so is its pong (quiet with `--quiet`). (write_lat's
+        // pings are writes with an immediate: `written` says so.)
+        if msg.written.is_none() && msg.imm.is_none() && self.test == Test::SendLat {
+            return self.echo_send(cx, conn, msg.data, self.quiet, None);
         }
         if let Some(region) = granted(msg) {
             if let Some(c) = self.conn.as_mut().filter(|c| c.0 == conn) {
@@ -179,7 +167,7 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
             return; // send_bw: receive and let the engine repost
         }
         match (msg.written, self.conn.and_then(|c| c.1)) {
-            (None, _) => self.echo_send(cx, conn, msg.data, false),
+            (None, _) => self.echo_send(cx, conn, msg.data, false, Some(ECHO_IMM)),
             (Some(n), Some(region)) => self.echo_write(cx, conn, region, n),
             (Some(n), None) => self.early.push(n), // answered once the client's grant arrives
         }
@@ -202,5 +190,31 @@ impl<P: Provider> Handler<P> for ServerPart<P> {
             }
             (None, _) => Ok(conns),
         }));
+    }
+}
+
+impl<P: Provider> ServerPart<P> {
+    /// write_lat's new marker `b`, seen by [`Handler::poll`]: answered with a write of its
+    /// size into the client's slot.
+    #[inline(never)]
+    fn answer_marker(&mut self, cx: &mut Cx<P>, conn: ConnId, region: RemoteRegion, b: u8) {
+        self.last = b;
+        let Some(&size) = self.sizes.get(usize::from(b >> 3)) else {
+            return self.fail(cx, conn, format!("marker {b:#x}: a size this server lacks"));
+        };
+        let r = cx.alloc(size).and_then(|mut buf| {
+            buf.set_len(size)?;
+            buf.as_mut_slice()[size - 1] = b;
+            let at = region.at((2 * POLL_SLOT - size) as u64);
+            // (quiet, with --quiet: the client's next ping says this pong arrived)
+            if self.quiet {
+                cx.write_quiet(conn, buf, at, None, 0).map_err(|(_, e)| e)
+            } else {
+                cx.write(conn, buf, at, None, 0).map_err(|(_, e)| e)
+            }
+        });
+        if let Err(e) = r {
+            self.answer_failed(cx, conn, e);
+        }
     }
 }
