@@ -19,6 +19,9 @@ pub mod error;
 mod pages;
 pub mod provider;
 pub mod soft;
+#[cfg(feature = "guest-stamps")]
+#[doc(hidden)]
+pub mod stamps;
 pub mod types;
 pub mod wr;
 

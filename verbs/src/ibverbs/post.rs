@@ -188,10 +188,14 @@ pub(crate) unsafe fn post_send(qp: &mut IbvQp, wrs: &[SendWr<'_, Ibverbs>]) -> R
             qp.send_wrs[i] = w;
         }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        #[cfg(feature = "guest-stamps")]
+        crate::stamps::stamp(crate::stamps::Point::DoorbellIn);
         // SAFETY: the QP is live; `base[..ok]` is a linked list of valid requests whose
         // pointers (scatter lists, AHs, MWs, MRs) are borrowed for this call; the buffers they
         // name are the caller's responsibility.
         let ret = unsafe { rdma_sys::ibv_post_send(qp.inner.qp, base, &mut bad) };
+        #[cfg(feature = "guest-stamps")]
+        crate::stamps::stamp(crate::stamps::Point::DoorbellOut);
         if ret != 0 {
             let index = bad_index(base, bad, ok);
             undo_binds(&wrs[index..ok]);
@@ -249,9 +253,13 @@ pub(crate) unsafe fn post_recv(qp: &mut IbvQp, wrs: &[RecvWr<'_>]) -> Result<()>
             qp.recv_wrs[i] = w;
         }
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        #[cfg(feature = "guest-stamps")]
+        crate::stamps::stamp(crate::stamps::Point::RepostIn);
         // SAFETY: the QP is live; `base[..ok]` is a linked list of valid requests; the
         // buffers are the caller's responsibility.
         let ret = unsafe { rdma_sys::ibv_post_recv(qp.inner.qp, base, &mut bad) };
+        #[cfg(feature = "guest-stamps")]
+        crate::stamps::stamp(crate::stamps::Point::RepostOut);
         if ret != 0 {
             let index = bad_index(base, bad, ok);
             return Err(Error::PostRecv { qpn, index, source: ret_err(ret) });
