@@ -28,7 +28,7 @@ if not cli or not srv or not typical:
     sys.exit(f'no stamps or no result ({len(cli)} client, {len(srv)} server stamps)')
 events = sorted([(t, 'c', p) for t, p in cli] + [(t, 's', p) for t, p in srv])
 seg = {k: [] for k in ('round trip', 'c tail', 's tail', 'c->s', 's->c', 'c doorbell',
-                       's doorbell', 'c after', 's after', 'c late', 's late', 'c idle loop',
+                       's doorbell', 'c after', 's after', 'c to send', 's to send', 'c late', 's late', 'c idle loop',
                        's idle loop', 'c finding', 's finding')}
 last = {}  # (side, point) -> counter
 after_db = {'c': None, 's': None}   # the last doorbell's end, while no empty poll followed it
@@ -53,6 +53,9 @@ for t, side, p in events:
         idle_since[side] = last_empty[side] = t
     else:
         idle_since[side] = None
+    if p == SEND and after_db[side] is not None:
+        # (the part of the work after the doorbell until its send's completion was polled)
+        seg[side + ' to send'].append(t - after_db[side])
     if p == RECV:
         if (peer, DB_IN) in last:
             seg[('s->c' if side == 'c' else 'c->s')].append(t - last[peer, DB_IN])

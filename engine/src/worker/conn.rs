@@ -8,9 +8,9 @@ use corelink_verbs::{Provider, Qp, QpAttr, QpState, WcStatus};
 
 use super::queues::{SendQueue, Waiting};
 use super::ready::Ready;
+use super::recvs::Recvs;
 use crate::handoff::Origin;
 use crate::memory::Exposed;
-use crate::pool::Buf;
 use crate::request::{CloseReason, ConnId, ConnInfo};
 use crate::tunables::MAX_QPS_PER_CONN;
 
@@ -27,10 +27,8 @@ pub(crate) enum Phase {
 pub(crate) struct Lane<P: Provider> {
     pub(crate) qp: P::Qp,
     pub(crate) cm_key: u64,
-    /// Receive buffers, by receive index; `None` while handed to the handler or after a flush.
-    pub(crate) recvs: Vec<Option<Buf<P>>>,
-    /// Receives posted and not yet completed.
-    pub(crate) recvs_posted: usize,
+    /// Its receive buffers: posted, handed to the handler, or back to be posted again.
+    pub(crate) recvs: Recvs<P>,
     /// Its send queue.
     pub(crate) sq: SendQueue,
 }
@@ -139,7 +137,7 @@ impl<P: Provider> Conn<P> {
     /// Whether everything posted has come back, so the connection can be released.
     pub(crate) fn drained(&self) -> bool {
         !self.has_waiting()
-            && self.lanes.iter().all(|l| l.sq.posted.is_empty() && l.recvs_posted == 0)
+            && self.lanes.iter().all(|l| l.sq.posted.is_empty() && l.recvs.posted() == 0)
     }
 
     /// Whether it has anything to post.
@@ -285,7 +283,7 @@ mod tests {
         let qp = crate::worker::testing::soft_qp_in_init(&pd, &cq, 4);
         let mut sq = SendQueue::new(4);
         assert!(sq.posted.push(crate::worker::ids::ReqId::from_raw(7)));
-        let lane = Lane { qp, cm_key: 1, recvs: Vec::new(), recvs_posted: 0, sq };
+        let lane = Lane { qp, cm_key: 1, recvs: Recvs::new(Vec::new(), 0), sq };
         let mut c = conn();
         c.lanes.push(lane);
         c

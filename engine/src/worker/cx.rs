@@ -785,11 +785,12 @@ impl<P: Provider> Cx<P> {
         self.redials.stop(super::redial::DialKey::handler(token))
     }
 
-    /// Posts again the receives whose messages this iteration handled.
+    /// Gives back the receives whose messages this iteration handled, each lane's posted
+    /// again when due (at once if `low`: a lane is short of posted receives).
     #[inline(always)]
-    pub(crate) fn repost_all(&mut self) {
+    pub(crate) fn repost_all(&mut self, low: bool) {
         while let Some((id, buf)) = self.reposts.pop() {
-            self.repost(id, buf);
+            self.repost(id, buf, low);
         }
     }
 

@@ -2,11 +2,11 @@
 //! shutdown closes connections once their requests are done. (Posting is `sched.rs`.)
 
 use arrayvec::ArrayVec;
-use corelink_verbs::{Provider, Qp, RecvWr};
+use corelink_verbs::Provider;
 
 use super::conn::Phase;
 use super::cx::Cx;
-use super::ids::{RecvId, WrId};
+use super::ids::RecvId;
 use crate::client::{ClientRequest, Event};
 use crate::handoff::Origin;
 use crate::request::{CloseReason, ConnId, OpKind};
@@ -15,26 +15,19 @@ use crate::request::{CloseReason, ConnId, OpKind};
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl<P: Provider> Cx<P> {
-    /// Puts receive `id`'s buffer back on the device; a failed post closes the connection.
-    pub(crate) fn repost(&mut self, id: RecvId, buf: crate::pool::Buf<P>) {
+    /// Gives receive `id`'s buffer back to its lane, whose buffers back are posted again
+    /// when due ([`super::recvs::Recvs::due`]; `low`: at once); a failed post closes the
+    /// connection. A closing connection's buffer goes back to the pool.
+    pub(crate) fn repost(&mut self, id: RecvId, buf: crate::pool::Buf<P>, low: bool) {
         let Some(c) = self.conns.at_mut(id.slot) else { return };
         if c.phase != Phase::Open || !id.is_of(c.id) {
             return;
         }
+        let conn = c.id;
         let Some(lane) = c.lanes.get_mut(usize::from(id.lane)) else { return };
-        let sge = [buf.sge(true)];
-        let wr = [RecvWr { wr_id: WrId::Recv(id).encode(), sgl: &sge }];
-        // SAFETY: the buffer goes into `recvs` right below and stays there until its completion.
-        let ok = unsafe { lane.qp.post_recv(&wr) }.is_ok();
-        if ok {
-            lane.recvs_posted += 1;
-        }
-        if let Some(r) = lane.recvs.get_mut(usize::from(id.index)) {
-            *r = Some(buf);
-        }
-        if !ok {
+        lane.recvs.give_back(id.index, buf);
+        if lane.recvs.due(low) && lane.recvs.post(&mut lane.qp, conn, id.lane).is_err() {
             self.metrics.recv_post_errors += 1;
-            let conn = c.id;
             let _ = self.begin_close(conn, CloseReason::RecvPostFailed);
         }
     }

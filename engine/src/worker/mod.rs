@@ -26,6 +26,7 @@ mod outbox;
 mod primes;
 mod queues;
 mod ready;
+mod recvs;
 mod redial;
 mod requests;
 mod run;

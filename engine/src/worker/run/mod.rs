@@ -19,6 +19,7 @@ use super::ids::{RecvId, WrId};
 use super::notice::Notice;
 use super::outbox::Outbox;
 use super::primes::{Early, Primes};
+use super::recvs::Recvs;
 use super::redial::DialKey;
 use super::redial::Redial;
 use super::requests::Requests;
@@ -248,10 +249,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         // Each step below is skipped by one check when it has nothing to do (most iterations).
         let took = !self.clients.is_empty() && self.take_client_requests();
         if std::mem::take(&mut self.cx.repost_first) {
-            self.cx.repost_all();
+            self.cx.repost_all(true);
         }
         let posted = (self.cx.conns.any_dirty() || self.cx.stopping) && self.cx.flush();
-        self.cx.repost_all();
+        self.cx.repost_all(false);
         if self.cx.outbox.has_notices() {
             self.deliver_notices();
         }
@@ -434,11 +435,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         crate::bench_support::tail_mark();
         let found = self.cx.conns.at_mut(id.slot).filter(|c| id.is_of(c.id)).and_then(|c| {
             let lane = c.lanes.get_mut(usize::from(id.lane))?;
-            lane.recvs_posted = lane.recvs_posted.saturating_sub(1);
             // Fewer than half its receives left posted: this iteration's receives go back
             // before its answers (a peer answered at once must find a receive posted).
-            let low = lane.recvs_posted * 2 < lane.recvs.len();
-            let buf = lane.recvs.get_mut(usize::from(id.index)).and_then(Option::take)?;
+            let (buf, low) = lane.recvs.complete(id.index)?;
             Some((c, buf, low))
         });
         // A receive's connection, lane and buffer are held until its completion (or, for a
@@ -480,7 +479,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         // Posted again after this iteration's flush (at most one per completion polled).
         if let Err(e) = self.cx.reposts.try_push((id, buf)) {
             let (id, buf) = e.element();
-            self.cx.repost(id, buf);
+            self.cx.repost(id, buf, false);
         }
     }
 
@@ -668,9 +667,9 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         };
         let mut lanes = ArrayVec::new();
         for (NewLane { qp, cm_key }, primed) in new.into_iter().zip(opened.lanes) {
-            let (recvs, recvs_posted) = (primed.recvs, primed.posted);
+            let recvs = Recvs::new(primed.recvs, primed.posted);
             let sq = queues::SendQueue::new(self.cx.cfg.max_outstanding);
-            lanes.push(Lane { qp, cm_key, recvs, recvs_posted, sq });
+            lanes.push(Lane { qp, cm_key, recvs, sq });
         }
         if !self
             .cx

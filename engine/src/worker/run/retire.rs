@@ -165,8 +165,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                     }
                 }
                 lane.sq.rd_outstanding = 0;
-                cx.metrics.completions_made_up += lane.recvs_posted as u64;
-                lane.recvs_posted = 0;
+                cx.metrics.completions_made_up += lane.recvs.forget_posted() as u64;
             }
             slots.push(c.id.slot);
         }
