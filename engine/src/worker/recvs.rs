@@ -73,14 +73,18 @@ impl<P: Provider> Recvs<P> {
         conn: ConnId,
         lane: u8,
     ) -> corelink_verbs::Result<()> {
+        // (an unposted index holds its buffer, `give_back` put it there, unless a stray
+        // completion took it since: such an index is dropped, so that ids and buffers pair)
+        let bufs = &self.bufs;
+        self.unposted.retain(|&i| matches!(bufs.get(usize::from(i)), Some(Some(_))));
         while !self.unposted.is_empty() {
             let n = self.unposted.len().min(LIST);
             let from = self.unposted.len() - n;
             let mut sges: ArrayVec<[Sge; 1], LIST> = ArrayVec::new();
             for &i in &self.unposted[from..] {
-                // (an unposted index holds its buffer: `give_back` put it there)
-                let Some(Some(buf)) = self.bufs.get(usize::from(i)) else { continue };
-                sges.push([buf.sge(true)]);
+                if let Some(Some(buf)) = self.bufs.get(usize::from(i)) {
+                    sges.push([buf.sge(true)]);
+                }
             }
             let ids = self.unposted[from..].iter().map(|&i| RecvId::of(conn, lane, i));
             let wrs: ArrayVec<RecvWr<'_>, LIST> = ids
@@ -179,6 +183,20 @@ mod tests {
         assert!(low, "1 of 4 left posted");
         assert!(r.complete(1).is_none(), "taken already");
         assert_eq!(r.forget_posted(), 0);
+    }
+
+    #[test]
+    fn an_index_whose_buffer_was_taken_again_is_not_posted() {
+        let (mut r, mut qp, _cq, _pool) = lane(8);
+        for i in [1, 4] {
+            let (buf, _) = r.complete(i).unwrap();
+            r.give_back(i, buf);
+        }
+        // A stray completion of 4 (never, with a sane device) takes its buffer again.
+        let (_stray, _) = r.complete(4).unwrap();
+        r.post(&mut qp, conn(), 0).unwrap();
+        assert!(r.unposted.is_empty());
+        assert_eq!(r.posted(), 6, "8 - 3 completions + receive 1 posted again");
     }
 
     #[test]
