@@ -36,8 +36,7 @@ idle_since = {'c': None, 's': None}  # the last empty poll, if nothing else came
 last_empty = {'c': None, 's': None}
 for t, side, p in events:
     peer = 's' if side == 'c' else 'c'
-    got_recv = (side, RECV) in last and (side, DB_IN) in last and last[side, RECV] > last[side, DB_IN]
-    if p == DB_IN and got_recv:
+    if p == DB_IN and last.get((side, RECV), -1) > last.get((side, DB_IN), t):
         seg[side + ' tail'].append(t - last[side, RECV])
         if side == 'c':
             seg['round trip'].append(t - last[side, DB_IN])

@@ -786,11 +786,11 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Gives back the receives whose messages this iteration handled, each lane's posted
-    /// again when due (at once if `low`: a lane is short of posted receives).
+    /// again when due.
     #[inline(always)]
-    pub(crate) fn repost_all(&mut self, low: bool) {
+    pub(crate) fn repost_all(&mut self) {
         while let Some((id, buf)) = self.reposts.pop() {
-            self.repost(id, buf, low);
+            self.repost(id, buf);
         }
     }
 

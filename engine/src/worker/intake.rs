@@ -16,9 +16,9 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl<P: Provider> Cx<P> {
     /// Gives receive `id`'s buffer back to its lane, whose buffers back are posted again
-    /// when due ([`super::recvs::Recvs::due`]; `low`: at once); a failed post closes the
-    /// connection. A closing connection's buffer goes back to the pool.
-    pub(crate) fn repost(&mut self, id: RecvId, buf: crate::pool::Buf<P>, low: bool) {
+    /// when due ([`super::recvs::Recvs::due`]); a failed post closes the connection. A
+    /// closing connection's buffer goes back to the pool.
+    pub(crate) fn repost(&mut self, id: RecvId, buf: crate::pool::Buf<P>) {
         let Some(c) = self.conns.at_mut(id.slot) else { return };
         if c.phase != Phase::Open || !id.is_of(c.id) {
             return;
@@ -26,7 +26,7 @@ impl<P: Provider> Cx<P> {
         let conn = c.id;
         let Some(lane) = c.lanes.get_mut(usize::from(id.lane)) else { return };
         lane.recvs.give_back(id.index, buf);
-        if lane.recvs.due(low) && lane.recvs.post(&mut lane.qp, conn, id.lane).is_err() {
+        if lane.recvs.due() && lane.recvs.post(&mut lane.qp, conn, id.lane).is_err() {
             self.metrics.recv_post_errors += 1;
             let _ = self.begin_close(conn, CloseReason::RecvPostFailed);
         }

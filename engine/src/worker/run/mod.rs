@@ -249,10 +249,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         // Each step below is skipped by one check when it has nothing to do (most iterations).
         let took = !self.clients.is_empty() && self.take_client_requests();
         if std::mem::take(&mut self.cx.repost_first) {
-            self.cx.repost_all(true);
+            self.cx.repost_all();
         }
         let posted = (self.cx.conns.any_dirty() || self.cx.stopping) && self.cx.flush();
-        self.cx.repost_all(false);
+        self.cx.repost_all();
         if self.cx.outbox.has_notices() {
             self.deliver_notices();
         }
@@ -479,7 +479,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         // Posted again after this iteration's flush (at most one per completion polled).
         if let Err(e) = self.cx.reposts.try_push((id, buf)) {
             let (id, buf) = e.element();
-            self.cx.repost(id, buf, false);
+            self.cx.repost(id, buf);
         }
     }
 
