@@ -7,8 +7,10 @@
 #   cargo build --release -p corelink-apps --bin corelink-perf
 #   tests/rxe-guest/run --timeout 2400 -- bash benches/guest-ab.sh
 #
-# VARIANTS: variants separated by ';', each NAME|BINARY|CLIENT ARGS|SERVER ARGS|raw (the last
-# three may be empty; "raw" runs `baseline raw_TEST`, corelink's verbs loop without the engine).
+# VARIANTS: variants separated by ';', each NAME|BINARY|CLIENT ARGS|SERVER ARGS|raw|MAP KEYS (the
+# last four may be empty; "raw" runs `baseline raw_TEST`, corelink's verbs loop without the
+# engine; MAP KEYS, e.g. "cq_depth=128,send_queue_depth=32", are [worker] keys both sides' core
+# maps get, as guest-core-map.sh's WORKER_KEYS).
 # Default: the engine as is, with --quiet on both sides, and the raw loop, all from
 # target/release/corelink-perf. ROUNDS (5), TESTS ("send_lat:8 write_lat:8") and ITERS (5000)
 # as perftest-side-by-side.sh's. Prints every round's table, then per variant and test the
@@ -25,10 +27,10 @@ log=$(mktemp)
 IFS=';' read -r -a specs <<< "$variants"
 for r in $(seq "${ROUNDS:-5}"); do
   for spec in "${specs[@]}"; do
-    IFS='|' read -r name bin cargs sargs raw <<< "$spec"
+    IFS='|' read -r name bin cargs sargs raw keys <<< "$spec"
     name=$(echo "$name" | tr -d ' ')
     echo "== round $r $name" | tee -a "$log"
-    CORELINK_PERF=$bin CORELINK_ARGS=$cargs SERVER_ARGS=$sargs RAW=${raw:+1} \
+    CORELINK_PERF=$bin CORELINK_ARGS=$cargs SERVER_ARGS=$sargs RAW=${raw:+1} WORKER_KEYS=$keys \
       bash "$here/perftest-side-by-side.sh" | tee -a "$log"
   done
 done

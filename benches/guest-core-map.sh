@@ -3,6 +3,7 @@
 # Reads and atomics in flight per QP: perftest keeps the device's max_qp_rd_atom (rxe: 128),
 # so the maps say as many (`worker.scheduler.max_rd_atomic`, RD_ATOMIC, default 128; the
 # engine's own default is 16, a ConnectX's cap).
+# WORKER_KEYS: more [worker] keys, comma-separated (e.g. "cq_depth=128,send_queue_depth=32").
 # core_map FILE CONTROL_CORE WORKER_CORE YIELD_AFTER_EMPTY_POLLS [PARK_AFTER_US]
 core_map() {
   cat > "$1" <<MAP
@@ -15,6 +16,7 @@ workers = [$3]
 idle_after_us = 100
 yield_after_empty_polls = $4
 park_after_us = ${5:-0}
+$(echo "${WORKER_KEYS:-}" | tr ',' '\n' | sed 's/=/ = /')
 [worker.scheduler]
 max_rd_atomic = ${RD_ATOMIC:-128}
 MAP

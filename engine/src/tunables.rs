@@ -82,9 +82,17 @@ pub const METRICS_EVERY: u64 = 4096;
 /// overran, its device failed) wait for their device's flushes before the worker ends what is
 /// still posted on them itself (`Metrics::completions_made_up`; `worker/untrusted.rs`).
 pub const UNTRUSTED_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
-/// Loop iterations between checks of whether a keepalive pass is due (a clock read each; a
-/// pass runs every half `worker.keepalive_ms`): a few milliseconds at most of a busy loop.
+/// Loop iterations between checks of whether a keepalive pass is due (a read of the coarse
+/// clock each, `CLOCK_MONOTONIC_COARSE`; a pass runs every half `worker.keepalive_ms`): a few
+/// milliseconds at most of a busy loop.
 pub const KEEPALIVE_EVERY: u64 = 1024;
+
+/// How often at most a worker makes the looks that are system calls on `ibverbs` (its
+/// device's asynchronous events, its thread's context switches for the metrics), at the
+/// metrics' pace: every `METRICS_EVERY` iterations, once this much time of the coarse clock
+/// has passed. (A busy worker in the Soft-RoCE guest makes `METRICS_EVERY` iterations in
+/// about 0.3 ms.)
+pub const SLOW_LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 // (The metrics' check runs inside the keepalive's: its period must be a multiple.)
 const _: () = assert!(KEEPALIVE_EVERY.is_power_of_two() && METRICS_EVERY.is_power_of_two());

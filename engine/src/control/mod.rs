@@ -48,6 +48,12 @@ const LISTEN_SLICE: Duration = Duration::from_millis(1);
 /// second instead of 1000; any activity brings it back to 1 ms.
 const SLOWER_AFTER: u32 = 16;
 const MAX_SLICE_SHIFT: u32 = 3;
+/// How long the control loop sleeps at most when it has nothing in progress (no connect or
+/// accept coming up, no QP pool to refill, no shutdown): everything it then waits for wakes
+/// it (its connection manager's events, workers' and the application's words), so the slice
+/// only paces its look at its device's asynchronous events. Each wake takes a worker's CPU
+/// where they share one (the Soft-RoCE guest: a context switch, its clock reads).
+const QUIET_SLICE: Duration = Duration::from_millis(100);
 /// Connection requests the control loop takes in one pass at most: a burst's requests are
 /// taken together (each pass costs a wait and a look at every object in progress), while the
 /// pass's other work (confirmations, workers' words) still comes between bursts.
@@ -247,13 +253,15 @@ impl<P: Provider> Control<P> {
             self.expire_incoming();
             // Before anything slow (a refill creates QPs): what the pass gave goes now.
             self.wake_given();
-            if !busy && !self.shutting_down && self.outgoing.is_empty() && self.incoming.is_empty()
-            {
+            let settled =
+                !self.shutting_down && self.outgoing.is_empty() && self.incoming.is_empty();
+            let mut quiet = !busy && settled;
+            if quiet {
                 // Off the critical path: nothing else to do in this iteration, and no connection
                 // coming up (whose next event would wait while the loop creates or resets a QP;
                 // a connect that finds the pool empty creates its own).
                 for w in &mut self.workers {
-                    (0..REFILLS_PER_PASS).take_while(|_| w.qps.refill_one()).count();
+                    quiet &= (0..REFILLS_PER_PASS).take_while(|_| w.qps.refill_one()).count() == 0;
                 }
             }
             self.publish();
@@ -264,7 +272,11 @@ impl<P: Provider> Control<P> {
                 break;
             }
             // After a busy pass, just a look (which tells the next pass what is ready).
-            self.wait(if busy { Duration::ZERO } else { self.slice() });
+            self.wait(match (busy, quiet) {
+                (true, _) => Duration::ZERO,
+                (false, true) => QUIET_SLICE,
+                (false, false) => self.slice(),
+            });
             if !self.targeted {
                 // (a system call on ibverbs: with each full pass)
                 self.device_events();

@@ -9,7 +9,7 @@
 //! between a half and a whole interval ago, so a dead peer is seen within
 //! `keepalive_ms + (retry_cnt + 1) x timeout`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::request::ConnId;
 
@@ -34,8 +34,8 @@ impl Liveness {
 pub(crate) struct Keepalive {
     /// Half the interval: the time between passes.
     pass: Duration,
-    /// When the next pass is due (`None` until the first check).
-    next: Option<Instant>,
+    /// When the next pass is due, on the worker's coarse clock (`None` until the first check).
+    next: Option<Duration>,
     /// The connections the current pass probes (room for all of them reserved at start).
     due: Vec<ConnId>,
 }
@@ -46,8 +46,9 @@ impl Keepalive {
         Keepalive { pass: every / 2, next: None, due: Vec::with_capacity(max_conns) }
     }
 
-    /// Whether a pass is due at `now` (the first check only starts the clock).
-    pub(crate) fn due(&mut self, now: Instant) -> bool {
+    /// Whether a pass is due at `now`, a reading of the worker's coarse clock (the first check
+    /// only starts the clock).
+    pub(crate) fn due(&mut self, now: Duration) -> bool {
         match self.next {
             Some(t) if now < t => false,
             Some(_) => {
@@ -96,7 +97,7 @@ mod tests {
 
     #[test]
     fn a_pass_is_due_every_half_interval_from_the_first_check() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(7);
         let ms = |n| t0 + Duration::from_millis(n);
         let mut k = Keepalive::new(Duration::from_millis(100), 4);
         assert!(!k.due(t0));

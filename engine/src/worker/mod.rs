@@ -12,6 +12,7 @@
 mod admit;
 mod cfg;
 mod clients;
+mod coarse;
 mod completions;
 mod conn;
 mod conns;

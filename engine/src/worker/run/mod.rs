@@ -34,7 +34,7 @@ use crate::request::{CloseReason, ConnId, ConnInfo, Message};
 use crate::ring::{Consumer, Producer};
 use crate::tunables::{
     CLIENT_BATCH, KEEPALIVE_EVERY, MAX_POLL_BATCH, MAX_QPS_PER_CONN, METRICS_EVERY,
-    PARK_LOOK_AFTER, PARK_SLICE,
+    PARK_LOOK_AFTER, PARK_SLICE, SLOW_LOOK_EVERY,
 };
 
 /// A worker: its state and its handler.
@@ -45,6 +45,8 @@ pub(crate) struct Worker<P: Provider, H: Handler<P>> {
     pub(crate) clients: Clients,
     pub(crate) published: Arc<Mutex<Metrics>>,
     pub(crate) switches_base: (u64, u64),
+    /// When the looks that are system calls on `ibverbs` are next due (the coarse clock).
+    next_slow_look: std::time::Duration,
     /// Iterations in a row that found nothing to do.
     pub(crate) empty_run: u32,
     /// Where each poll puts its completions.
@@ -134,6 +136,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             clients: Clients::new(MAX_CLIENTS_PER_WORKER),
             published,
             switches_base: (0, 0),
+            next_slow_look: std::time::Duration::ZERO,
             idle_since: None,
             empty_run: 0,
             wcs: [Wc::default(); MAX_POLL_BATCH],
@@ -183,6 +186,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 }
             }
         }
+        self.cx.metrics.sample_switches(self.switches_base);
         self.publish();
     }
 
@@ -204,6 +208,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         self.cx.metrics.parks += 1;
         self.cx.now.set(None);
         self.periodic();
+        // (a parked worker's switches are its point: counted at each wake)
+        self.cx.metrics.sample_switches(self.switches_base);
         self.publish();
     }
 
@@ -302,19 +308,20 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     /// Every `KEEPALIVE_EVERY` iterations (out of line: most iterations skip it with one test):
-    /// the keepalive, and every `METRICS_EVERY` the metrics' publication.
+    /// the keepalive, and every `METRICS_EVERY` the metrics' publication, on the worker's
+    /// coarse clock (a vDSO read, never the clocksource).
     #[inline(never)]
     fn periodic(&mut self) {
+        let now = super::coarse::now();
         if self.keepalive.is_some() {
-            self.keepalive_pass();
+            self.keepalive_pass(now);
         }
         if self.untrusted.waiting() && self.untrusted.due(self.cx.now()) {
             self.make_up();
         }
         if self.cx.metrics.polls % METRICS_EVERY == 0 {
-            // (on ibverbs a look at the device's events is a system call: this rarely)
-            if self.events.is_some() {
-                self.device_events();
+            if now >= self.next_slow_look {
+                self.slow_looks(now);
             }
             self.publish();
             if self.from_control.is_abandoned() {
@@ -396,10 +403,21 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
     }
 
-    /// Probes the connections idle since the last keepalive pass, if one is due.
-    fn keepalive_pass(&mut self) {
+    /// The looks that are system calls on `ibverbs`, once a `SLOW_LOOK_EVERY` at most: the
+    /// device's asynchronous events, the thread's context switches.
+    fn slow_looks(&mut self, now: std::time::Duration) {
+        self.next_slow_look = now + SLOW_LOOK_EVERY;
+        if self.events.is_some() {
+            self.device_events();
+        }
+        self.cx.metrics.sample_switches(self.switches_base);
+    }
+
+    /// Probes the connections idle since the last keepalive pass, if one is due at `now` (the
+    /// coarse clock).
+    fn keepalive_pass(&mut self, now: std::time::Duration) {
         let Worker { cx, keepalive: Some(k), .. } = self else { return };
-        if cx.stopping || !k.due(cx.now()) {
+        if cx.stopping || !k.due(now) {
             return;
         }
         // (an engine's header always says its receive size: a plain rdma_cm peer's does not)
@@ -413,7 +431,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     fn publish(&mut self) {
-        self.cx.metrics.sample_switches(self.switches_base);
         // The queues' misses are counted in the request slab (a queue cannot reach the metrics).
         let queued = self.cx.reqs.misses();
         self.cx.metrics.invariant_misses += queued - self.queue_misses;
