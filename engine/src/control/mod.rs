@@ -253,9 +253,10 @@ impl<P: Provider> Control<P> {
             self.expire_incoming();
             // Before anything slow (a refill creates QPs): what the pass gave goes now.
             self.wake_given();
-            let settled =
-                !self.shutting_down && self.outgoing.is_empty() && self.incoming.is_empty();
-            let mut quiet = !busy && settled;
+            let mut quiet = !busy
+                && !self.shutting_down
+                && self.outgoing.is_empty()
+                && self.incoming.is_empty();
             if quiet {
                 // Off the critical path: nothing else to do in this iteration, and no connection
                 // coming up (whose next event would wait while the loop creates or resets a QP;
@@ -272,10 +273,12 @@ impl<P: Provider> Control<P> {
                 break;
             }
             // After a busy pass, just a look (which tells the next pass what is ready).
-            self.wait(match (busy, quiet) {
-                (true, _) => Duration::ZERO,
-                (false, true) => QUIET_SLICE,
-                (false, false) => self.slice(),
+            self.wait(if busy {
+                Duration::ZERO
+            } else if quiet {
+                QUIET_SLICE
+            } else {
+                self.slice()
             });
             if !self.targeted {
                 // (a system call on ibverbs: with each full pass)

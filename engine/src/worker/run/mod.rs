@@ -186,8 +186,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 }
             }
         }
-        self.cx.metrics.sample_switches(self.switches_base);
-        self.publish();
+        self.publish_with_switches();
     }
 
     /// Whether the worker has found nothing to do for longer than `idle` (since the first
@@ -209,8 +208,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         self.cx.now.set(None);
         self.periodic();
         // (a parked worker's switches are its point: counted at each wake)
-        self.cx.metrics.sample_switches(self.switches_base);
-        self.publish();
+        self.publish_with_switches();
     }
 
     /// One iteration of the loop; returns whether anything happened.
@@ -428,6 +426,13 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         for &conn in k.pick(conns) {
             cx.probe(conn);
         }
+    }
+
+    /// Publishes the metrics with the thread's context switches counted now (a system call:
+    /// at exit and at a parked worker's wakes; a busy one counts them in its slow looks).
+    fn publish_with_switches(&mut self) {
+        self.cx.metrics.sample_switches(self.switches_base);
+        self.publish();
     }
 
     fn publish(&mut self) {
