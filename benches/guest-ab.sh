@@ -7,16 +7,17 @@
 #   cargo build --release -p corelink-apps --bin corelink-perf
 #   tests/rxe-guest/run --timeout 2400 -- bash benches/guest-ab.sh
 #
-# VARIANTS: variants separated by ';', each NAME|BINARY|CLIENT ARGS|SERVER ARGS|raw|MAP KEYS (the
-# last four may be empty; "raw" runs `baseline raw_TEST`, corelink's verbs loop without the
-# engine; MAP KEYS, e.g. "cq_depth=128,send_queue_depth=32", are [worker] keys both sides' core
-# maps get, as guest-core-map.sh's WORKER_KEYS).
+# VARIANTS: variants separated by ';', each NAME|BINARY|CLIENT ARGS|SERVER ARGS|raw|MAP KEYS|ENV
+# (the last five may be empty; "raw" runs `baseline raw_TEST`, corelink's verbs loop without
+# the engine; MAP KEYS, e.g. "cq_depth=128,send_queue_depth=32", are [worker] keys both sides'
+# core maps get, as guest-core-map.sh's WORKER_KEYS; ENV, space-separated NAME=VALUE settings
+# for perftest-side-by-side.sh, e.g. "LAT_SERVER_PARK_US=100").
 # Default: the engine as is, with --quiet on both sides, and the raw loop, all from
 # target/release/corelink-perf. ROUNDS (5), TESTS ("send_lat:8 write_lat:8") and ITERS (5000)
-# as perftest-side-by-side.sh's. Prints every round's table, then per variant and test the
-# medians of corelink's figure, of perftest's beside it, and of their ratios. A test that a
-# variant's options refuse (`--quiet` is for send_lat and write_lat) reports nothing for it and
-# is left out of its medians.
+# as perftest-side-by-side.sh's; even rounds run corelink before perftest (CORELINK_FIRST).
+# Prints every round's table, then per variant and test the medians of corelink's figure, of
+# perftest's beside it, and of their ratios. A test that a variant's options refuse (`--quiet`
+# is for send_lat and write_lat) reports nothing for it and is left out of its medians.
 set -u
 : "${CORELINK_IBV_DEVICE:?run this inside tests/rxe-guest/run}"
 here=$(dirname "${BASH_SOURCE[0]}")
@@ -27,11 +28,13 @@ log=$(mktemp)
 IFS=';' read -r -a specs <<< "$variants"
 for r in $(seq "${ROUNDS:-5}"); do
   for spec in "${specs[@]}"; do
-    IFS='|' read -r name bin cargs sargs raw keys <<< "$spec"
+    IFS='|' read -r name bin cargs sargs raw keys env <<< "$spec"
     name=$(echo "$name" | tr -d ' ')
     echo "== round $r $name" | tee -a "$log"
-    CORELINK_PERF=$bin CORELINK_ARGS=$cargs SERVER_ARGS=$sargs RAW=${raw:+1} WORKER_KEYS=$keys \
-      bash "$here/perftest-side-by-side.sh" | tee -a "$log"
+    # shellcheck disable=SC2086 # (ENV: NAME=VALUE words)
+    first=$((r % 2 == 0 ? 1 : 0)); [ "$first" = 0 ] && first=
+    env ${env:-} CORELINK_FIRST="$first" CORELINK_PERF="$bin" CORELINK_ARGS="$cargs" SERVER_ARGS="$sargs" RAW="${raw:+1}" \
+      WORKER_KEYS="$keys" bash "$here/perftest-side-by-side.sh" | tee -a "$log"
   done
 done
 python3 - "$log" <<'PY'
@@ -44,7 +47,7 @@ for line in open(sys.argv[1]):
         name = m.group(1)
         continue
     f = line.split()
-    if name and len(f) >= 5 and re.match(r'\w+_(lat|bw)$', f[0]):
+    if name and len(f) >= 5 and re.match(r'\w+_(lat|bw)(_min)?$', f[0]):
         try:
             p, c, ratio = float(f[2]), float(f[3]), float(f[4])
         except ValueError:

@@ -15,7 +15,8 @@
 #   bash benches/guest-counts.sh                  # TESTS="send_lat:8" N1=20000 N2=60000
 #
 # CORELINK_ARGS and SERVER_ARGS: extra corelink-perf options for the engine's client and server
-# (e.g. --quiet for both), as in perftest-side-by-side.sh. Built with `--features guest-marks`,
+# (e.g. --quiet for both), LAT_SERVER_PARK_US the server's `worker.park_after_us`, as in
+# perftest-side-by-side.sh. Built with `--features guest-marks`,
 # corelink-perf marks where the engine and the raw loop find a message: "tails" counts the
 # stretches from such a mark to the next entry into the kernel (the answer's doorbell), and
 # "tail blocks" the distinct user blocks in them, the part of a ping-pong's user code that is
@@ -41,13 +42,14 @@ if [ "${1:-}" = --inside ]; then
   # In the guest: each kind and test at N1 and N2, a mark before and after each client run.
   : "${CORELINK_IBV_DEVICE:?run through tests/rxe-guest/run}"
   mark=$2
+  if [ "${BLOCKS:-}" = kernel ]; then grep ' [tT] ' /proc/kallsyms | sed 's/^/ksym /'; fi
   dev=$CORELINK_IBV_DEVICE gid=${CORELINK_IBV_GID_INDEX:-1} ip=$CORELINK_IP
   work=$(mktemp -d) port=18900
   # (perftest-side-by-side.sh's latency maps: client worker on core 0, server's on 1)
   # shellcheck source=benches/guest-core-map.sh
   source "$repo/benches/guest-core-map.sh"
   core_map "$work/client.toml" 1 0 0
-  core_map "$work/server.toml" 0 1 0
+  core_map "$work/server.toml" 0 1 0 "${LAT_SERVER_PARK_US:-0}"
   for spec in $tests; do
     test=${spec%%:*} size=${spec##*:}
     for kind in $kinds; do
@@ -89,10 +91,16 @@ mkdir -p "$out"
 cc -O2 -Wall -shared -fPIC -o "$out/plugin.so" "$here/plugin.c" -lpthread
 cc -O2 -Wall -static -o "$out/mark" "$here/mark.c"
 rm -f "$out/counts.txt"
-# (BLOCKS=1: the plugin also lists, at each mark, the user blocks that ran, in blocks.txt)
+# (BLOCKS=1: the plugin also lists, at each mark, the user blocks that ran, in blocks.txt;
+# BLOCKS=kernel: the kernel's too, and guest.log gets the guest's kernel text symbols, "ksym"
+# lines, to name them)
 blocks=${BLOCKS:+,blocks=$out/blocks.txt}
+[ "${BLOCKS:-}" = kernel ] && blocks="$blocks,kernel=1"
+# (PAGES=1: the plugin also counts the distinct data pages each stretch touches, per mode: each
+# an entry of the emulator's TLB; it slows the guest several times)
+[ -n "${PAGES:-}" ] && blocks="$blocks,pages=1"
 CORELINK_GUEST_QEMU_OPTS="-plugin $out/plugin.so,out=$out/counts.txt$blocks" \
-  "$repo/tests/rxe-guest/run" --timeout "${TIMEOUT:-1800}" --env TESTS --env KINDS --env N1 --env N2 \
+  "$repo/tests/rxe-guest/run" --timeout "${TIMEOUT:-1800}" --env TESTS --env KINDS --env N1 --env N2 --env BLOCKS --env LAT_SERVER_PARK_US \
   --env CORELINK_PERF --env CORELINK_ARGS --env SERVER_ARGS -- \
   bash benches/guest-counts.sh --inside "$out/mark" | tee "$out/guest.log"
 python3 - "$out/guest.log" "$out/counts.txt" "$n1" "$n2" <<'PY'
@@ -100,31 +108,46 @@ import sys, collections
 log, counts, n1, n2 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 runs = [l.split()[1:] for l in open(log) if l.startswith('run ')]
 marks = collections.defaultdict(dict)  # mark -> vcpu -> counters
+N = 16
 for l in open(counts):
     f = l.split()
-    # user, kernel, and tails (all zero unless the build has tail marks: see the plugin)
-    marks[int(f[1])][int(f[5])] = [int(x) for x in f[7:12] + f[13:18] + f[19:23]]
+    # user, kernel, tails (all zero unless the build has tail marks: see the plugin), data pages
+    # (zero without PAGES=1)
+    vals = [int(x) for x in f[7:12] + f[13:18] + f[19:23] + f[24:26]]
+    marks[int(f[1])][int(f[5])] = vals + [0] * (N - len(vals))
 order = sorted(marks)
 if len(order) != 2 * len(runs):
     sys.exit(f'{len(runs)} runs but {len(order)} marks: a client failed?')
-def delta(i):
+def delta(i, vcpus=None):
     a, b = marks[order[2 * i]], marks[order[2 * i + 1]]
-    return [sum(b[v][k] - a.get(v, [0] * 14)[k] for v in b) for k in range(14)]
-got = {}
+    return [sum(b[v][k] - a.get(v, [0] * N)[k] for v in b if vcpus is None or v in vcpus)
+            for k in range(N)]
+got, per_vcpu = {}, {}
 for i, (kind, test, n) in enumerate(runs):
     got[(kind, test, int(n))] = delta(i)
+    for v in marks[order[2 * i + 1]]:
+        per_vcpu[(kind, test, int(n), v)] = delta(i, {v})
+def per_iteration(table, key_lo, key_hi):
+    lo, hi = table.get(key_lo), table.get(key_hi)
+    return None if lo is None or hi is None else [(h - l) / (n2 - n1) for h, l in zip(hi, lo)]
 print(f'per iteration ({n2} - {n1} iterations), both vCPUs; ns: host time with the plugin in it')
 print(f'{"test":10} {"kind":9} {"user insns":>11} {"user TBs":>9} {"distinct":>9} {"user us":>8} '
       f'{"kern insns":>11} {"kern TBs":>9} {"distinct":>9} {"kern us":>8} {"entries":>8} {"tails":>6} '
-      f'{"tail blocks":>11} {"rets":>5} {"calls":>5}')
+      f'{"tail blocks":>11} {"rets":>5} {"calls":>5} {"pages u/k":>11}')
 for (kind, test, n) in got:
-    if n != n2:
+    d = per_iteration(got, (kind, test, n1), (kind, test, n)) if n == n2 else None
+    if d is None:
         continue
-    lo, hi = got.get((kind, test, n1)), got[(kind, test, n2)]
-    if lo is None:
-        continue
-    d = [(h - l) / (n2 - n1) for h, l in zip(hi, lo)]
     print(f'{test:10} {kind:9} {d[0]:11.0f} {d[1]:9.0f} {d[4]:9.0f} {d[2] / 1000:8.2f} '
           f'{d[5]:11.0f} {d[6]:9.0f} {d[9]:9.0f} {d[7] / 1000:8.2f} {d[8]:8.2f} {d[10]:6.2f} '
-          f'{d[11]:11.0f} {d[12]:5.0f} {d[13]:5.0f}')
+          f'{d[11]:11.0f} {d[12]:5.0f} {d[13]:5.0f} {d[14]:5.0f}/{d[15]:<5.0f}')
+# Each vCPU alone: the side whose work is on the round trip's path (a one-sided test's client,
+# whose server's vCPU idles or polls) shows apart from the other.
+print(f'\nper iteration and vCPU: instructions, blocks, host us and data pages, user | kernel')
+for (kind, test, n, v) in sorted(per_vcpu):
+    d = per_iteration(per_vcpu, (kind, test, n1, v), (kind, test, n, v)) if n == n2 else None
+    if d is None:
+        continue
+    print(f'{test:10} {kind:9} vcpu {v} {d[0]:8.0f} {d[1]:7.0f} {d[2] / 1000:7.2f} {d[14]:5.0f} | '
+          f'{d[5]:8.0f} {d[6]:7.0f} {d[7] / 1000:7.2f} {d[15]:5.0f}')
 PY

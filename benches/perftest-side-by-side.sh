@@ -9,19 +9,19 @@
 # picks tests (default: all seven), ITERS the iterations (1000), CORELINK_ARGS extra client
 # options for corelink-perf, RAW=1 corelink's verbs loop instead of its engine (`corelink-perf
 # baseline raw_TEST`: what corelink's verbs layer costs beside perftest), SERVER_YIELD /
-# CLIENT_YIELD each side's
-# `worker.yield_after_empty_polls` (0: pure busy-polling; rxe's kernel work shares the vCPUs). perftest reports MB/sec
-# in MiB (2^20 bytes); corelink's MB/s (10^6 bytes) are converted to MiB for the ratio.
-# Bandwidth ratio = corelink / perftest (higher is better); latency ratio = corelink t_typical /
-# perftest t_typical (lower is better). The guest is emulated (TCG): for comparison only.
+# CLIENT_YIELD each side's `worker.yield_after_empty_polls` (0: pure busy-polling; rxe's kernel
+# work shares the vCPUs). perftest reports MB/sec in MiB (2^20 bytes); corelink's MB/s (10^6
+# bytes) are converted to MiB for the ratio. Bandwidth ratio = corelink / perftest (higher is
+# better); latency ratio = corelink t_typical / perftest t_typical (lower is better), and on a
+# line of its own (TEST_min) t_min's. The guest is emulated (TCG): for comparison only.
 # Both run with perftest's defaults: its bandwidth tests ask for one completion in 100
 # (`--cq-mod`, 100 by default), so corelink's do too (`-Q ${CQ_MOD:-100}`; its own default
 # is 1, one completion per request); both keep 128 requests in flight. perftest's bandwidth
 # server waits in a blocking call while the client runs, leaving its core to rxe's kernel
 # work; corelink's bandwidth server does the same once idle (`worker.park_after_us`,
-# SERVER_PARK_US, default 100; 0 busy-polls, as its latency servers always do: parked, a
+# SERVER_PARK_US, default 100; 0 busy-polls, as its latency servers do by default: parked, a
 # read_lat server measured worse in sessions 27 and 28, 1.27 x perftest against 1.15
-# polling, medians of five alternating rounds in one boot).
+# polling, medians of five alternating rounds in one boot; LAT_SERVER_PARK_US parks them).
 set -u
 : "${CORELINK_IBV_DEVICE:?run this inside tests/rxe-guest/run}" "${CORELINK_IP:?}"
 dev=$CORELINK_IBV_DEVICE gid=${CORELINK_IBV_GID_INDEX:-1} ip=$CORELINK_IP
@@ -34,18 +34,22 @@ work=$(mktemp -d)
 # shellcheck source=benches/guest-core-map.sh
 source "$(dirname "${BASH_SOURCE[0]}")/guest-core-map.sh"
 core_map "$work/client.toml" 1 0 "${CLIENT_YIELD:-0}"
-core_map "$work/server.toml" 0 1 "${SERVER_YIELD:-0}"
+core_map "$work/server.toml" 0 1 "${SERVER_YIELD:-0}" "${LAT_SERVER_PARK_US:-0}"
 core_map "$work/server-idle.toml" 0 1 "${SERVER_YIELD:-0}" "${SERVER_PARK_US:-100}"
 port=18800
+# (NO_ASLR=1: both tools run without address-space randomization, `setarch -R`, so that every
+# run of a binary has the same layout, and the same collisions in the emulator's TLB)
+fixed=()
+[ -n "${NO_ASLR:-}" ] && fixed=(setarch "$(uname -m)" -R)
 # (SERVER_ARGS: extra corelink-perf options for the server, e.g. --quiet with CORELINK_ARGS=--quiet)
 # perftest TEST SIZE -> its result line's fields (server on core 1, client on core 0)
 run_perftest() {
   local tool=$1 size=$2 out
   port=$((port + 1))
-  taskset -c 1 timeout 120 "$tool" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p $port -F > "$work/srv.log" 2>&1 &
+  "${fixed[@]}" taskset -c 1 timeout 120 "$tool" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p $port -F > "$work/srv.log" 2>&1 &
   local srv=$!
   sleep 1
-  out=$(taskset -c 0 timeout 120 "$tool" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p $port -F "$ip" 2>&1)
+  out=$("${fixed[@]}" taskset -c 0 timeout 120 "$tool" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p $port -F "$ip" 2>&1)
   wait $srv
   echo "$out" | awk -v s="$size" '$1 == s && NF >= 5 { print; exit }'
 }
@@ -60,11 +64,11 @@ run_corelink() {
   local run=("$test" --config "$server") runc=("$test" --config "$work/client.toml")
   [ -n "${RAW:-}" ] && run=(baseline "raw_$test" --provider ibverbs) && runc=("${run[@]}")
   # shellcheck disable=SC2086
-  timeout 120 "$perf" "${run[@]}" --bind "$ip" -p $port -s "$size" -n "$iters" ${SERVER_ARGS:-} > "$work/csrv.log" 2>&1 &
+  "${fixed[@]}" timeout 120 "$perf" "${run[@]}" --bind "$ip" -p $port -s "$size" -n "$iters" ${SERVER_ARGS:-} > "$work/csrv.log" 2>&1 &
   local srv=$!
   for _ in $(seq 100); do grep -q listening "$work/csrv.log" && break; sleep 0.1; done
   # shellcheck disable=SC2086
-  timeout 120 "$perf" "${runc[@]}" -p $port -s "$size" -n "$iters" "${like[@]}" ${CORELINK_ARGS:-} --json "$ip" 2>/dev/null | head -1
+  "${fixed[@]}" timeout 120 "$perf" "${runc[@]}" -p $port -s "$size" -n "$iters" "${like[@]}" ${CORELINK_ARGS:-} --json "$ip" 2>/dev/null | head -1
   wait $srv
 }
 json() { python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('$1', 'nan'))"; }
@@ -72,8 +76,15 @@ json() { python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}')
 printf '%-10s %8s %14s %14s %8s  %s\n' test bytes perftest corelink ratio unit
 for spec in ${TESTS:-write_bw:65536 read_bw:65536 send_bw:65536 atomic_bw:8 write_lat:8 send_lat:8 read_lat:8}; do
   test=${spec%%:*} size=${spec##*:}
-  line=$(run_perftest "ib_$test" "$size")
-  cl=$(run_corelink "$test" "$size")
+  # (CORELINK_FIRST=1: corelink runs before perftest, so that alternating rounds cancel
+  # whatever the order does)
+  if [ -n "${CORELINK_FIRST:-}" ]; then
+    cl=$(run_corelink "$test" "$size")
+    line=$(run_perftest "ib_$test" "$size")
+  else
+    line=$(run_perftest "ib_$test" "$size")
+    cl=$(run_corelink "$test" "$size")
+  fi
   case $test in
     *_bw)
       p=$(echo "$line" | awk '{ print $4 }')                       # BW average [MiB/s]
@@ -88,5 +99,13 @@ for spec in ${TESTS:-write_bw:65536 read_bw:65536 send_bw:65536 atomic_bw:8 writ
       unit="us typical (lower is better)" ;;
   esac
   printf '%-10s %8s %14s %14s %8s  %s\n' "$test" "$size" "${p:-nan}" "${c:-nan}" "$r" "$unit"
+  if [[ $test == *_lat ]]; then
+    # (and the best round trip of each, t_min: what host noise can only lengthen)
+    p=$(echo "$line" | awk '{ print $3 }')                       # t_min [usec]
+    c=$(echo "$cl" | json t_min_us)
+    r=$(python3 -c "print(round(float('$c') / float('$p'), 3))" 2>/dev/null || echo nan)
+    printf '%-10s %8s %14s %14s %8s  %s\n' "${test}_min" "$size" "${p:-nan}" "${c:-nan}" "$r" \
+      "us min (lower is better)"
+  fi
 done
 rm -rf "$work"

@@ -6,7 +6,10 @@
  * the marker `xchg %bx,%bx` (bytes 66 87 db; mark.c). The counters only grow: the script takes
  * differences between marks. With `blocks=PATH` each mark also lists the user blocks that ran
  * since the last one (address, vCPU, runs, stretches and tails run in, and whether it ends in a
- * call or a return), to find which code a round trip runs through.
+ * call or a return), to find which code a round trip runs through; with `kernel=1` too, the
+ * kernel's blocks as well (to symbolize against the guest's /proc/kallsyms). With `pages=1` it
+ * also counts, per mode, the distinct data pages the accesses of each stretch touch (each an
+ * entry of the emulator's TLB that the stretch needs).
  *
  * Tails: a build with tail marks (corelink-perf built with `--features guest-marks`: the
  * instruction `xchg %cx,%cx`, bytes 66 87 c9, where a receive's completion is found) also gets,
@@ -41,6 +44,13 @@ uint64_t qemu_plugin_tb_vaddr(const struct qemu_plugin_tb *tb);
 struct qemu_plugin_insn *qemu_plugin_tb_get_insn(const struct qemu_plugin_tb *tb, size_t idx);
 const void *qemu_plugin_insn_data(const struct qemu_plugin_insn *insn);
 size_t qemu_plugin_insn_size(const struct qemu_plugin_insn *insn);
+typedef uint32_t qemu_plugin_meminfo_t;
+enum qemu_plugin_mem_rw { QEMU_PLUGIN_MEM_R = 1, QEMU_PLUGIN_MEM_W, QEMU_PLUGIN_MEM_RW };
+typedef void (*qemu_plugin_vcpu_mem_cb_t)(unsigned int vcpu_index, qemu_plugin_meminfo_t info,
+                                          uint64_t vaddr, void *userdata);
+void qemu_plugin_register_vcpu_mem_cb(struct qemu_plugin_insn *insn, qemu_plugin_vcpu_mem_cb_t cb,
+                                      enum qemu_plugin_cb_flags flags, enum qemu_plugin_mem_rw rw,
+                                      void *userdata);
 
 __attribute__((visibility("default"))) int qemu_plugin_version = 1;
 
@@ -57,7 +67,13 @@ struct counters {
      * the current one's number), and the distinct user blocks run in them. */
     int in_tail;
     uint64_t tails, tail_distinct, tail_rets, tail_calls;
+    /* With `pages=1`: the distinct data pages each mode's accesses touch in a stretch (summed
+     * over stretches), in a direct-mapped table of (page, stretch) per mode. */
+    uint64_t pages[2];
+    uint64_t *seen_pages[2];
 } __attribute__((aligned(64)));
+
+#define PAGE_SLOTS 65536
 
 /* A translation block: its instruction count, mode, and the stretch (per vCPU) in which it
  * last ran. */
@@ -70,8 +86,10 @@ struct block {
     uint64_t tail_seen[SEEN_VCPUS], tails[SEEN_VCPUS]; /* (as `seen` and `stretches`, in tails) */
 };
 
-/* With `blocks=PATH`: every user block, so that each mark can list those that ran. */
+/* With `blocks=PATH`: every user block (and kernel block, with `kernel=1`), so that each mark
+ * can list those that ran. */
 static FILE *blocks_out;
+static int kernel_blocks;
 static struct block **blocks;
 static size_t nblocks, blocks_cap;
 static pthread_mutex_t blocks_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -127,6 +145,29 @@ static void tb_ran(unsigned int vcpu, void *udata)
     }
 }
 
+static int count_pages;
+
+/* A data access (`pages=1`): its page counts once a stretch, per mode (the block's: `udata`). */
+static void accessed(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr, void *udata)
+{
+    (void)info;
+    struct block *b = udata;
+    struct counters *c = &vcpus[vcpu % MAX_VCPUS];
+    uint64_t **seen = &c->seen_pages[b->mode];
+    if (!*seen) {
+        *seen = calloc(2 * PAGE_SLOTS, sizeof **seen);
+        if (!*seen)
+            abort();
+    }
+    uint64_t page = vaddr >> 12, slot = (page ^ (page >> 16)) % PAGE_SLOTS;
+    uint64_t *e = *seen + 2 * slot;
+    if (e[0] != page || e[1] != c->stretch + 1) {
+        e[0] = page;
+        e[1] = c->stretch + 1;
+        c->pages[b->mode]++;
+    }
+}
+
 /* The marker ran: one line per vCPU with every counter so far. */
 static void marked(unsigned int vcpu, void *udata)
 {
@@ -141,14 +182,15 @@ static void marked(unsigned int vcpu, void *udata)
         if (c->since)
             ns[c->mode] += t - c->since; /* (a racy look at another vCPU's: close enough) */
         fprintf(out, "mark %lu by %u vcpu %d user %lu %lu %lu %lu %lu kernel %lu %lu %lu %lu %lu "
-                     "tails %lu %lu %lu %lu\n",
+                     "tails %lu %lu %lu %lu pages %lu %lu\n",
                 (unsigned long)marks, vcpu, i, (unsigned long)c->insns[0],
                 (unsigned long)c->tbs[0], (unsigned long)ns[0], (unsigned long)c->entries[0],
                 (unsigned long)c->distinct[0], (unsigned long)c->insns[1],
                 (unsigned long)c->tbs[1], (unsigned long)ns[1], (unsigned long)c->entries[1],
                 (unsigned long)c->distinct[1], (unsigned long)c->tails,
                 (unsigned long)c->tail_distinct, (unsigned long)c->tail_rets,
-                (unsigned long)c->tail_calls);
+                (unsigned long)c->tail_calls, (unsigned long)c->pages[0],
+                (unsigned long)c->pages[1]);
     }
     fflush(out);
     if (!blocks_out)
@@ -194,7 +236,7 @@ static void translated(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     b->insns = n;
     b->pc = pc;
     b->mode = mode;
-    if (blocks_out && !mode) {
+    if (blocks_out && (!mode || kernel_blocks)) {
         pthread_mutex_lock(&blocks_lock);
         if (nblocks == blocks_cap) {
             blocks_cap = blocks_cap ? 2 * blocks_cap : 4096;
@@ -218,6 +260,9 @@ static void translated(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
             b->ends_in = END_CALL;
     }
     qemu_plugin_register_vcpu_tb_exec_cb(tb, tb_ran, QEMU_PLUGIN_CB_NO_REGS, b);
+    for (size_t i = 0; count_pages && i < n; i++)
+        qemu_plugin_register_vcpu_mem_cb(qemu_plugin_tb_get_insn(tb, i), accessed,
+                                         QEMU_PLUGIN_CB_NO_REGS, QEMU_PLUGIN_MEM_RW, b);
     if (mode)
         return;
     for (size_t i = 0; i < n; i++) {
@@ -240,6 +285,10 @@ __attribute__((visibility("default"))) int qemu_plugin_install(qemu_plugin_id_t 
     for (int i = 0; i < argc; i++) {
         if (strncmp(argv[i], "out=", 4) == 0) {
             path = argv[i] + 4;
+        } else if (strcmp(argv[i], "pages=1") == 0) {
+            count_pages = 1;
+        } else if (strcmp(argv[i], "kernel=1") == 0) {
+            kernel_blocks = 1;
         } else if (strncmp(argv[i], "blocks=", 7) == 0) {
             blocks_out = fopen(argv[i] + 7, "w");
             if (!blocks_out) {

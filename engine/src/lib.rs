@@ -135,7 +135,8 @@ pub mod bench_support {
 
     /// A tail mark for `benches/guest-counts.sh`, in a build with the `guest-marks` feature (a
     /// no-op without it): the guest's plugin counts the distinct code run from here to the
-    /// next entry into the kernel (from a receive's completion to the answer's doorbell).
+    /// next entry into the kernel (from a receive's completion to the answer's doorbell; in
+    /// corelink-perf's read_lat and atomic_lat, from the completion to the next request's).
     #[inline(always)]
     pub fn tail_mark() {
         #[cfg(all(feature = "guest-marks", target_arch = "x86_64"))]

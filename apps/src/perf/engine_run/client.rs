@@ -605,6 +605,7 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             }
             if s.lat && ok {
                 // A read's or an atomic's round trip: its sample, and the next at once.
+                corelink_engine::bench_support::tail_mark();
                 if self.sample() {
                     self.t0 = self.sample_start();
                     self.reissue(cx, done.buf);
