@@ -29,7 +29,11 @@
 # mode is host time with the plugin's own overhead in it (a plugin call per block): compare it
 # between kinds in one run only. User-mode counts include the busy-polling of whichever side
 # waits, so they grow with the other side's time; kernel counts do not (the round trip's posts).
-# Needs a C compiler and QEMU with plugin support (Debian's qemu-system-x86 7.2 has it).
+# A second table gives each vCPU apart (the client of a one-sided test is the round trip's
+# path), with the atomic (locked) instructions, the fences (rdtsc, pause, cpuid too) and the
+# kernel's TLB flushes; BLOCKS=1 / BLOCKS=kernel and PAGES=1 (below) list blocks and count
+# data pages. Needs a C compiler and QEMU with plugin support (Debian's qemu-system-x86 7.2
+# has it).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 here=$repo/benches/guest-counts
@@ -108,12 +112,12 @@ import sys, collections
 log, counts, n1, n2 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 runs = [l.split()[1:] for l in open(log) if l.startswith('run ')]
 marks = collections.defaultdict(dict)  # mark -> vcpu -> counters
-N = 16
+N = 21
 for l in open(counts):
     f = l.split()
     # user, kernel, tails (all zero unless the build has tail marks: see the plugin), data pages
-    # (zero without PAGES=1)
-    vals = [int(x) for x in f[7:12] + f[13:18] + f[19:23] + f[24:26]]
+    # (zero without PAGES=1), atomics and fences (etc.) in user and kernel mode
+    vals = [int(x) for x in f[7:12] + f[13:18] + f[19:23] + f[24:26] + f[27:31] + f[32:33]]
     marks[int(f[1])][int(f[5])] = vals + [0] * (N - len(vals))
 order = sorted(marks)
 if len(order) != 2 * len(runs):
@@ -143,11 +147,13 @@ for (kind, test, n) in got:
           f'{d[11]:11.0f} {d[12]:5.0f} {d[13]:5.0f} {d[14]:5.0f}/{d[15]:<5.0f}')
 # Each vCPU alone: the side whose work is on the round trip's path (a one-sided test's client,
 # whose server's vCPU idles or polls) shows apart from the other.
-print(f'\nper iteration and vCPU: instructions, blocks, host us and data pages, user | kernel')
+print(f'\nper iteration and vCPU: instructions, blocks, host us, data pages, atomics and fences '
+      f'(with rdtsc, pause, cpuid), user | kernel, and TLB flushes')
 for (kind, test, n, v) in sorted(per_vcpu):
     d = per_iteration(per_vcpu, (kind, test, n1, v), (kind, test, n, v)) if n == n2 else None
     if d is None:
         continue
-    print(f'{test:10} {kind:9} vcpu {v} {d[0]:8.0f} {d[1]:7.0f} {d[2] / 1000:7.2f} {d[14]:5.0f} | '
-          f'{d[5]:8.0f} {d[6]:7.0f} {d[7] / 1000:7.2f} {d[15]:5.0f}')
+    print(f'{test:10} {kind:9} vcpu {v} {d[0]:8.0f} {d[1]:7.0f} {d[2] / 1000:7.2f} {d[14]:5.0f} '
+          f'{d[16]:6.1f} {d[18]:6.1f} | {d[5]:8.0f} {d[6]:7.0f} {d[7] / 1000:7.2f} {d[15]:5.0f} '
+          f'{d[17]:6.1f} {d[19]:6.1f} {d[20]:6.2f}')
 PY

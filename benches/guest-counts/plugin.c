@@ -9,7 +9,9 @@
  * call or a return), to find which code a round trip runs through; with `kernel=1` too, the
  * kernel's blocks as well (to symbolize against the guest's /proc/kallsyms). With `pages=1` it
  * also counts, per mode, the distinct data pages the accesses of each stretch touch (each an
- * entry of the emulator's TLB that the stretch needs).
+ * entry of the emulator's TLB that the stretch needs). It always counts, per mode, the atomic
+ * (locked) instructions run, and the fences, rdtsc, pause and cpuid, and the kernel's TLB
+ * flushes.
  *
  * Tails: a build with tail marks (corelink-perf built with `--features guest-marks`: the
  * instruction `xchg %cx,%cx`, bytes 66 87 c9, where a receive's completion is found) also gets,
@@ -71,6 +73,9 @@ struct counters {
      * over stretches), in a direct-mapped table of (page, stretch) per mode. */
     uint64_t pages[2];
     uint64_t *seen_pages[2];
+    /* Atomic (locked) instructions run, and fences, rdtsc, pause and cpuid (each a call out of
+     * the generated code, or more), per mode. */
+    uint64_t locked[2], special[2], flushes[2];
 } __attribute__((aligned(64)));
 
 #define PAGE_SLOTS 65536
@@ -79,6 +84,8 @@ struct counters {
  * last ran. */
 struct block {
     uint64_t insns, pc;
+    uint32_t locked, special; /* its atomic (locked) instructions, and its fences, rdtsc, pause, cpuid */
+    uint32_t flushes;         /* its TLB flushes: writes to CR3, invlpg, invpcid */
     int mode;
     int ends_in; /* how it ends: END_RET, END_CALL, or 0 (another branch or the block's limit) */
     uint64_t seen[SEEN_VCPUS];
@@ -115,6 +122,9 @@ static void tb_ran(unsigned int vcpu, void *udata)
     struct counters *c = &vcpus[vcpu % MAX_VCPUS];
     unsigned int s = vcpu % SEEN_VCPUS;
     c->insns[mode] += b->insns;
+    c->locked[mode] += b->locked;
+    c->special[mode] += b->special;
+    c->flushes[mode] += b->flushes;
     c->tbs[mode]++;
     b->runs[s]++;
     if (mode && !c->mode) {
@@ -182,7 +192,7 @@ static void marked(unsigned int vcpu, void *udata)
         if (c->since)
             ns[c->mode] += t - c->since; /* (a racy look at another vCPU's: close enough) */
         fprintf(out, "mark %lu by %u vcpu %d user %lu %lu %lu %lu %lu kernel %lu %lu %lu %lu %lu "
-                     "tails %lu %lu %lu %lu pages %lu %lu\n",
+                     "tails %lu %lu %lu %lu pages %lu %lu ops %lu %lu %lu %lu flushes %lu\n",
                 (unsigned long)marks, vcpu, i, (unsigned long)c->insns[0],
                 (unsigned long)c->tbs[0], (unsigned long)ns[0], (unsigned long)c->entries[0],
                 (unsigned long)c->distinct[0], (unsigned long)c->insns[1],
@@ -190,7 +200,9 @@ static void marked(unsigned int vcpu, void *udata)
                 (unsigned long)c->distinct[1], (unsigned long)c->tails,
                 (unsigned long)c->tail_distinct, (unsigned long)c->tail_rets,
                 (unsigned long)c->tail_calls, (unsigned long)c->pages[0],
-                (unsigned long)c->pages[1]);
+                (unsigned long)c->pages[1], (unsigned long)c->locked[0],
+                (unsigned long)c->locked[1], (unsigned long)c->special[0],
+                (unsigned long)c->special[1], (unsigned long)c->flushes[1]);
     }
     fflush(out);
     if (!blocks_out)
@@ -221,6 +233,50 @@ static void tail_marked(unsigned int vcpu, void *udata)
     struct counters *c = &vcpus[vcpu % MAX_VCPUS];
     c->in_tail = 1;
     c->tails++;
+}
+
+/* What instruction `d` (`len` bytes) is: 1 atomic (a lock prefix, or xchg with memory), 2 a
+ * fence, rdtsc(p), pause or cpuid, 3 a TLB flush (a write to CR3, invlpg, invpcid: each empties
+ * the emulator's TLB, or a page of it), 0 another. */
+static int classify(const uint8_t *d, size_t len)
+{
+    size_t i = 0;
+    int lock = 0, rep = 0;
+    for (; i < len; i++) {
+        uint8_t b = d[i];
+        if (b == 0xf0)
+            lock = 1;
+        else if (b == 0xf3)
+            rep = 1;
+        else if (!(b == 0xf2 || b == 0x66 || b == 0x67 || b == 0x2e || b == 0x36 || b == 0x3e ||
+                   b == 0x26 || b == 0x64 || b == 0x65 || (b & 0xf0) == 0x40))
+            break;
+    }
+    if (lock)
+        return 1;
+    if (i >= len)
+        return 0;
+    uint8_t op = d[i];
+    if ((op == 0x86 || op == 0x87) && i + 1 < len && (d[i + 1] >> 6) != 3)
+        return 1;
+    if (op == 0x90 && rep)
+        return 2; /* pause */
+    if (op != 0x0f || i + 1 >= len)
+        return 0;
+    uint8_t op2 = d[i + 1];
+    if (op2 == 0x31 || op2 == 0xa2)
+        return 2; /* rdtsc, cpuid */
+    if (op2 == 0x01 && i + 2 < len && d[i + 2] == 0xf9)
+        return 2; /* rdtscp */
+    if (op2 == 0x22 && i + 2 < len && ((d[i + 2] >> 3) & 7) == 3)
+        return 3; /* mov to cr3 */
+    if (op2 == 0x01 && i + 2 < len && ((d[i + 2] >> 3) & 7) == 7 && (d[i + 2] >> 6) != 3)
+        return 3; /* invlpg */
+    if (op2 == 0x38 && i + 2 < len && d[i + 2] == 0x82)
+        return 3; /* invpcid */
+    if (op2 == 0xae && i + 2 < len && d[i + 2] >= 0xe8)
+        return 2; /* lfence, mfence, sfence */
+    return 0;
 }
 
 static void translated(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
@@ -258,6 +314,13 @@ static void translated(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
             b->ends_in = END_RET;
         else if (d[i] == 0xe8 || (d[i] == 0xff && i + 1 < len && ((d[i + 1] >> 3) & 7) == 2))
             b->ends_in = END_CALL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        int k = classify(qemu_plugin_insn_data(insn), qemu_plugin_insn_size(insn));
+        b->locked += k == 1;
+        b->special += k == 2;
+        b->flushes += k == 3;
     }
     qemu_plugin_register_vcpu_tb_exec_cb(tb, tb_ran, QEMU_PLUGIN_CB_NO_REGS, b);
     for (size_t i = 0; count_pages && i < n; i++)
