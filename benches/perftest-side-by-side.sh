@@ -45,6 +45,8 @@ fixed=()
 # perftest TEST SIZE -> its result line's fields (server on core 1, client on core 0)
 run_perftest() {
   local tool=$1 size=$2 out
+  # (PHASES=1: a line on stderr as each tool's run starts, to line up with the host's view)
+  [ -n "${PHASES:-}" ] && echo "phase perftest $tool" >&2
   port=$((port + 1))
   "${fixed[@]}" taskset -c 1 timeout 120 "$tool" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p $port -F > "$work/srv.log" 2>&1 &
   local srv=$!
@@ -56,6 +58,7 @@ run_perftest() {
 # corelink-perf TEST SIZE -> its JSON line
 run_corelink() {
   local test=$1 size=$2 like=() server=$work/server.toml
+  [ -n "${PHASES:-}" ] && echo "phase corelink $test" >&2
   [[ $test == *_bw ]] && like=(-Q "${CQ_MOD:-100}")
   [[ $test == *_bw ]] && server=$work/server-idle.toml
   port=$((port + 1))
