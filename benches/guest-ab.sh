@@ -31,10 +31,11 @@ for r in $(seq "${ROUNDS:-5}"); do
     IFS='|' read -r name bin cargs sargs raw keys env <<< "$spec"
     name=$(echo "$name" | tr -d ' ')
     echo "== round $r $name" | tee -a "$log"
+    first=; [ $((r % 2)) = 0 ] && first=1
     # shellcheck disable=SC2086 # (ENV: NAME=VALUE words)
-    first=$((r % 2 == 0 ? 1 : 0)); [ "$first" = 0 ] && first=
-    env ${env:-} CORELINK_FIRST="$first" CORELINK_PERF="$bin" CORELINK_ARGS="$cargs" SERVER_ARGS="$sargs" RAW="${raw:+1}" \
-      WORKER_KEYS="$keys" bash "$here/perftest-side-by-side.sh" | tee -a "$log"
+    env ${env:-} CORELINK_FIRST="$first" CORELINK_PERF="$bin" CORELINK_ARGS="$cargs" \
+      SERVER_ARGS="$sargs" RAW="${raw:+1}" WORKER_KEYS="$keys" \
+      bash "$here/perftest-side-by-side.sh" | tee -a "$log"
   done
 done
 python3 - "$log" <<'PY'
