@@ -98,12 +98,12 @@ rm -f "$out/counts.txt"
 # (BLOCKS=1: the plugin also lists, at each mark, the user blocks that ran, in blocks.txt;
 # BLOCKS=kernel: the kernel's too, and guest.log gets the guest's kernel text symbols, "ksym"
 # lines, to name them)
-blocks=${BLOCKS:+,blocks=$out/blocks.txt}
-[ "${BLOCKS:-}" = kernel ] && blocks="$blocks,kernel=1"
+opts=${BLOCKS:+,blocks=$out/blocks.txt}
+[ "${BLOCKS:-}" = kernel ] && opts="$opts,kernel=1"
 # (PAGES=1: the plugin also counts the distinct data pages each stretch touches, per mode: each
 # an entry of the emulator's TLB; it slows the guest several times)
-[ -n "${PAGES:-}" ] && blocks="$blocks,pages=1"
-CORELINK_GUEST_QEMU_OPTS="-plugin $out/plugin.so,out=$out/counts.txt$blocks" \
+[ -n "${PAGES:-}" ] && opts="$opts,pages=1"
+CORELINK_GUEST_QEMU_OPTS="-plugin $out/plugin.so,out=$out/counts.txt$opts" \
   "$repo/tests/rxe-guest/run" --timeout "${TIMEOUT:-1800}" --env TESTS --env KINDS --env N1 --env N2 --env BLOCKS --env LAT_SERVER_PARK_US \
   --env CORELINK_PERF --env CORELINK_ARGS --env SERVER_ARGS -- \
   bash benches/guest-counts.sh --inside "$out/mark" | tee "$out/guest.log"
@@ -112,13 +112,20 @@ import sys, collections
 log, counts, n1, n2 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 runs = [l.split()[1:] for l in open(log) if l.startswith('run ')]
 marks = collections.defaultdict(dict)  # mark -> vcpu -> counters
-N = 21
+# The plugin's labelled sections, in this order, and their sizes: user, kernel, tails (all zero
+# unless the build has tail marks: see the plugin), data pages (zero without PAGES=1), atomics
+# and fences (etc.) in user and kernel mode, the kernel's TLB flushes.
+SECTIONS = [('user', 5), ('kernel', 5), ('tails', 4), ('pages', 2), ('ops', 4), ('flushes', 1)]
+N = sum(n for _, n in SECTIONS)
 for l in open(counts):
     f = l.split()
-    # user, kernel, tails (all zero unless the build has tail marks: see the plugin), data pages
-    # (zero without PAGES=1), atomics and fences (etc.) in user and kernel mode
-    vals = [int(x) for x in f[7:12] + f[13:18] + f[19:23] + f[24:26] + f[27:31] + f[32:33]]
-    marks[int(f[1])][int(f[5])] = vals + [0] * (N - len(vals))
+    got, label = collections.defaultdict(list), None
+    for x in f[6:]:
+        if x.isdigit():
+            got[label].append(int(x))
+        else:
+            label = x
+    marks[int(f[1])][int(f[5])] = [v for s, n in SECTIONS for v in (got[s] + [0] * n)[:n]]
 order = sorted(marks)
 if len(order) != 2 * len(runs):
     sys.exit(f'{len(runs)} runs but {len(order)} marks: a client failed?')

@@ -75,6 +75,12 @@ run_corelink() {
   wait $srv
 }
 json() { python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('$1', 'nan'))"; }
+# A table row: NAME SIZE PERFTEST CORELINK UNIT, with corelink / perftest
+row() {
+  local r
+  r=$(python3 -c "print(round(float('$4') / float('$3'), 3))" 2>/dev/null || echo nan)
+  printf '%-10s %8s %14s %14s %8s  %s\n' "$1" "$2" "${3:-nan}" "${4:-nan}" "$r" "$5"
+}
 
 printf '%-10s %8s %14s %14s %8s  %s\n' test bytes perftest corelink ratio unit
 for spec in ${TESTS:-write_bw:65536 read_bw:65536 send_bw:65536 atomic_bw:8 write_lat:8 send_lat:8 read_lat:8}; do
@@ -93,22 +99,13 @@ for spec in ${TESTS:-write_bw:65536 read_bw:65536 send_bw:65536 atomic_bw:8 writ
       p=$(echo "$line" | awk '{ print $4 }')                       # BW average [MiB/s]
       c=$(echo "$cl" | json bw_avg_mbps)
       c=$(python3 -c "print(round(float('$c') * 1e6 / 1048576, 2))" 2>/dev/null || echo nan)
-      r=$(python3 -c "print(round(float('$c') / float('$p'), 3))" 2>/dev/null || echo nan)
-      unit="MiB/s avg (higher is better)" ;;
+      row "$test" "$size" "$p" "$c" "MiB/s avg (higher is better)" ;;
     *)
       p=$(echo "$line" | awk '{ print $5 }')                       # t_typical [usec]
-      c=$(echo "$cl" | json t_typical_us)
-      r=$(python3 -c "print(round(float('$c') / float('$p'), 3))" 2>/dev/null || echo nan)
-      unit="us typical (lower is better)" ;;
+      row "$test" "$size" "$p" "$(echo "$cl" | json t_typical_us)" "us typical (lower is better)"
+      # (and the best round trip of each, t_min: what host noise can only lengthen)
+      p=$(echo "$line" | awk '{ print $3 }')                       # t_min [usec]
+      row "${test}_min" "$size" "$p" "$(echo "$cl" | json t_min_us)" "us min (lower is better)" ;;
   esac
-  printf '%-10s %8s %14s %14s %8s  %s\n' "$test" "$size" "${p:-nan}" "${c:-nan}" "$r" "$unit"
-  if [[ $test == *_lat ]]; then
-    # (and the best round trip of each, t_min: what host noise can only lengthen)
-    p=$(echo "$line" | awk '{ print $3 }')                       # t_min [usec]
-    c=$(echo "$cl" | json t_min_us)
-    r=$(python3 -c "print(round(float('$c') / float('$p'), 3))" 2>/dev/null || echo nan)
-    printf '%-10s %8s %14s %14s %8s  %s\n' "${test}_min" "$size" "${p:-nan}" "${c:-nan}" "$r" \
-      "us min (lower is better)"
-  fi
 done
 rm -rf "$work"
