@@ -53,7 +53,8 @@ for line in open(sys.argv[1]):
             p, c, ratio = float(f[2]), float(f[3]), float(f[4])
         except ValueError:
             continue
-        if p > 0 and c > 0:  # (a run that reported nothing is left out)
+        # (a run that reported nothing, or no finite figure, is left out)
+        if 0 < p < float('inf') and 0 < c < float('inf') and ratio > 0:
             got[(name, f[0])].append((p, c, ratio))
 print(f'\n{"variant":12} {"test":10} {"runs":>4} {"perftest":>9} {"corelink":>9} {"ratio":>7}  (medians)')
 for (name, test), rows in sorted(got.items(), key=lambda kv: (kv[0][1], kv[0][0])):

@@ -30,8 +30,10 @@
 # between kinds in one run only. User-mode counts include the busy-polling of whichever side
 # waits, so they grow with the other side's time; kernel counts do not (the round trip's posts).
 # A second table gives each vCPU apart (the client of a one-sided test is the round trip's
-# path), with the atomic (locked) instructions, the fences (rdtsc, pause, cpuid too) and the
-# kernel's TLB flushes; BLOCKS=1 / BLOCKS=kernel and PAGES=1 (below) list blocks and count
+# path), with the atomic (locked) instructions, the fences (rdtsc, pause, cpuid too), the moves
+# from one block to the next that make the emulator look the next up (after a return or an
+# indirect call or jump; a direct jump onto another page, which its generated code is not
+# chained across; "tail xpage" counts the latter in tails) and the kernel's TLB flushes; BLOCKS=1 / BLOCKS=kernel and PAGES=1 (below) list blocks and count
 # data pages. Needs a C compiler and QEMU with plugin support (Debian's qemu-system-x86 7.2
 # has it).
 set -euo pipefail
@@ -114,8 +116,11 @@ runs = [l.split()[1:] for l in open(log) if l.startswith('run ')]
 marks = collections.defaultdict(dict)  # mark -> vcpu -> counters
 # The plugin's labelled sections, in this order, and their sizes: user, kernel, tails (all zero
 # unless the build has tail marks: see the plugin), data pages (zero without PAGES=1), atomics
-# and fences (etc.) in user and kernel mode, the kernel's TLB flushes.
-SECTIONS = [('user', 5), ('kernel', 5), ('tails', 4), ('pages', 2), ('ops', 4), ('flushes', 1)]
+# and fences (etc.) in user and kernel mode, the kernel's TLB flushes, and the moves between
+# blocks that need a look-up (after a return or an indirect branch; onto another page), user
+# and kernel, and those onto another page in tails.
+SECTIONS = [('user', 5), ('kernel', 5), ('tails', 4), ('pages', 2), ('ops', 4), ('flushes', 1),
+            ('jumps', 5)]
 N = sum(n for _, n in SECTIONS)
 for l in open(counts):
     f = l.split()
@@ -144,23 +149,25 @@ def per_iteration(table, key_lo, key_hi):
 print(f'per iteration ({n2} - {n1} iterations), both vCPUs; ns: host time with the plugin in it')
 print(f'{"test":10} {"kind":9} {"user insns":>11} {"user TBs":>9} {"distinct":>9} {"user us":>8} '
       f'{"kern insns":>11} {"kern TBs":>9} {"distinct":>9} {"kern us":>8} {"entries":>8} {"tails":>6} '
-      f'{"tail blocks":>11} {"rets":>5} {"calls":>5} {"pages u/k":>11}')
+      f'{"tail blocks":>11} {"rets":>5} {"calls":>5} {"pages u/k":>11} {"tail xpage":>10}')
 for (kind, test, n) in got:
     d = per_iteration(got, (kind, test, n1), (kind, test, n)) if n == n2 else None
     if d is None:
         continue
     print(f'{test:10} {kind:9} {d[0]:11.0f} {d[1]:9.0f} {d[4]:9.0f} {d[2] / 1000:8.2f} '
           f'{d[5]:11.0f} {d[6]:9.0f} {d[9]:9.0f} {d[7] / 1000:8.2f} {d[8]:8.2f} {d[10]:6.2f} '
-          f'{d[11]:11.0f} {d[12]:5.0f} {d[13]:5.0f} {d[14]:5.0f}/{d[15]:<5.0f}')
+          f'{d[11]:11.0f} {d[12]:5.0f} {d[13]:5.0f} {d[14]:5.0f}/{d[15]:<5.0f} {d[25]:10.1f}')
 # Each vCPU alone: the side whose work is on the round trip's path (a one-sided test's client,
 # whose server's vCPU idles or polls) shows apart from the other.
 print(f'\nper iteration and vCPU: instructions, blocks, host us, data pages, atomics and fences '
-      f'(with rdtsc, pause, cpuid), user | kernel, and TLB flushes')
+      f'(with rdtsc, pause, cpuid), look-ups after returns and indirect branches and onto '
+      f'another page, user | kernel, and TLB flushes')
 for (kind, test, n, v) in sorted(per_vcpu):
     d = per_iteration(per_vcpu, (kind, test, n1, v), (kind, test, n, v)) if n == n2 else None
     if d is None:
         continue
     print(f'{test:10} {kind:9} vcpu {v} {d[0]:8.0f} {d[1]:7.0f} {d[2] / 1000:7.2f} {d[14]:5.0f} '
-          f'{d[16]:6.1f} {d[18]:6.1f} | {d[5]:8.0f} {d[6]:7.0f} {d[7] / 1000:7.2f} {d[15]:5.0f} '
-          f'{d[17]:6.1f} {d[19]:6.1f} {d[20]:6.2f}')
+          f'{d[16]:6.1f} {d[18]:6.1f} {d[21]:6.0f} {d[22]:6.0f} | {d[5]:8.0f} {d[6]:7.0f} '
+          f'{d[7] / 1000:7.2f} {d[15]:5.0f} {d[17]:6.1f} {d[19]:6.1f} {d[23]:6.0f} {d[24]:6.0f} '
+          f'{d[20]:6.2f}')
 PY

@@ -10,8 +10,10 @@
  * kernel's blocks as well (to symbolize against the guest's /proc/kallsyms). With `pages=1` it
  * also counts, per mode, the distinct data pages the accesses of each stretch touch (each an
  * entry of the emulator's TLB that the stretch needs). It always counts, per mode, the atomic
- * (locked) instructions run, and the fences, rdtsc, pause and cpuid, and the kernel's TLB
- * flushes.
+ * (locked) instructions run, and the fences, rdtsc, pause and cpuid, the kernel's TLB
+ * flushes, and the moves between blocks that make the emulator look the next block up (after a
+ * return or an indirect call or jump, or a direct jump onto another page: QEMU chains the
+ * generated code of two blocks only within a page).
  *
  * Tails: a build with tail marks (corelink-perf built with `--features guest-marks`: the
  * instruction `xchg %cx,%cx`, bytes 66 87 c9, where a receive's completion is found) also gets,
@@ -76,6 +78,12 @@ struct counters {
     /* Atomic (locked) instructions run, and fences, rdtsc, pause and cpuid (each a call out of
      * the generated code, or more), per mode. */
     uint64_t locked[2], special[2], flushes[2];
+    /* Moves from one block to the next within a mode that need the emulator to look the next
+     * block up (its generated code is not chained to it): after a return or an indirect call or
+     * jump, and (direct) onto another page, per mode; and the last block run. */
+    uint64_t indirect[2], cross_page[2];
+    uint64_t tail_cross_page; /* (the moves onto another page in tails) */
+    const struct block *prev;
 } __attribute__((aligned(64)));
 
 #define PAGE_SLOTS 65536
@@ -88,6 +96,7 @@ struct block {
     uint32_t flushes;         /* its TLB flushes: writes to CR3, invlpg, invpcid */
     int mode;
     int ends_in; /* how it ends: END_RET, END_CALL, or 0 (another branch or the block's limit) */
+    int indirect; /* whether it ends in a return or an indirect call or jump */
     uint64_t seen[SEEN_VCPUS];
     uint64_t runs[SEEN_VCPUS], stretches[SEEN_VCPUS]; /* since the last mark (blocks=PATH) */
     uint64_t tail_seen[SEEN_VCPUS], tails[SEEN_VCPUS]; /* (as `seen` and `stretches`, in tails) */
@@ -127,6 +136,15 @@ static void tb_ran(unsigned int vcpu, void *udata)
     c->flushes[mode] += b->flushes;
     c->tbs[mode]++;
     b->runs[s]++;
+    if (c->prev && mode == c->mode) {
+        if (c->prev->indirect)
+            c->indirect[mode]++;
+        else if ((c->prev->pc >> 12) != (b->pc >> 12)) {
+            c->cross_page[mode]++;
+            c->tail_cross_page += c->in_tail;
+        }
+    }
+    c->prev = b;
     if (mode && !c->mode) {
         c->stretch++; /* into the kernel: a new stretch */
         c->in_tail = 0;
@@ -192,7 +210,8 @@ static void marked(unsigned int vcpu, void *udata)
         if (c->since)
             ns[c->mode] += t - c->since; /* (a racy look at another vCPU's: close enough) */
         fprintf(out, "mark %lu by %u vcpu %d user %lu %lu %lu %lu %lu kernel %lu %lu %lu %lu %lu "
-                     "tails %lu %lu %lu %lu pages %lu %lu ops %lu %lu %lu %lu flushes %lu\n",
+                     "tails %lu %lu %lu %lu pages %lu %lu ops %lu %lu %lu %lu flushes %lu "
+                     "jumps %lu %lu %lu %lu %lu\n",
                 (unsigned long)marks, vcpu, i, (unsigned long)c->insns[0],
                 (unsigned long)c->tbs[0], (unsigned long)ns[0], (unsigned long)c->entries[0],
                 (unsigned long)c->distinct[0], (unsigned long)c->insns[1],
@@ -202,7 +221,10 @@ static void marked(unsigned int vcpu, void *udata)
                 (unsigned long)c->tail_calls, (unsigned long)c->pages[0],
                 (unsigned long)c->pages[1], (unsigned long)c->locked[0],
                 (unsigned long)c->locked[1], (unsigned long)c->special[0],
-                (unsigned long)c->special[1], (unsigned long)c->flushes[1]);
+                (unsigned long)c->special[1], (unsigned long)c->flushes[1],
+                (unsigned long)c->indirect[0], (unsigned long)c->cross_page[0],
+                (unsigned long)c->indirect[1], (unsigned long)c->cross_page[1],
+                (unsigned long)c->tail_cross_page);
     }
     fflush(out);
     if (!blocks_out)
@@ -310,10 +332,12 @@ static void translated(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         size_t len = qemu_plugin_insn_size(last), i = 0;
         while (i + 1 < len && (d[i] == 0xf3 || d[i] == 0xf2 || d[i] == 0x66 || (d[i] & 0xf0) == 0x40))
             i++;
+        int reg = i + 1 < len ? (d[i + 1] >> 3) & 7 : -1;
         if (d[i] == 0xc3 || d[i] == 0xc2)
             b->ends_in = END_RET;
-        else if (d[i] == 0xe8 || (d[i] == 0xff && i + 1 < len && ((d[i + 1] >> 3) & 7) == 2))
+        else if (d[i] == 0xe8 || (d[i] == 0xff && reg == 2))
             b->ends_in = END_CALL;
+        b->indirect = b->ends_in == END_RET || (d[i] == 0xff && (reg == 2 || reg == 4));
     }
     for (size_t i = 0; i < n; i++) {
         struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
