@@ -12,8 +12,9 @@
 # the engine; MAP KEYS, e.g. "cq_depth=128,send_queue_depth=32", are [worker] keys both sides'
 # core maps get, as guest-core-map.sh's WORKER_KEYS; ENV, space-separated NAME=VALUE settings
 # for perftest-side-by-side.sh, e.g. "LAT_SERVER_PARK_US=100").
-# Default: the engine as is, with --quiet on both sides, and the raw loop, all from
-# target/release/corelink-perf. ROUNDS (5), TESTS ("send_lat:8 write_lat:8") and ITERS (5000)
+# Default: the engine (its ping-pongs signalling one send in 100, as perftest's: see
+# perftest-side-by-side.sh), the engine signalling each send (LAT_SIGNAL_EACH=1), and the raw
+# loop, all from target/release/corelink-perf. ROUNDS (5), TESTS ("send_lat:8 write_lat:8") and ITERS (5000)
 # as perftest-side-by-side.sh's; even rounds run corelink before perftest (CORELINK_FIRST).
 # Prints every round's table, then per variant and test the medians of corelink's figure, of
 # perftest's beside it, and of their ratios. A test that a variant's options refuse (`--quiet`
@@ -22,7 +23,7 @@ set -u
 : "${CORELINK_IBV_DEVICE:?run this inside tests/rxe-guest/run}"
 here=$(dirname "${BASH_SOURCE[0]}")
 perf=${CARGO_TARGET_DIR:-target}/release/corelink-perf
-variants=${VARIANTS:-"engine|$perf|||;quiet|$perf|--quiet|--quiet|;raw|$perf|||raw"}
+variants=${VARIANTS:-"engine|$perf|||;each|$perf|||||LAT_SIGNAL_EACH=1;raw|$perf|||raw"}
 export ITERS=${ITERS:-5000} TESTS=${TESTS:-send_lat:8 write_lat:8}
 log=$(mktemp)
 IFS=';' read -r -a specs <<< "$variants"

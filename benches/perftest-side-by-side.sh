@@ -16,7 +16,10 @@
 # line of its own (TEST_min) t_min's. The guest is emulated (TCG): for comparison only.
 # Both run with perftest's defaults: its bandwidth tests ask for one completion in 100
 # (`--cq-mod`, 100 by default), so corelink's do too (`-Q ${CQ_MOD:-100}`; its own default
-# is 1, one completion per request); both keep 128 requests in flight. perftest's bandwidth
+# is 1, one completion per request); both keep 128 requests in flight. Its latency tests
+# signal one send in 100 as well, so corelink's ping-pongs go quiet with one completion in 100
+# asked for (`--quiet -Q ${CQ_MOD:-100}` on both sides, unless CORELINK_ARGS / SERVER_ARGS
+# give --quiet or -Q themselves; LAT_SIGNAL_EACH=1 signals each send). perftest's bandwidth
 # server waits in a blocking call while the client runs, leaving its core to rxe's kernel
 # work; corelink's bandwidth server does the same once idle (`worker.park_after_us`,
 # SERVER_PARK_US, default 100; 0 busy-polls, as its latency servers do by default: parked, a
@@ -59,15 +62,22 @@ run_perftest() {
 run_corelink() {
   local test=$1 size=$2 like=() server=$work/server.toml
   [ -n "${PHASES:-}" ] && echo "phase corelink $test" >&2
+  local slike=()
   [[ $test == *_bw ]] && like=(-Q "${CQ_MOD:-100}")
   [[ $test == *_bw ]] && server=$work/server-idle.toml
+  if [[ $test == send_lat || $test == write_lat ]] && [ -z "${RAW:-}${LAT_SIGNAL_EACH:-}" ]; then
+    [[ " ${CORELINK_ARGS:-} " == *" --quiet "* || " ${CORELINK_ARGS:-} " == *" -Q "* ]] ||
+      like=(--quiet -Q "${CQ_MOD:-100}")
+    [[ " ${SERVER_ARGS:-} " == *" --quiet "* || " ${SERVER_ARGS:-} " == *" -Q "* ]] ||
+      slike=(--quiet -Q "${CQ_MOD:-100}")
+  fi
   port=$((port + 1))
   # (RAW=1: corelink's verbs layer without the engine, `baseline raw_TEST`, which pins its
   # own threads: the server's to core 0, the client's to 1)
   local run=("$test" --config "$server") runc=("$test" --config "$work/client.toml")
   [ -n "${RAW:-}" ] && run=(baseline "raw_$test" --provider ibverbs) && runc=("${run[@]}")
   # shellcheck disable=SC2086
-  "${fixed[@]}" timeout 120 "$perf" "${run[@]}" --bind "$ip" -p $port -s "$size" -n "$iters" ${SERVER_ARGS:-} > "$work/csrv.log" 2>&1 &
+  "${fixed[@]}" timeout 120 "$perf" "${run[@]}" --bind "$ip" -p $port -s "$size" -n "$iters" "${slike[@]}" ${SERVER_ARGS:-} > "$work/csrv.log" 2>&1 &
   local srv=$!
   for _ in $(seq 100); do grep -q listening "$work/csrv.log" && break; sleep 0.1; done
   # shellcheck disable=SC2086
