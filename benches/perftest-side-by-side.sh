@@ -16,7 +16,7 @@
 # line of its own (TEST_min) t_min's. The guest is emulated (TCG): for comparison only.
 # Both run with perftest's defaults: its bandwidth tests ask for one completion in 100
 # (`--cq-mod`, 100 by default), so corelink's do too (`-Q ${CQ_MOD:-100}`; its own default
-# is 1, one completion per request); both keep 128 requests in flight. Its latency tests
+# is 1, one completion per request); both keep 128 requests in flight. perftest's latency tests
 # signal one send in 100 as well, so corelink's ping-pongs go quiet with one completion in 100
 # asked for (`--quiet -Q ${CQ_MOD:-100}` on both sides, unless CORELINK_ARGS / SERVER_ARGS
 # give --quiet or -Q themselves; LAT_SIGNAL_EACH=1 signals each send). perftest's bandwidth
