@@ -5,8 +5,7 @@
 
 use corelink_verbs::Provider;
 
-use super::conn::{Conn, Lane, Phase};
-use super::ids::RecvId;
+use super::conn::{Conn, Phase};
 use crate::error::{EngineError, Result};
 use crate::request::ConnId;
 
@@ -146,15 +145,6 @@ impl<P: Provider> Conns<P> {
     #[inline(always)]
     pub(crate) fn at_mut(&mut self, slot: u16) -> Option<&mut Conn<P>> {
         self.slots.get_mut(usize::from(slot)).and_then(Option::as_mut)
-    }
-
-    /// The lane of receive `id` and its connection's id, while that connection is open (a
-    /// receive of an earlier connection in the slot, or of one closing, finds nothing).
-    #[inline(always)]
-    pub(crate) fn open_lane(&mut self, id: RecvId) -> Option<(ConnId, &mut Lane<P>)> {
-        let c = self.at_mut(id.slot).filter(|c| c.phase == Phase::Open && id.is_of(c.id))?;
-        let conn = c.id;
-        Some((conn, c.lanes.get_mut(usize::from(id.lane))?))
     }
 
     /// Puts connection `slot` in the dirty set (once).

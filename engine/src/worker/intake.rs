@@ -20,13 +20,21 @@ impl<P: Provider> Cx<P> {
     /// when due ([`super::recvs::Recvs::due`]); a failed post closes the connection. A
     /// closing connection's buffer goes back to the pool.
     pub(crate) fn repost(&mut self, id: RecvId, buf: crate::pool::Buf<P>) {
-        let Some((conn, lane)) = self.conns.open_lane(id) else { return };
+        let Some(c) = self.conns.at_mut(id.slot) else { return };
+        if c.phase != Phase::Open || !id.is_of(c.id) {
+            return;
+        }
+        let conn = c.id;
+        let Some(lane) = c.lanes.get_mut(usize::from(id.lane)) else { return };
         lane.recvs.give_back(id.index, buf);
-        if !lane.recvs.due() {
+        if lane.recvs.due() {
+            if lane.recvs.post(&mut lane.qp, conn, id.lane).is_err() {
+                self.metrics.recv_post_errors += 1;
+                let _ = self.begin_close(conn, CloseReason::RecvPostFailed);
+            }
+        } else {
             // (an earlier lane's buffers wait for their quarter, as before idle reposts)
             self.idle_repost = Some(id);
-        } else if lane.recvs.post(&mut lane.qp, conn, id.lane).is_err() {
-            self.recv_post_failed(conn);
         }
     }
 
@@ -35,19 +43,18 @@ impl<P: Provider> Cx<P> {
     #[inline(never)]
     pub(crate) fn repost_idle(&mut self) {
         let Some(id) = self.idle_repost.take() else { return };
-        let Some((conn, lane)) = self.conns.open_lane(id) else { return };
+        let Some(c) = self.conns.at_mut(id.slot) else { return };
+        if c.phase != Phase::Open || !id.is_of(c.id) {
+            return;
+        }
+        let conn = c.id;
+        let Some(lane) = c.lanes.get_mut(usize::from(id.lane)) else { return };
         if lane.recvs.post_up_to(&mut lane.qp, conn, id.lane, IDLE_REPOSTS).is_err() {
-            self.recv_post_failed(conn);
+            self.metrics.recv_post_errors += 1;
+            let _ = self.begin_close(conn, CloseReason::RecvPostFailed);
         } else if lane.recvs.waiting() {
             self.idle_repost = Some(id);
         }
-    }
-
-    /// A post of `conn`'s receives failed: counted, and the connection closes.
-    #[cold]
-    fn recv_post_failed(&mut self, conn: ConnId) {
-        self.metrics.recv_post_errors += 1;
-        let _ = self.begin_close(conn, CloseReason::RecvPostFailed);
     }
 
     /// Takes an external client's request (converted here, at the ring, into the worker's
