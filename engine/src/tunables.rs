@@ -29,13 +29,6 @@ pub const MAX_SGE: usize = 8;
 /// sender may have in flight towards one peer without waiting for its answers.
 pub const RECVS_PER_CONN: usize = 32;
 
-/// Receives an idle iteration of the loop posts back at most, of the lane whose buffers came
-/// back last and are not yet due (a quarter of the lane back, or the lane low, posts them all
-/// at once): each waits for the device no longer than the loop's next idle iteration, and no
-/// list outlasts the wait for an answer (in the Soft-RoCE guest, a list of 8 took 2.5 us
-/// after the doorbell, longer than that wait in one round trip in 8).
-pub const IDLE_REPOSTS: usize = 1;
-
 /// Connections one worker may own at most (`worker.max_conns` is at most this; the worker
 /// holds exactly as many slots as the key says).
 pub const MAX_CONNS_PER_WORKER: usize = corelink_config::limits::MAX_CONNS_PER_WORKER as usize;
@@ -125,7 +118,6 @@ const _: () = {
     assert!(MAX_QPS_PER_CONN <= 1 << (16 - RECV_INDEX_BITS));
     assert!(corelink_config::limits::MAX_RECVS_PER_CONN as usize <= 1 << RECV_INDEX_BITS);
     assert!(RECVS_PER_CONN <= corelink_config::limits::MAX_RECVS_PER_CONN as usize);
-    assert!(IDLE_REPOSTS >= 1 && IDLE_REPOSTS <= RECVS_PER_CONN);
     assert!(CONTROL_RING.is_power_of_two() && CLIENT_RING.is_power_of_two());
     assert!(MAX_REQUESTS_PER_WORKER <= 1 << SLOT_BITS);
     assert!(CLIENT_BATCH <= CLIENT_RING);

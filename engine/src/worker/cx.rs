@@ -61,9 +61,6 @@ pub struct Cx<P: Provider> {
     pub(crate) reposts: ArrayVec<(RecvId, Buf<P>), MAX_POLL_BATCH>,
     /// A lane is low on posted receives: this iteration's go back before its flush.
     pub(crate) repost_first: bool,
-    /// The lane (a receive of it) whose buffers came back last and wait, not yet due: the
-    /// loop's idle iterations post them, [`crate::tunables::IDLE_REPOSTS`] at a time.
-    pub(crate) idle_repost: Option<RecvId>,
     /// Where the scheduler writes a batch's gather lists.
     pub(crate) gather: sched::GatherSpace,
     pub(crate) timers: Timers,

@@ -10,7 +10,6 @@ use super::ids::RecvId;
 use crate::client::{ClientRequest, Event};
 use crate::handoff::Origin;
 use crate::request::{CloseReason, ConnId, OpKind};
-use crate::tunables::IDLE_REPOSTS;
 
 /// How long a shutting-down worker lets requests in flight finish before it closes anyway.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -27,33 +26,9 @@ impl<P: Provider> Cx<P> {
         let conn = c.id;
         let Some(lane) = c.lanes.get_mut(usize::from(id.lane)) else { return };
         lane.recvs.give_back(id.index, buf);
-        if lane.recvs.due() {
-            if lane.recvs.post(&mut lane.qp, conn, id.lane).is_err() {
-                self.metrics.recv_post_errors += 1;
-                let _ = self.begin_close(conn, CloseReason::RecvPostFailed);
-            }
-        } else {
-            // (an earlier lane's buffers wait for their quarter, as before idle reposts)
-            self.idle_repost = Some(id);
-        }
-    }
-
-    /// An idle iteration: the buffers back of the lane [`Cx::repost`] saw last go back to the
-    /// device, [`IDLE_REPOSTS`] at a time (the rest in the next idle iterations).
-    #[inline(never)]
-    pub(crate) fn repost_idle(&mut self) {
-        let Some(id) = self.idle_repost.take() else { return };
-        let Some(c) = self.conns.at_mut(id.slot) else { return };
-        if c.phase != Phase::Open || !id.is_of(c.id) {
-            return;
-        }
-        let conn = c.id;
-        let Some(lane) = c.lanes.get_mut(usize::from(id.lane)) else { return };
-        if lane.recvs.post_up_to(&mut lane.qp, conn, id.lane, IDLE_REPOSTS).is_err() {
+        if lane.recvs.due() && lane.recvs.post(&mut lane.qp, conn, id.lane).is_err() {
             self.metrics.recv_post_errors += 1;
             let _ = self.begin_close(conn, CloseReason::RecvPostFailed);
-        } else if lane.recvs.waiting() {
-            self.idle_repost = Some(id);
         }
     }
 

@@ -1,9 +1,8 @@
 //! A lane's receive buffers: each is posted, handed to the handler, or back and waiting to be
 //! posted again. Buffers come back one message at a time but go back to the device in lists
 //! (a quarter of the lane's receives at a time): a post of one receive costs as much as a
-//! post of several (a call into the provider, its lock). Those back before a quarter is go
-//! back a few at a time in the loop's idle iterations ([`Recvs::post_up_to`]): a list posted
-//! between a doorbell and the answer delays the answer's poll by the list's length.
+//! post of several (a call into the provider, its lock), and on the latency path it runs
+//! between a doorbell and the next message, where the loop should be back polling.
 
 use arrayvec::ArrayVec;
 use corelink_verbs::{Provider, Qp, RecvWr, Sge};
@@ -71,12 +70,6 @@ impl<P: Provider> Recvs<P> {
         !self.unposted.is_empty() && (self.low() || self.unposted.len() * 4 >= self.bufs.len())
     }
 
-    /// Whether buffers are back and not posted.
-    #[inline(always)]
-    pub(crate) fn waiting(&self) -> bool {
-        !self.unposted.is_empty()
-    }
-
     /// Posts every buffer back on `qp`, the receives of lane `lane` of connection `conn`, in
     /// lists of at most [`LIST`]. On a failed post, those before the failure count as posted
     /// and the rest stay back (the connection closes).
@@ -86,24 +79,12 @@ impl<P: Provider> Recvs<P> {
         conn: ConnId,
         lane: u8,
     ) -> corelink_verbs::Result<()> {
-        self.post_up_to(qp, conn, lane, usize::MAX)
-    }
-
-    /// As [`Recvs::post`], at most `max` of the buffers back (the last given back first).
-    pub(crate) fn post_up_to(
-        &mut self,
-        qp: &mut P::Qp,
-        conn: ConnId,
-        lane: u8,
-        max: usize,
-    ) -> corelink_verbs::Result<()> {
         // (an unposted index holds its buffer, `give_back` put it there, unless a stray
         // completion took it since: such an index is dropped, so that ids and buffers pair)
         let bufs = &self.bufs;
         self.unposted.retain(|&i| matches!(bufs.get(usize::from(i)), Some(Some(_))));
-        let mut left = max;
-        while !self.unposted.is_empty() && left > 0 {
-            let n = self.unposted.len().min(LIST).min(left);
+        while !self.unposted.is_empty() {
+            let n = self.unposted.len().min(LIST);
             let from = self.unposted.len() - n;
             let mut sges: ArrayVec<[Sge; 1], LIST> = ArrayVec::new();
             for &i in &self.unposted[from..] {
@@ -125,7 +106,6 @@ impl<P: Provider> Recvs<P> {
                 Err(_) => 0,
             };
             self.posted += done;
-            left -= n;
             // Posted ones leave the list from its end, in the order they were listed.
             let keep = self.unposted.len() - n;
             self.unposted.drain(keep..keep + done);
@@ -196,23 +176,6 @@ mod tests {
         idx.sort();
         // (2 and 5 were taken as completed without a message: their first posts flush too)
         assert_eq!(idx, [0, 1, 2, 2, 3, 4, 5, 5, 6, 7]);
-    }
-
-    #[test]
-    fn post_up_to_posts_at_most_so_many_the_last_back_first() {
-        let (mut r, mut qp, _cq, _pool) = lane(8);
-        for i in [1, 4, 6] {
-            let (buf, _) = r.complete(i).unwrap();
-            r.give_back(i, buf);
-        }
-        r.post_up_to(&mut qp, conn(), 0, 2).unwrap();
-        assert_eq!((r.posted(), r.unposted.clone()), (7, vec![1]));
-        assert!(r.waiting());
-        r.post_up_to(&mut qp, conn(), 0, 2).unwrap();
-        assert_eq!(r.posted(), 8);
-        assert!(!r.waiting());
-        r.post_up_to(&mut qp, conn(), 0, 2).unwrap();
-        assert_eq!(r.posted(), 8, "nothing back: nothing posted");
     }
 
     #[test]

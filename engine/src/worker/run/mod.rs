@@ -120,7 +120,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             outbox: Outbox::new(to_control, 4096, CONTROL_RING).waking(wake),
             reposts: ArrayVec::new(),
             repost_first: false,
-            idle_repost: None,
             gather: sched::GatherSpace::new(),
             timers: Timers::new(MAX_TIMERS),
             redials: redial::Redials::default(),
@@ -258,10 +257,6 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
         let posted = (self.cx.conns.any_dirty() || self.cx.stopping) && self.cx.flush();
         self.cx.repost_all();
-        // (an iteration that found and posted nothing: the wait for the next message)
-        if n == 0 && !took && !posted && self.cx.idle_repost.is_some() {
-            self.cx.repost_idle();
-        }
         if self.cx.outbox.has_notices() {
             self.deliver_notices();
         }
