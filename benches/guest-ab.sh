@@ -14,8 +14,9 @@
 # for perftest-side-by-side.sh, e.g. "LAT_SERVER_PARK_US=100").
 # Default: the engine (its ping-pongs signalling one send in 100, as perftest's: see
 # perftest-side-by-side.sh), the engine signalling each send (LAT_SIGNAL_EACH=1), and the raw
-# loop, all from target/release/corelink-perf. ROUNDS (5), TESTS ("send_lat:8 write_lat:8") and ITERS (5000)
-# as perftest-side-by-side.sh's; even rounds run corelink before perftest (CORELINK_FIRST).
+# loop, all from target/release/corelink-perf. ROUNDS (5), TESTS ("send_lat:8 write_lat:8")
+# and ITERS (5000) as perftest-side-by-side.sh's; even rounds run corelink before perftest
+# (CORELINK_FIRST).
 # Prints every round's table, then per variant and test the medians of corelink's figure, of
 # perftest's beside it, and of their ratios. A test that a variant's options refuse (`--quiet`
 # is for send_lat and write_lat) reports nothing for it and is left out of its medians.

@@ -33,9 +33,9 @@
 # path), with the atomic (locked) instructions, the fences (rdtsc, pause, cpuid too), the moves
 # from one block to the next that make the emulator look the next up (after a return or an
 # indirect call or jump; a direct jump onto another page, which its generated code is not
-# chained across; "tail xpage" counts the latter in tails) and the kernel's TLB flushes; BLOCKS=1 / BLOCKS=kernel and PAGES=1 (below) list blocks and count
-# data pages. Needs a C compiler and QEMU with plugin support (Debian's qemu-system-x86 7.2
-# has it).
+# chained across; "tail xpage" counts the latter in tails) and the kernel's TLB flushes;
+# BLOCKS=1 / BLOCKS=kernel and PAGES=1 (below) list blocks and count data pages. Needs a C
+# compiler and QEMU with plugin support (Debian's qemu-system-x86 7.2 has it).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 here=$repo/benches/guest-counts
@@ -106,8 +106,9 @@ opts=${BLOCKS:+,blocks=$out/blocks.txt}
 # an entry of the emulator's TLB; it slows the guest several times)
 [ -n "${PAGES:-}" ] && opts="$opts,pages=1"
 CORELINK_GUEST_QEMU_OPTS="-plugin $out/plugin.so,out=$out/counts.txt$opts" \
-  "$repo/tests/rxe-guest/run" --timeout "${TIMEOUT:-1800}" --env TESTS --env KINDS --env N1 --env N2 --env BLOCKS --env LAT_SERVER_PARK_US \
-  --env CORELINK_PERF --env CORELINK_ARGS --env SERVER_ARGS -- \
+  "$repo/tests/rxe-guest/run" --timeout "${TIMEOUT:-1800}" --env TESTS --env KINDS --env N1 \
+  --env N2 --env BLOCKS --env LAT_SERVER_PARK_US --env CORELINK_PERF --env CORELINK_ARGS \
+  --env SERVER_ARGS -- \
   bash benches/guest-counts.sh --inside "$out/mark" | tee "$out/guest.log"
 python3 - "$out/guest.log" "$out/counts.txt" "$n1" "$n2" <<'PY'
 import sys, collections

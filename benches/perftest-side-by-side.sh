@@ -59,17 +59,16 @@ run_perftest() {
   echo "$out" | awk -v s="$size" '$1 == s && NF >= 5 { print; exit }'
 }
 # corelink-perf TEST SIZE -> its JSON line
+# Whether options $1 choose their own signalling (--quiet or -Q)
+own_signalling() { [[ " $1 " == *" --quiet "* || " $1 " == *" -Q "* ]]; }
 run_corelink() {
-  local test=$1 size=$2 like=() server=$work/server.toml
+  local test=$1 size=$2 like=() slike=() server=$work/server.toml
   [ -n "${PHASES:-}" ] && echo "phase corelink $test" >&2
-  local slike=()
   [[ $test == *_bw ]] && like=(-Q "${CQ_MOD:-100}")
   [[ $test == *_bw ]] && server=$work/server-idle.toml
   if [[ $test == send_lat || $test == write_lat ]] && [ -z "${RAW:-}${LAT_SIGNAL_EACH:-}" ]; then
-    [[ " ${CORELINK_ARGS:-} " == *" --quiet "* || " ${CORELINK_ARGS:-} " == *" -Q "* ]] ||
-      like=(--quiet -Q "${CQ_MOD:-100}")
-    [[ " ${SERVER_ARGS:-} " == *" --quiet "* || " ${SERVER_ARGS:-} " == *" -Q "* ]] ||
-      slike=(--quiet -Q "${CQ_MOD:-100}")
+    own_signalling "${CORELINK_ARGS:-}" || like=(--quiet -Q "${CQ_MOD:-100}")
+    own_signalling "${SERVER_ARGS:-}" || slike=(--quiet -Q "${CQ_MOD:-100}")
   fi
   port=$((port + 1))
   # (RAW=1: corelink's verbs layer without the engine, `baseline raw_TEST`, which pins its

@@ -92,7 +92,8 @@ struct counters {
  * last ran. */
 struct block {
     uint64_t insns, pc;
-    uint32_t locked, special; /* its atomic (locked) instructions, and its fences, rdtsc, pause, cpuid */
+    uint32_t locked;  /* its atomic (locked) instructions */
+    uint32_t special; /* its fences, rdtsc, pause and cpuid */
     uint32_t flushes;         /* its TLB flushes: writes to CR3, invlpg, invpcid */
     int mode;
     int ends_in; /* how it ends: END_RET, END_CALL, or 0 (another branch or the block's limit) */
