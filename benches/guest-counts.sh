@@ -34,7 +34,8 @@
 # from one block to the next that make the emulator look the next up (after a return or an
 # indirect call or jump; a direct jump onto another page, which its generated code is not
 # chained across; "tail xpage" counts the latter in tails) and the kernel's TLB flushes;
-# BLOCKS=1 / BLOCKS=kernel and PAGES=1 (below) list blocks and count data pages. Needs a C
+# BLOCKS=1 / BLOCKS=kernel and PAGES=1 (below) list blocks and count data pages
+# (`benches/guest-counts/functions.py` sums a BLOCKS=kernel run's by kernel function). Needs a C
 # compiler and QEMU with plugin support (Debian's qemu-system-x86 7.2 has it).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)

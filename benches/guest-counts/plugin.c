@@ -5,11 +5,12 @@
  * entries, and appends all counters to the file `out=PATH` each time a guest program executes
  * the marker `xchg %bx,%bx` (bytes 66 87 db; mark.c). The counters only grow: the script takes
  * differences between marks. With `blocks=PATH` each mark also lists the user blocks that ran
- * since the last one (address, vCPU, runs, stretches and tails run in, and whether it ends in a
- * call or a return), to find which code a round trip runs through; with `kernel=1` too, the
- * kernel's blocks as well (to symbolize against the guest's /proc/kallsyms). With `pages=1` it
- * also counts, per mode, the distinct data pages the accesses of each stretch touch (each an
- * entry of the emulator's TLB that the stretch needs). It always counts, per mode, the atomic
+ * since the last one (address, vCPU, runs, stretches and tails run in, whether it ends in a call
+ * or a return, and its instructions), to find which code a round trip runs through; with
+ * `kernel=1` too, the kernel's blocks as well (to symbolize against the guest's /proc/kallsyms:
+ * functions.py sums them by function). With `pages=1` it also counts, per mode, the distinct
+ * data pages the accesses of each stretch touch (each an entry of the emulator's TLB that the
+ * stretch needs). It always counts, per mode, the atomic
  * (locked) instructions run, and the fences, rdtsc, pause and cpuid, the kernel's TLB
  * flushes, and the moves between blocks that make the emulator look the next block up (after a
  * return or an indirect call or jump, or a direct jump onto another page: QEMU chains the
@@ -237,11 +238,12 @@ static void marked(unsigned int vcpu, void *udata)
         for (int v = 0; v < SEEN_VCPUS; v++) {
             if (b->stretches[v])
                 fprintf(blocks_out,
-                        "mark %lu block %lx vcpu %d runs %lu stretches %lu tails %lu ends %s\n",
+                        "mark %lu block %lx vcpu %d runs %lu stretches %lu tails %lu ends %s insns %lu\n",
                         (unsigned long)marks, (unsigned long)b->pc, v,
                         (unsigned long)b->runs[v], (unsigned long)b->stretches[v],
                         (unsigned long)b->tails[v],
-                        b->ends_in == END_RET ? "ret" : b->ends_in == END_CALL ? "call" : "-");
+                        b->ends_in == END_RET ? "ret" : b->ends_in == END_CALL ? "call" : "-",
+                        (unsigned long)b->insns);
             b->runs[v] = b->stretches[v] = b->tails[v] = 0;
         }
     }

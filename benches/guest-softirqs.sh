@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# What the guest's kernel does around each round trip of a latency test, per iteration: the
+# softirqs raised (TASKLET: work rxe defers), the interrupts taken (LOC: timer, CAL: function
+# call IPIs) and the switches of ksoftirqd and other kernel threads, per CPU, for perftest,
+# corelink's verbs loop (`baseline raw_TEST`) and the engine, each over a whole client run.
+# Run it in the guest:
+#
+#   cargo build --release -p corelink-apps --bin corelink-perf
+#   tests/rxe-guest/run --timeout 1200 -- bash benches/guest-softirqs.sh
+#
+# TESTS ("read_lat atomic_lat"), KINDS ("perftest raw engine"; "parked": the engine with its
+# server parked once idle, `worker.park_after_us = 100`), N (iterations, 100000), REPS (rounds
+# of the kinds in turn, 2). Cores as perftest-side-by-side.sh's: perftest's and the engine's clients
+# on CPU 0, their servers on 1; the raw loop pins its client to 1 and its server to 0. On rxe
+# (Debian's 6.1) an RDMA read's responder runs as a tasklet: where ksoftirqd runs it, a
+# context switch away and back, the round trip is about twice as long as where an interrupt's
+# exit runs it at once (t_min against t_typical), so read_lat follows how often that happens.
+set -u
+: "${CORELINK_IBV_DEVICE:?run this inside tests/rxe-guest/run}" "${CORELINK_IP:?}"
+dev=$CORELINK_IBV_DEVICE gid=${CORELINK_IBV_GID_INDEX:-1} ip=$CORELINK_IP
+perf=${CORELINK_PERF:-${CARGO_TARGET_DIR:-target}/release/corelink-perf}
+n=${N:-100000}
+[ -x "$perf" ] || { echo "no $perf: cargo build --release -p corelink-apps --bin corelink-perf"; exit 1; }
+work=$(mktemp -d)
+# shellcheck source=benches/guest-core-map.sh
+source "$(dirname "${BASH_SOURCE[0]}")/guest-core-map.sh"
+core_map "$work/client.toml" 1 0 0
+core_map "$work/engine.toml" 0 1 0 0
+core_map "$work/parked.toml" 0 1 0 100
+# Counters as "NAME CPU0 CPU1" (a thread's: voluntary and involuntary switches)
+snap() {
+  local task
+  awk 'NR > 1 { printf "softirq_%s %s %s\n", $1, $2, $3 }' /proc/softirqs
+  awk 'NR > 1 && NF >= 3 { printf "irq_%s %s %s\n", $1, $2, $3 }' /proc/interrupts
+  for task in /proc/[0-9]*/task/[0-9]*; do
+    case $(cat "$task/comm" 2>/dev/null) in
+      ksoftirqd*|rcu_*|kworker*|migration*)
+        awk -v n="$(tr ' ' _ < "$task/comm")" '/^voluntary_ctxt/ { v = $2 }
+          /^nonvoluntary_ctxt/ { i = $2 } END { print "switches_" n, v, i }' "$task/status" 2>/dev/null ;;
+    esac
+  done
+}
+# The counters that moved by at least one in 100 iterations, per iteration
+report() {
+  join <(sort "$work/a") <(sort "$work/b") | awk -v n="$n" '{ a = $4 - $2; b = $5 - $3
+    if (a + b >= n / 100) printf "  %-44s %8.3f %8.3f\n", $1, a / n, b / n }'
+}
+printf '%-44s %8s %8s\n' "per iteration" "cpu0" "cpu1"
+for test in ${TESTS:-read_lat atomic_lat}; do
+  like=()
+  [[ $test == send_lat || $test == write_lat ]] && like=(--quiet -Q 100)
+  for rep in $(seq "${REPS:-2}"); do
+    for kind in ${KINDS:-perftest raw engine}; do
+      port=$((19000 + RANDOM % 1000))
+      case $kind in
+        perftest)
+          taskset -c 1 "ib_$test" -d "$dev" -x "$gid" -s 8 -n "$n" -p $port -F > /dev/null 2>&1 &
+          srv=$!; sleep 1; snap > "$work/a"
+          t=$(taskset -c 0 "ib_$test" -d "$dev" -x "$gid" -s 8 -n "$n" -p $port -F "$ip" 2>&1 |
+            awk '$1 == 8 && NF >= 5 { print $3, $5 }') ;;
+        raw|engine|parked)
+          srv_args=(baseline "raw_$test" --provider ibverbs) cli_args=("${srv_args[@]}")
+          [ "$kind" != raw ] && srv_args=("$test" --config "$work/$kind.toml" "${like[@]}") &&
+            cli_args=("$test" --config "$work/client.toml" "${like[@]}")
+          "$perf" "${srv_args[@]}" --bind "$ip" -p $port -s 8 -n "$n" > "$work/srv.log" 2>&1 &
+          srv=$!
+          for _ in $(seq 100); do grep -q listening "$work/srv.log" && break; sleep 0.1; done
+          sleep 1; snap > "$work/a"
+          t=$("$perf" "${cli_args[@]}" -p $port -s 8 -n "$n" --json "$ip" 2>/dev/null | head -1 |
+            awk '{ m = $0; sub(/.*"t_min_us":/, "", m); sub(/[,}].*/, "", m)
+                   t = $0; sub(/.*"t_typical_us":/, "", t); sub(/[,}].*/, "", t); print m, t }') ;;
+      esac
+      snap > "$work/b"
+      wait $srv
+      echo "== $test $kind run $rep: t_min, t_typical (us): ${t:-none}"
+      report
+    done
+  done
+done
+rm -rf "$work"
