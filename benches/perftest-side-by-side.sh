@@ -10,10 +10,11 @@
 # options for corelink-perf, RAW=1 corelink's verbs loop instead of its engine (`corelink-perf
 # baseline raw_TEST`: what corelink's verbs layer costs beside perftest), SERVER_YIELD /
 # CLIENT_YIELD each side's `worker.yield_after_empty_polls` (0: pure busy-polling; rxe's kernel
-# work shares the vCPUs). perftest reports MB/sec in MiB (2^20 bytes); corelink's MB/s (10^6
-# bytes) are converted to MiB for the ratio. Bandwidth ratio = corelink / perftest (higher is
-# better); latency ratio = corelink t_typical / perftest t_typical (lower is better), and on a
-# line of its own (TEST_min) t_min's. The guest is emulated (TCG): for comparison only.
+# work shares the vCPUs), NICE both tools' nice value (below). perftest reports MB/sec in MiB
+# (2^20 bytes); corelink's MB/s (10^6 bytes) are converted to MiB for the ratio. Bandwidth ratio
+# = corelink / perftest (higher is better); latency ratio = corelink t_typical / perftest
+# t_typical (lower is better), and on a line of its own (TEST_min) t_min's. The guest is
+# emulated (TCG): for comparison only.
 # Both run with perftest's defaults: its bandwidth tests ask for one completion in 100
 # (`--cq-mod`, 100 by default), so corelink's do too (`-Q ${CQ_MOD:-100}`; its own default
 # is 1, one completion per request); both keep 128 requests in flight. perftest's latency tests
@@ -44,6 +45,11 @@ port=18800
 # run of a binary has the same layout, and the same collisions in the emulator's TLB)
 fixed=()
 [ -n "${NO_ASLR:-}" ] && fixed=(setarch "$(uname -m)" -R)
+# (NICE=N: every process of both tools, servers and clients, runs at nice N, e.g. -20. On rxe an
+# RDMA read's responder is a tasklet whose raise wakes ksoftirqd, and a client at nice 0 is
+# preempted by it on most round trips, about 20 us each here, however little it has left to do:
+# read_lat's t_typical then measures that switch (see benches/guest-softirqs.sh))
+[ -n "${NICE:-}" ] && fixed=(nice -n "$NICE" "${fixed[@]}")
 # (SERVER_ARGS: extra corelink-perf options for the server, e.g. --quiet with CORELINK_ARGS=--quiet)
 # perftest TEST SIZE -> its result line's fields (server on core 1, client on core 0)
 run_perftest() {
