@@ -24,7 +24,8 @@ set -u
 dev=$CORELINK_IBV_DEVICE gid=${CORELINK_IBV_GID_INDEX:-1} ip=$CORELINK_IP
 perf=${CORELINK_PERF:-${CARGO_TARGET_DIR:-target}/release/corelink-perf}
 n=${N:-50000}
-[ -x "$perf" ] || { echo "no $perf: cargo build --release -p corelink-apps --bin corelink-perf"; exit 1; }
+[ -x "$perf" ] ||
+  { echo "no $perf: cargo build --release -p corelink-apps --bin corelink-perf"; exit 1; }
 work=$(mktemp -d)
 # shellcheck source=benches/guest-core-map.sh
 source "$(dirname "${BASH_SOURCE[0]}")/guest-core-map.sh"
@@ -40,7 +41,8 @@ snap() {
     case $(cat "$task/comm" 2>/dev/null) in
       ksoftirqd*|rcu_*|kworker*|migration*)
         awk -v n="$(tr ' ' _ < "$task/comm")" '/^voluntary_ctxt/ { v = $2 }
-          /^nonvoluntary_ctxt/ { i = $2 } END { print "switches_" n, v, i }' "$task/status" 2>/dev/null ;;
+          /^nonvoluntary_ctxt/ { i = $2 } END { print "switches_" n, v, i }' \
+          "$task/status" 2>/dev/null ;;
     esac
   done
 }
@@ -70,7 +72,8 @@ run() {
   wait "$srv"
   join <(sort "$work/a") <(sort "$work/b") | awk '{ print $1, $4 - $2, $5 - $3 }' > "$work/d.$iters"
 }
-printf '%-44s %8s %8s\n' "per iteration, (at 2N - at N) / N" "cpu0" "cpu1"
+printf '%-44s %8s %8s\n' "per iteration, (at 2N - at N) / N" "cpu0" "cpu1" &&
+  echo "(switches_THREAD: its voluntary and involuntary switches instead)"
 for test in ${TESTS:-read_lat atomic_lat}; do
   like=()
   [[ $test == send_lat || $test == write_lat ]] && like=(--quiet -Q 100)

@@ -8,13 +8,12 @@
  * since the last one (address, vCPU, runs, stretches and tails run in, whether it ends in a call
  * or a return, and its instructions), to find which code a round trip runs through; with
  * `kernel=1` too, the kernel's blocks as well (to symbolize against the guest's /proc/kallsyms:
- * functions.py sums them by function). With `pages=1` it also counts, per mode, the distinct
- * data pages the accesses of each stretch touch (each an entry of the emulator's TLB that the
- * stretch needs). It always counts, per mode, the atomic
- * (locked) instructions run, and the fences, rdtsc, pause and cpuid, the kernel's TLB
- * flushes, and the moves between blocks that make the emulator look the next block up (after a
- * return or an indirect call or jump, or a direct jump onto another page: QEMU chains the
- * generated code of two blocks only within a page).
+ * functions.py sums them by function). With `pages=1` it also counts, per mode, the distinct data
+ * pages the accesses of each stretch touch (each an entry of the emulator's TLB that the stretch
+ * needs). It always counts, per mode, the atomic (locked) instructions run, and the fences,
+ * rdtsc, pause and cpuid, the kernel's TLB flushes, and the moves between blocks that make the
+ * emulator look the next block up (after a return or an indirect call or jump, or a direct jump
+ * onto another page: QEMU chains the generated code of two blocks only within a page).
  *
  * Tails: a build with tail marks (corelink-perf built with `--features guest-marks`: the
  * instruction `xchg %cx,%cx`, bytes 66 87 c9, where a receive's completion is found) also gets,
@@ -238,7 +237,8 @@ static void marked(unsigned int vcpu, void *udata)
         for (int v = 0; v < SEEN_VCPUS; v++) {
             if (b->stretches[v])
                 fprintf(blocks_out,
-                        "mark %lu block %lx vcpu %d runs %lu stretches %lu tails %lu ends %s insns %lu\n",
+                        "mark %lu block %lx vcpu %d runs %lu stretches %lu tails %lu ends %s"
+                        " insns %lu\n",
                         (unsigned long)marks, (unsigned long)b->pc, v,
                         (unsigned long)b->runs[v], (unsigned long)b->stretches[v],
                         (unsigned long)b->tails[v],
