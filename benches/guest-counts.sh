@@ -62,29 +62,8 @@ if [ "${1:-}" = --inside ]; then
     for kind in $kinds; do
       for n in $n1 $n2; do
         port=$((port + 1))
-        case $kind in
-          perftest)
-            srv=(taskset -c 1 "ib_$test" -d "$dev" -x "$gid" -s "$size" -n "$n" -p $port -F)
-            cli=(taskset -c 0 "ib_$test" -d "$dev" -x "$gid" -s "$size" -n "$n" -p $port -F "$ip") ;;
-          raw)
-            srv=("$perf" baseline "raw_$test" --provider ibverbs --bind "$ip" -p $port -s "$size" -n "$n")
-            cli=("$perf" baseline "raw_$test" --provider ibverbs -p $port -s "$size" -n "$n" --json "$ip") ;;
-          engine)
-            # shellcheck disable=SC2206 # (extra options, split on spaces)
-            srv=("$perf" "$test" --config "$work/server.toml" --bind "$ip" -p $port -s "$size" -n "$n" ${SERVER_ARGS:-})
-            # shellcheck disable=SC2206
-            cli=("$perf" "$test" --config "$work/client.toml" -p $port -s "$size" -n "$n" ${CORELINK_ARGS:-} --json "$ip") ;;
-          *) echo "unknown kind $kind (perftest, raw, engine)"; exit 2 ;;
-        esac
-        timeout 300 "${srv[@]}" > "$work/srv.log" 2>&1 &
-        if [ "$kind" = perftest ]; then sleep 1.5; else
-          for _ in $(seq 100); do grep -q listening "$work/srv.log" && break; sleep 0.1; done
-        fi
         echo "run $kind $test $n"
-        "$mark"
-        timeout 300 "${cli[@]}" > "$work/cli.log" 2>&1 || { echo "client failed:"; cat "$work/cli.log"; }
-        "$mark"
-        wait
+        client_run "$kind" "$test" "$size" "$n" $port "$mark" "$mark" || exit 2
       done
     done
   done

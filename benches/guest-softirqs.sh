@@ -30,7 +30,7 @@ work=$(mktemp -d)
 # shellcheck source=benches/guest-core-map.sh
 source "$(dirname "${BASH_SOURCE[0]}")/guest-core-map.sh"
 core_map "$work/client.toml" 1 0 0
-core_map "$work/engine.toml" 0 1 0 0
+core_map "$work/server.toml" 0 1 0 0
 core_map "$work/parked.toml" 0 1 0 100
 # Counters as "NAME CPU0 CPU1" (a thread's: voluntary and involuntary switches)
 snap() {
@@ -46,37 +46,28 @@ snap() {
     esac
   done
 }
-# One client run of TEST by KIND at N iterations, its server started first: the counters'
+snap_before() { snap > "$work/a"; }
+snap_after() { snap > "$work/b"; }
+# One client run of TEST by KIND at N iterations (guest-core-map.sh's client_run): the counters'
 # growth over it in $work/d.N (NAME CPU0 CPU1), its t_min and t_typical in $t
 run() {
-  local test=$1 kind=$2 iters=$3 port=$((19000 + RANDOM % 1000)) srv srv_args cli_args
-  case $kind in
-    perftest)
-      taskset -c 1 "ib_$test" -d "$dev" -x "$gid" -s 8 -n "$iters" -p $port -F > /dev/null 2>&1 &
-      srv=$!; sleep 1; snap > "$work/a"
-      t=$(taskset -c 0 "ib_$test" -d "$dev" -x "$gid" -s 8 -n "$iters" -p $port -F "$ip" 2>&1 |
-        awk '$1 == 8 && NF >= 5 { print $3, $5 }') ;;
-    raw|engine|parked)
-      srv_args=(baseline "raw_$test" --provider ibverbs) cli_args=("${srv_args[@]}")
-      [ "$kind" != raw ] && srv_args=("$test" --config "$work/$kind.toml" "${like[@]}") &&
-        cli_args=("$test" --config "$work/client.toml" "${like[@]}")
-      "$perf" "${srv_args[@]}" --bind "$ip" -p $port -s 8 -n "$iters" > "$work/srv.log" 2>&1 &
-      srv=$!
-      for _ in $(seq 100); do grep -q listening "$work/srv.log" && break; sleep 0.1; done
-      sleep 1; snap > "$work/a"
-      t=$("$perf" "${cli_args[@]}" -p $port -s 8 -n "$iters" --json "$ip" 2>/dev/null | head -1 |
-        awk '{ m = $0; sub(/.*"t_min_us":/, "", m); sub(/[,}].*/, "", m)
-               t = $0; sub(/.*"t_typical_us":/, "", t); sub(/[,}].*/, "", t); print m, t }') ;;
-  esac
-  snap > "$work/b"
-  wait "$srv"
+  local test=$1 kind=$2 iters=$3
+  client_run "$kind" "$test" 8 "$iters" $((19000 + RANDOM % 1000)) snap_before snap_after ||
+    exit 2
+  if [ "$kind" = perftest ]; then
+    t=$(awk '$1 == 8 && NF >= 5 { print $3, $5 }' "$work/cli.log")
+  else
+    t="$(json t_min_us < "$work/cli.log") $(json t_typical_us < "$work/cli.log")"
+  fi
   join <(sort "$work/a") <(sort "$work/b") | awk '{ print $1, $4 - $2, $5 - $3 }' > "$work/d.$iters"
 }
 printf '%-44s %8s %8s\n' "per iteration, (at 2N - at N) / N" "cpu0" "cpu1" &&
   echo "(switches_THREAD: its voluntary and involuntary switches instead)"
 for test in ${TESTS:-read_lat atomic_lat}; do
-  like=()
-  [[ $test == send_lat || $test == write_lat ]] && like=(--quiet -Q 100)
+  # (the ping-pongs signal as perftest's: see perftest-side-by-side.sh)
+  CORELINK_ARGS= SERVER_ARGS=
+  [[ $test == send_lat || $test == write_lat ]] && CORELINK_ARGS="--quiet -Q 100" &&
+    SERVER_ARGS=$CORELINK_ARGS
   for rep in $(seq "${REPS:-2}"); do
     for kind in ${KINDS:-perftest raw engine}; do
       run "$test" "$kind" "$n"

@@ -41,15 +41,16 @@ core_map "$work/client.toml" 1 0 "${CLIENT_YIELD:-0}"
 core_map "$work/server.toml" 0 1 "${SERVER_YIELD:-0}" "${LAT_SERVER_PARK_US:-0}"
 core_map "$work/server-idle.toml" 0 1 "${SERVER_YIELD:-0}" "${SERVER_PARK_US:-100}"
 port=18800
-# (NO_ASLR=1: both tools run without address-space randomization, `setarch -R`, so that every
-# run of a binary has the same layout, and the same collisions in the emulator's TLB)
-fixed=()
-[ -n "${NO_ASLR:-}" ] && fixed=(setarch "$(uname -m)" -R)
+# What every process of both tools is started under: (NO_ASLR=1) no address-space
+# randomization, `setarch -R`, so that every run of a binary has the same layout, and the same
+# collisions in the emulator's TLB
+launch=()
+[ -n "${NO_ASLR:-}" ] && launch=(setarch "$(uname -m)" -R)
 # (NICE=N: every process of both tools, servers and clients, runs at nice N, e.g. -20. On rxe an
 # RDMA read's responder is a tasklet whose raise wakes ksoftirqd, and a client at nice 0 is
 # preempted by it on most round trips, about 20 us each here, however little it has left to do:
 # read_lat's t_typical then measures that switch (see benches/guest-softirqs.sh))
-[ -n "${NICE:-}" ] && fixed=(nice -n "$NICE" "${fixed[@]}")
+[ -n "${NICE:-}" ] && launch=(nice -n "$NICE" "${launch[@]}")
 # (SERVER_ARGS: extra corelink-perf options for the server, e.g. --quiet with CORELINK_ARGS=--quiet)
 # perftest TEST SIZE -> its result line's fields (server on core 1, client on core 0)
 run_perftest() {
@@ -57,10 +58,10 @@ run_perftest() {
   # (PHASES=1: a line on stderr as each tool's run starts, to line up with the host's view)
   [ -n "${PHASES:-}" ] && echo "phase perftest $tool" >&2
   port=$((port + 1))
-  "${fixed[@]}" taskset -c 1 timeout 120 "$tool" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p $port -F > "$work/srv.log" 2>&1 &
+  "${launch[@]}" taskset -c 1 timeout 120 "$tool" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p $port -F > "$work/srv.log" 2>&1 &
   local srv=$!
   sleep 1
-  out=$("${fixed[@]}" taskset -c 0 timeout 120 "$tool" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p $port -F "$ip" 2>&1)
+  out=$("${launch[@]}" taskset -c 0 timeout 120 "$tool" -d "$dev" -x "$gid" -s "$size" -n "$iters" -p $port -F "$ip" 2>&1)
   wait $srv
   echo "$out" | awk -v s="$size" '$1 == s && NF >= 5 { print; exit }'
 }
@@ -82,18 +83,13 @@ run_corelink() {
   local run=("$test" --config "$server") runc=("$test" --config "$work/client.toml")
   [ -n "${RAW:-}" ] && run=(baseline "raw_$test" --provider ibverbs) && runc=("${run[@]}")
   # shellcheck disable=SC2086
-  "${fixed[@]}" timeout 120 "$perf" "${run[@]}" --bind "$ip" -p $port -s "$size" -n "$iters" "${slike[@]}" ${SERVER_ARGS:-} > "$work/csrv.log" 2>&1 &
+  "${launch[@]}" timeout 120 "$perf" "${run[@]}" --bind "$ip" -p $port -s "$size" -n "$iters" "${slike[@]}" ${SERVER_ARGS:-} > "$work/csrv.log" 2>&1 &
   local srv=$!
   for _ in $(seq 100); do grep -q listening "$work/csrv.log" && break; sleep 0.1; done
   # shellcheck disable=SC2086
-  "${fixed[@]}" timeout 120 "$perf" "${runc[@]}" -p $port -s "$size" -n "$iters" "${like[@]}" ${CORELINK_ARGS:-} --json "$ip" 2>/dev/null | head -1
+  "${launch[@]}" timeout 120 "$perf" "${runc[@]}" -p $port -s "$size" -n "$iters" "${like[@]}" ${CORELINK_ARGS:-} --json "$ip" 2>/dev/null | head -1
   wait $srv
 }
-# A number from corelink-perf's flat JSON line (awk, not python: in the emulated guest each
-# python start took about 7 s, half a minute a test)
-json() { awk -v k="\"$1\"" '{ i = index($0, k ":"); if (!i) { print "nan"; exit }
-  v = substr($0, i + length(k) + 1); sub(/^ */, "", v); sub(/[,}].*/, "", v); print v; exit }
-  END { if (NR == 0) print "nan" }'; }
 # A table row: NAME SIZE PERFTEST CORELINK UNIT, with corelink / perftest
 row() {
   local r

@@ -14,7 +14,7 @@
 import sys, bisect, collections
 out, n1, n2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 top = int(sys.argv[4]) if len(sys.argv) > 4 else 40
-both = len(sys.argv) > 5
+both = sys.argv[5:6] == ['all']
 syms, runs = [], []
 for l in open(f'{out}/guest.log'):
     f = l.split()
