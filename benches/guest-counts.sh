@@ -35,7 +35,9 @@
 # indirect call or jump; a direct jump onto another page, which its generated code is not
 # chained across; "tail xpage" counts the latter in tails) and the kernel's TLB flushes;
 # BLOCKS=1 / BLOCKS=kernel and PAGES=1 (below) list blocks and count data pages
-# (`benches/guest-counts/functions.py` sums a BLOCKS=kernel run's by kernel function). Needs a C
+# (`benches/guest-counts/functions.py` sums a BLOCKS=kernel run's by kernel function, and with
+# "user" a run's user code by function: with BLOCKS set the guest runs without address-space
+# randomization and prints an engine server's memory map, "umap" lines). Needs a C
 # compiler and QEMU with plugin support (Debian's qemu-system-x86 7.2 has it).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -57,6 +59,15 @@ if [ "${1:-}" = --inside ]; then
   source "$repo/benches/guest-core-map.sh"
   core_map "$work/client.toml" 1 0 0
   core_map "$work/server.toml" 0 1 0 "${LAT_SERVER_PARK_US:-0}"
+  if [ -n "${BLOCKS:-}" ]; then
+    # (user blocks are named by function: every process gets the same layout, which an
+    # engine's server, its device open, prints as "umap" lines)
+    echo 0 > /proc/sys/kernel/randomize_va_space
+    "$perf" send_lat --config "$work/server.toml" --bind "$ip" -p $port > "$work/srv.log" 2>&1 &
+    for _ in $(seq 100); do grep -q listening "$work/srv.log" && break; sleep 0.1; done
+    sed 's/^/umap /' "/proc/$!/maps"
+    kill $! && wait $! 2> /dev/null || true
+  fi
   for spec in $tests; do
     test=${spec%%:*} size=${spec##*:}
     for kind in $kinds; do

@@ -6,7 +6,8 @@
  * the marker `xchg %bx,%bx` (bytes 66 87 db; mark.c). The counters only grow: the script takes
  * differences between marks. With `blocks=PATH` each mark also lists the user blocks that ran
  * since the last one (address, vCPU, runs, stretches and tails run in, whether it ends in a call
- * or a return, and its instructions), to find which code a round trip runs through; with
+ * or a return, its instructions, and the moves into it that needed a look-up: after a return or
+ * an indirect branch, and from another page), to find which code a round trip runs through; with
  * `kernel=1` too, the kernel's blocks as well (to symbolize against the guest's /proc/kallsyms:
  * functions.py sums them by function). With `pages=1` it also counts, per mode, the distinct data
  * pages the accesses of each stretch touch (each an entry of the emulator's TLB that the stretch
@@ -101,6 +102,9 @@ struct block {
     uint64_t seen[SEEN_VCPUS];
     uint64_t runs[SEEN_VCPUS], stretches[SEEN_VCPUS]; /* since the last mark (blocks=PATH) */
     uint64_t tail_seen[SEEN_VCPUS], tails[SEEN_VCPUS]; /* (as `seen` and `stretches`, in tails) */
+    /* Entries into it that needed a look-up (since the last mark): after a return or an
+     * indirect branch, and by a direct jump from another page. */
+    uint64_t looked[SEEN_VCPUS], crossed[SEEN_VCPUS];
 };
 
 /* With `blocks=PATH`: every user block (and kernel block, with `kernel=1`), so that each mark
@@ -138,10 +142,12 @@ static void tb_ran(unsigned int vcpu, void *udata)
     c->tbs[mode]++;
     b->runs[s]++;
     if (c->prev && mode == c->mode) {
-        if (c->prev->indirect)
+        if (c->prev->indirect) {
             c->indirect[mode]++;
-        else if ((c->prev->pc >> 12) != (b->pc >> 12)) {
+            b->looked[s]++;
+        } else if ((c->prev->pc >> 12) != (b->pc >> 12)) {
             c->cross_page[mode]++;
+            b->crossed[s]++;
             c->tail_cross_page += c->in_tail;
         }
     }
@@ -238,13 +244,14 @@ static void marked(unsigned int vcpu, void *udata)
             if (b->stretches[v])
                 fprintf(blocks_out,
                         "mark %lu block %lx vcpu %d runs %lu stretches %lu tails %lu ends %s"
-                        " insns %lu\n",
+                        " insns %lu lookups %lu %lu\n",
                         (unsigned long)marks, (unsigned long)b->pc, v,
                         (unsigned long)b->runs[v], (unsigned long)b->stretches[v],
                         (unsigned long)b->tails[v],
                         b->ends_in == END_RET ? "ret" : b->ends_in == END_CALL ? "call" : "-",
-                        (unsigned long)b->insns);
-            b->runs[v] = b->stretches[v] = b->tails[v] = 0;
+                        (unsigned long)b->insns, (unsigned long)b->looked[v],
+                        (unsigned long)b->crossed[v]);
+            b->runs[v] = b->stretches[v] = b->tails[v] = b->looked[v] = b->crossed[v] = 0;
         }
     }
     pthread_mutex_unlock(&blocks_lock);
