@@ -79,8 +79,23 @@ impl<P: Provider> Pool<P> {
 
     /// A buffer of at least `len` bytes from the smallest class that has one free, with its
     /// length set to `len`.
-    #[inline]
+    #[inline(always)]
     pub fn get(&self, len: usize) -> Result<Buf<P>> {
+        // Inlined where it is called: the smallest class that fits has one free (the rest,
+        // the larger classes and the errors, out of line).
+        let classes = &self.inner.classes;
+        if let Some((i, c)) = classes.iter().enumerate().find(|(_, c)| c.size >= len) {
+            if let Some(index) = c.free.borrow_mut().pop() {
+                return Ok(Buf { pool: Rc::clone(&self.inner), at: BufAt::new(i, index, len) });
+            }
+        }
+        self.get_past_first(len)
+    }
+
+    /// [`Pool::get`] once the smallest class that fits (if any) had none free.
+    #[cold]
+    #[inline(never)]
+    fn get_past_first(&self, len: usize) -> Result<Buf<P>> {
         let classes = &self.inner.classes;
         // (sizes increase: the first class that fits is the smallest)
         let Some(first) = classes.iter().position(|c| c.size >= len) else {
@@ -240,6 +255,7 @@ impl<P: Provider> Buf<P> {
 }
 
 impl<P: Provider> Drop for Buf<P> {
+    #[inline]
     fn drop(&mut self) {
         self.class().free.borrow_mut().push(self.at.index());
     }

@@ -280,8 +280,8 @@ impl<P: Provider> Requests<P> {
         Some(r)
     }
 
-    /// Takes request `id` out, if it is a plain request of the handler (a send, write or read,
-    /// with nothing riding on it and in no merge table), as what its completion needs: its
+    /// Takes request `id` out, if it is a plain request of the handler (with nothing riding on
+    /// it and in no merge table), as what its completion needs: its
     /// connection, token, kind, buffer and the bytes it moved, read where the record lies
     /// (never moved whole). Any other request stays (and `None`): its completion goes the
     /// general way.
@@ -306,10 +306,8 @@ impl<P: Provider> Requests<P> {
                 merge_epoch,
                 quiet,
             } = r;
-            let plain = matches!(origin, Origin::Handler)
-                && next.is_none()
-                && merge_epoch.is_none()
-                && !matches!(kind, OpKind::FetchAdd | OpKind::CompareSwap);
+            let plain =
+                matches!(origin, Origin::Handler) && next.is_none() && merge_epoch.is_none();
             if !plain {
                 return None;
             }
@@ -395,6 +393,54 @@ fn unmerge<P: Provider>(merges: &mut HashMap<MergeKey, ReqId>, r: &Req<P>, epoch
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::Pool;
+    use corelink_verbs::soft::Soft;
+    use corelink_verbs::Context;
+
+    fn req(kind: OpKind, buf: Buf<Soft>, origin: Origin) -> Req<Soft> {
+        Req {
+            conn: ConnId { worker: 0, slot: 1, generation: 2 },
+            lane: 0,
+            kind,
+            len: buf.len() as u32,
+            buf: Some(buf),
+            remote: RemoteAddr::default(),
+            imm: None,
+            arg: 1,
+            swap: 0,
+            token: 7,
+            origin,
+            next: None,
+            merge_epoch: None,
+            quiet: false,
+        }
+    }
+
+    #[test]
+    fn a_plain_request_is_taken_with_its_buffer_and_any_other_stays() {
+        let ctx = Soft::open("soft0").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let pool = Pool::new(&pd, &[(64, 8)]).unwrap();
+        let mut reqs = Requests::<Soft>::new(8, 4);
+        let mut put = |r: Req<Soft>| reqs.insert_from((), r, |r| r).ok().unwrap();
+        // The handler's requests of every kind, atomics too (their old value is in the
+        // buffer), are plain; a client's and one with a request riding on it are not.
+        let atomic = put(req(OpKind::FetchAdd, pool.get(8).unwrap(), Origin::Handler));
+        let read = put(req(OpKind::Read, pool.get(8).unwrap(), Origin::Handler));
+        let client = put(req(OpKind::Read, pool.get(8).unwrap(), Origin::Client(0)));
+        let mut chained = req(OpKind::Read, pool.get(8).unwrap(), Origin::Handler);
+        chained.next = Some(read);
+        let chained = put(chained);
+        let (conn, token, kind, buf, _, quiet) = reqs.take_plain(atomic).unwrap();
+        assert_eq!((conn.slot, token, kind, quiet), (1, 7, OpKind::FetchAdd, false));
+        assert!(buf.is_some(), "its buffer (the old value) comes with it");
+        assert!(reqs.get(atomic).is_none(), "taken");
+        assert!(reqs.take_plain(read).is_some());
+        for id in [client, chained] {
+            assert!(reqs.take_plain(id).is_none());
+            assert!(reqs.get(id).is_some(), "not plain: it stays for the general way");
+        }
+    }
 
     #[test]
     fn client_vectors_are_kept_by_slot_and_make_places_only_as_far_as_used() {

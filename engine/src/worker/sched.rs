@@ -207,10 +207,15 @@ fn sole_ready<P: Provider>(c: &Conn<P>, cfg: &WorkerCfg) -> bool {
 #[inline(always)]
 pub(crate) fn goes_at_once<P: Provider>(c: &Conn<P>, queue: usize, cfg: &WorkerCfg) -> bool {
     // (a lane with nothing on the device has room for one: `sole_ready` holds, unchecked)
-    let at_once = queue == 0
-        && c.waiting.len == 0
-        && c.ready.len() == 1
-        && matches!(c.lanes.as_slice(), [lane] if lane.sq.outstanding() == 0);
+    let at_once = match c.lanes.as_slice() {
+        [lane] => crate::one_test(
+            (queue == 0)
+                & (c.waiting.len == 0)
+                & (c.ready.len() == 1)
+                & (lane.sq.outstanding() == 0),
+        ),
+        _ => false,
+    };
     debug_assert!(!at_once || sole_ready(c, cfg));
     at_once
 }

@@ -250,7 +250,39 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             self.dispatch(&wc);
         }
         self.handler.poll(&mut self.cx);
-        // Each step below is skipped by one check when it has nothing to do (most iterations).
+        // The steps after the handler have nothing to do in most iterations: one test skips
+        // them all.
+        if !self.more_to_do() {
+            return n > 0;
+        }
+        self.rest_of_iteration(n)
+    }
+
+    /// Whether any step of [`Worker::rest_of_iteration`] has work: each part's "has work"
+    /// or-ed without a branch each ([`crate::one_test`]).
+    #[inline(always)]
+    fn more_to_do(&self) -> bool {
+        let cx = &self.cx;
+        crate::one_test(
+            !self.clients.is_empty()
+                | cx.repost_first
+                | cx.conns.any_dirty()
+                | cx.stopping
+                | !cx.reposts.is_empty()
+                | cx.outbox.has_notices()
+                | self.from_control.ready()
+                | !cx.timers.is_empty()
+                | cx.outbox.control_waiting()
+                | self.clients.backlogged()
+                | (cx.metrics.polls % KEEPALIVE_EVERY == 0)
+                | self.stopped_sent,
+        )
+    }
+
+    /// The steps of an iteration after the handler's poll, in the loop's order (each skipped
+    /// by one check when it has nothing to do); returns whether anything happened.
+    #[inline(never)]
+    fn rest_of_iteration(&mut self, n: usize) -> bool {
         let took = !self.clients.is_empty() && self.take_client_requests();
         if std::mem::take(&mut self.cx.repost_first) {
             self.cx.repost_all();

@@ -66,8 +66,12 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             let Some((conn, token, kind, buf, len, quiet)) = plain else {
                 return Retiring::Other { id, status };
             };
-            if kind == OpKind::Read {
+            // (one test passes sends and writes: a read's or an atomic's slot in the QP's
+            // outstanding ones comes back, and an atomic's old value is in its buffer)
+            let mut old_value = None;
+            if kind.is_rd_atomic() {
                 lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
+                old_value = atomic_old_value(kind, status, &buf);
             }
             cx.metrics.success(kind, len); // (a plain request's status is success)
             if quiet {
@@ -79,7 +83,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 }
                 continue;
             }
-            let d = Done { conn, token, kind, status, buf, old_value: None, closed_by: None };
+            let d = Done { conn, token, kind, status, buf, old_value, closed_by: None };
             if mine && gathered.is_empty() {
                 return Retiring::Alone(d);
             }
@@ -115,7 +119,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     /// Ends request `id` (taken off lane `l` of connection `slot`) with `status`: not a plain
-    /// success (a client's or a probe's, an atomic, a chain, a failure).
+    /// success (a client's or a probe's, a chain, a failure).
     fn retire_other(&mut self, id: ReqId, status: WcStatus, slot: u16, l: usize) {
         let Some(r) = self.cx.reqs.take(id) else { return self.cx.invariant_missed() };
         let r = Retired::of(id, r);
@@ -239,13 +243,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
 
     #[inline(always)]
     fn complete_as(&mut self, r: Retired<P>, status: WcStatus, closed_by: Option<CloseReason>) {
-        let old_value = match r.kind {
-            OpKind::FetchAdd | OpKind::CompareSwap if status.is_success() => {
-                let b = r.buf.as_ref().map_or(&[][..], |b| b.as_slice());
-                b.get(..8).and_then(|w| w.try_into().ok()).map(u64::from_ne_bytes)
-            }
-            _ => None,
-        };
+        let old_value = atomic_old_value(r.kind, status, &r.buf);
         match r.origin {
             Origin::Handler if r.quiet && status.is_success() => {
                 self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
@@ -285,6 +283,22 @@ enum Retiring<P: Provider> {
     Other { id: ReqId, status: WcStatus },
     /// A lookup that cannot fail did.
     Missed,
+}
+
+/// The old value an atomic that ended with `status` read into `buf` (its first 8 bytes).
+#[inline(always)]
+fn atomic_old_value<P: Provider>(
+    kind: OpKind,
+    status: WcStatus,
+    buf: &Option<Buf<P>>,
+) -> Option<u64> {
+    match kind {
+        OpKind::FetchAdd | OpKind::CompareSwap if status.is_success() => {
+            let b = buf.as_ref().map_or(&[][..], |b| b.as_slice());
+            b.get(..8).and_then(|w| w.try_into().ok()).map(u64::from_ne_bytes)
+        }
+        _ => None,
+    }
 }
 
 /// The completion opcode of a kind of request (for the metrics).
