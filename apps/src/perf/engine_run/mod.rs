@@ -401,13 +401,17 @@ pub fn engine_summary(metrics: &[corelink_engine::Metrics]) -> String {
     let requests = sum(|m| m.ops[..5].iter().sum());
     let (wrs, bells, sig) = (sum(|m| m.posted), sum(|m| m.doorbells), sum(|m| m.signalled));
     let (merged, coalesced) = (sum(|m| m.merged_reads), sum(|m| m.coalesced_writes));
+    let (polls, empty) = (sum(|m| m.polls), sum(|m| m.empty_polls));
     let per = |n: u64| n as f64 / requests.max(1) as f64;
     format!(
         "engine: {requests} requests, {wrs} work requests ({:.3} per request), {bells} doorbells \
-         ({:.3}), {sig} signalled ({:.3}), {merged} reads merged, {coalesced} writes coalesced",
+         ({:.3}), {sig} signalled ({:.3}), {merged} reads merged, {coalesced} writes coalesced, \
+         {polls} polls ({:.3}), {empty} of them empty ({:.3})",
         per(wrs),
         per(bells),
-        per(sig)
+        per(sig),
+        per(polls),
+        per(empty)
     )
 }
 
