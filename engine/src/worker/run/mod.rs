@@ -259,7 +259,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     /// Whether any step of [`Worker::rest_of_iteration`] has work: each part's "has work"
-    /// or-ed without a branch each ([`crate::one_test`]).
+    /// or-ed without a branch each ([`crate::one_test`]). Every step's condition is here: a
+    /// step added there adds its condition here, or it never runs while the others idle.
     #[inline(always)]
     fn more_to_do(&self) -> bool {
         let cx = &self.cx;
@@ -280,7 +281,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     /// The steps of an iteration after the handler's poll, in the loop's order (each skipped
-    /// by one check when it has nothing to do); returns whether anything happened.
+    /// by one check when it has nothing to do, which [`Worker::more_to_do`] also reads);
+    /// returns whether anything happened.
     #[inline(never)]
     fn rest_of_iteration(&mut self, n: usize) -> bool {
         let took = !self.clients.is_empty() && self.take_client_requests();
