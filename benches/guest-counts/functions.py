@@ -23,11 +23,11 @@ out, n1, n2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 top = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[4].isdigit() else 40
 both, user = 'all' in sys.argv[4:], 'user' in sys.argv[4:]
 vcpu = next((int(a[5:]) for a in sys.argv[4:] if a.startswith('vcpu=')), None)
-syms, runs, maps = [], [], []
+ksyms, runs, maps = [], [], []
 for l in open(f'{out}/guest.log'):
     f = l.split()
     if l.startswith('ksym ') and len(f) >= 4:
-        syms.append((int(f[1], 16), f[3]))
+        ksyms.append((int(f[1], 16), f[3]))
     elif l.startswith('umap ') and len(f) >= 7:
         lo, hi = (int(x, 16) for x in f[1].split('-'))
         maps.append((lo, hi, int(f[3], 16), f[6]))
@@ -45,48 +45,50 @@ def short(s):
     parts = [p for p in s.split('::') if p]
     return '::'.join(parts[-2:]) if parts else s
 
+def table(syms):
+    """(sorted addresses, names) of a list of (address, name)."""
+    syms.sort()
+    return [a for a, _ in syms], [n for _, n in syms]
+
+def lookup(tab, pc):
+    i = bisect.bisect_right(tab[0], pc) - 1
+    return tab[1][i] if i >= 0 else '?'
+
+kernel = table(ksyms)
+# User code, with "user": each mapped file's symbols at its load base (its mapping at offset 0)
+# plus their values; a pc is named within the file mapped there (a stripped library's code by
+# the library alone).
+files, spans = {}, []
 if user:
-    # Each file's load base (its mapping at offset 0) and its symbols, at base + value; a pc
-    # is named within the file mapped there (a stripped library's code by the library alone).
-    bases, spans = {}, []
+    bases = {}
     for lo, hi, off, path in maps:
         if off == 0:
             bases.setdefault(path, lo)
-        spans.append((lo, hi, path.rsplit('/', 1)[-1].split('.so')[0].split('-rdmav')[0]))
+        spans.append((lo, hi, path))
     spans.sort()
     for path, base in bases.items():
+        got = []
         for flags in (['--defined-only'], ['-D', '--defined-only']):
             nm = subprocess.run(['nm', '-C', *flags, path], capture_output=True, text=True).stdout
-            got = [(int(a, 16), n) for a, t, n in
+            got = [(base + int(a, 16), short(n)) for a, t, n in
                    (x.split(' ', 2) for x in nm.splitlines() if x.count(' ') >= 2)
                    if t in 'tTwWiI' and a.strip('0')]
             if got:
-                syms += [(base + a, short(n)) for a, n in got]
                 break
-    syms.sort()
-addrs = [a for a, _ in syms]
+        files[path] = table(got)
 cache = {}
 def name(pc):
-    if pc >= 0xffff000000000000:
-        if not any(a >= 0xffff000000000000 for a in addrs[-1:]):
-            return 'KERNEL'
-    elif not user:
-        return 'USER'
     if pc not in cache:
-        i = bisect.bisect_right(addrs, pc) - 1
-        fn = syms[i][1] if i >= 0 else '?'
-        if pc < 0xffff000000000000:
+        if pc >= 0xffff000000000000:
+            cache[pc] = lookup(kernel, pc) if ksyms else 'KERNEL'
+        elif not user:
+            cache[pc] = 'USER'
+        else:
             j = bisect.bisect_right(spans, (pc, float('inf'), '')) - 1
-            lo, hi, lib = spans[j] if j >= 0 else (0, 0, '?')
-            if not lo <= pc < hi:
-                lib = '?'
-            # (the symbol must lie in the same mapping's file: else the library alone)
-            if i < 0 or bisect.bisect_right(spans, (syms[i][0], float('inf'), '')) - 1 != j \
-                    and not any(s[2] == lib and s[0] <= syms[i][0] < s[1] for s in spans):
-                fn = '?'
-            if lib != 'corelink-perf':
-                fn = f'{lib}:{fn}'
-        cache[pc] = fn
+            path = spans[j][2] if j >= 0 and spans[j][0] <= pc < spans[j][1] else '?'
+            fn = lookup(files[path], pc) if path in files else '?'
+            lib = path.rsplit('/', 1)[-1].split('.so')[0].split('-rdmav')[0]
+            cache[pc] = fn if lib == 'corelink-perf' else f'{lib}:{fn}'
     return cache[pc]
 marks = sorted({int(l.split()[1]) for l in open(f'{out}/counts.txt')})
 # (mark, vcpu) -> metric -> fn -> count; metrics: instructions, look-ups, cross-page moves,

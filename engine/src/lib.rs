@@ -100,16 +100,6 @@
 
 pub use corelink_verbs as verbs;
 
-/// `cond` tested with one branch: the conditions it was or-ed or and-ed from (with `|` and
-/// `&`, each a load and a compare) stay one value, which the compiler would otherwise split
-/// into a branch each again. On the hot path in the emulated guest each branch taken ends a
-/// block of translated code that the round trip pays to find; the checks that gate rare work
-/// are most of them.
-#[inline(always)]
-pub(crate) fn one_test(cond: bool) -> bool {
-    std::hint::black_box(cond as u8) != 0
-}
-
 mod client;
 mod control;
 mod device;

@@ -82,31 +82,34 @@ impl<P: Provider> Pool<P> {
     #[inline(always)]
     pub fn get(&self, len: usize) -> Result<Buf<P>> {
         // Inlined where it is called: the smallest class that fits has one free (the rest,
-        // the larger classes and the errors, out of line).
-        let classes = &self.inner.classes;
-        if let Some((i, c)) = classes.iter().enumerate().find(|(_, c)| c.size >= len) {
-            if let Some(index) = c.free.borrow_mut().pop() {
-                return Ok(Buf { pool: Rc::clone(&self.inner), at: BufAt::new(i, index, len) });
-            }
+        // the larger classes and the errors, out of line). Sizes increase: the first class
+        // that fits is the smallest.
+        let first = self.inner.classes.iter().position(|c| c.size >= len);
+        match first.and_then(|i| self.take(i, len)) {
+            Some(buf) => Ok(buf),
+            None => self.get_past_first(first, len),
         }
-        self.get_past_first(len)
     }
 
-    /// [`Pool::get`] once the smallest class that fits (if any) had none free.
+    /// A free buffer of class `i`, if it has one, with its length set to `len`.
+    #[inline(always)]
+    fn take(&self, i: usize, len: usize) -> Option<Buf<P>> {
+        let index = self.inner.classes[i].free.borrow_mut().pop()?;
+        Some(Buf { pool: Rc::clone(&self.inner), at: BufAt::new(i, index, len) })
+    }
+
+    /// [`Pool::get`] once class `first`, the smallest that fits (`None`: none does), had no
+    /// buffer free: the larger classes, else why not.
     #[cold]
     #[inline(never)]
-    fn get_past_first(&self, len: usize) -> Result<Buf<P>> {
+    fn get_past_first(&self, first: Option<usize>, len: usize) -> Result<Buf<P>> {
         let classes = &self.inner.classes;
-        // (sizes increase: the first class that fits is the smallest)
-        let Some(first) = classes.iter().position(|c| c.size >= len) else {
+        let Some(first) = first else {
             let largest = classes.last().map_or(0, |c| c.size);
             return Err(EngineError::BufferTooLarge { len, largest });
         };
-        for (i, c) in classes.iter().enumerate().skip(first) {
-            if let Some(index) = c.free.borrow_mut().pop() {
-                let at = BufAt::new(i, index, len);
-                return Ok(Buf { pool: Rc::clone(&self.inner), at });
-            }
+        if let Some(buf) = (first + 1..classes.len()).find_map(|i| self.take(i, len)) {
+            return Ok(buf);
         }
         Err(EngineError::PoolExhausted { size: classes[first].size, count: classes[first].count })
     }

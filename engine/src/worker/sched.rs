@@ -208,7 +208,7 @@ fn sole_ready<P: Provider>(c: &Conn<P>, cfg: &WorkerCfg) -> bool {
 pub(crate) fn goes_at_once<P: Provider>(c: &Conn<P>, queue: usize, cfg: &WorkerCfg) -> bool {
     // (a lane with nothing on the device has room for one: `sole_ready` holds, unchecked)
     let at_once = match c.lanes.as_slice() {
-        [lane] => crate::one_test(
+        [lane] => corelink_verbs::one_test(
             (queue == 0)
                 & (c.waiting.len == 0)
                 & (c.ready.len() == 1)

@@ -48,10 +48,10 @@ fn check_send(qp: &IbvQp, wr: &SendWr<'_, Ibverbs>) -> Option<c_int> {
 }
 
 /// Whether `wr` can be built for `qp`: its gather list fits, and a UD QP's request names its
-/// destination (the two and-ed without a branch between them).
+/// destination (and-ed without a branch each: [`crate::one_test`]'s callers test it once).
 #[inline(always)]
 fn send_fits(qp: &IbvQp, wr: &SendWr<'_, Ibverbs>) -> bool {
-    (wr.sgl.len() <= qp.cap.max_send_sge as usize) & !(qp.qp_type == QpType::Ud && wr.ud.is_none())
+    (wr.sgl.len() <= qp.cap.max_send_sge as usize) & !((qp.qp_type == QpType::Ud) & wr.ud.is_none())
 }
 
 /// The `ibv_send_wr` of `wr` (not linked). A memory-window bind takes the window's next rkey
@@ -157,6 +157,35 @@ fn sends_allowed(state: QpState) -> bool {
     matches!(state, QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err)
 }
 
+/// Rings `qp`'s doorbell for the `n` requests at `head`, built from `wrs[..n]`; on a refusal,
+/// the binds from the refused request on are given back and the error names its index.
+///
+/// # Safety
+/// `head` is a list of `n` valid requests linked in order, built from `wrs[..n]`, whose
+/// pointers (scatter lists, AHs, MWs, MRs) are borrowed for this call; the buffers they name
+/// are as [`post_send`] says.
+#[inline(always)]
+unsafe fn ring(
+    qp: &IbvQp,
+    head: *mut ibv_send_wr,
+    wrs: &[SendWr<'_, Ibverbs>],
+    n: usize,
+) -> Result<()> {
+    let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+    #[cfg(feature = "guest-stamps")]
+    crate::stamps::stamp(crate::stamps::Point::DoorbellIn);
+    // SAFETY: the QP is live; the caller vouches for the list at `head`.
+    let ret = unsafe { rdma_sys::ibv_post_send(qp.inner.qp, head, &mut bad) };
+    #[cfg(feature = "guest-stamps")]
+    crate::stamps::stamp(crate::stamps::Point::DoorbellOut);
+    if ret != 0 {
+        let index = bad_index(head, bad, n);
+        undo_binds(&wrs[index..n]);
+        return Err(Error::PostSend { qpn: qp.qp_num, index, source: ret_err(ret) });
+    }
+    Ok(())
+}
+
 /// [`crate::Qp::post_send`].
 ///
 /// # Safety
@@ -164,27 +193,13 @@ fn sends_allowed(state: QpState) -> bool {
 pub(crate) unsafe fn post_send(qp: &mut IbvQp, wrs: &[SendWr<'_, Ibverbs>]) -> Result<()> {
     if let [wr] = wrs {
         // One request that the QP takes as it is (the latency path): built on the stack and
-        // posted, its checks one test (in the emulated guest each branch on a round trip's
-        // path is a block of translated code to find). Anything else goes the general way.
-        let ud = qp.qp_type == QpType::Ud;
-        let fits =
-            sends_allowed(qp.state) as u8 & send_fits(qp, wr) as u8 & !qp.send_wrs.is_empty() as u8;
-        if std::hint::black_box(fits) != 0 {
-            let mut w = build_send(wr, ud);
-            let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-            #[cfg(feature = "guest-stamps")]
-            crate::stamps::stamp(crate::stamps::Point::DoorbellIn);
-            // SAFETY: the QP is live; `w` is one valid request (not linked) whose pointers
-            // (scatter list, AH, MW, MR) are borrowed for this call; the buffers it names are
-            // the caller's responsibility.
-            let ret = unsafe { rdma_sys::ibv_post_send(qp.inner.qp, &mut w, &mut bad) };
-            #[cfg(feature = "guest-stamps")]
-            crate::stamps::stamp(crate::stamps::Point::DoorbellOut);
-            if ret != 0 {
-                undo_binds(wrs);
-                return Err(Error::PostSend { qpn: qp.qp_num, index: 0, source: ret_err(ret) });
-            }
-            return Ok(());
+        // rung, its checks one test (in the emulated guest each branch on a round trip's path
+        // is a block of translated code to find). Anything else goes the general way.
+        let fits = sends_allowed(qp.state) & send_fits(qp, wr) & !qp.send_wrs.is_empty();
+        if crate::one_test(fits) {
+            let mut w = build_send(wr, qp.qp_type == QpType::Ud);
+            // SAFETY: `w` is one valid request (not linked), built from `wrs[0]`.
+            return unsafe { ring(qp, &mut w, wrs, 1) };
         }
     }
     if wrs.is_empty() {
@@ -213,20 +228,9 @@ pub(crate) unsafe fn post_send(qp: &mut IbvQp, wrs: &[SendWr<'_, Ibverbs>]) -> R
             }
             qp.send_wrs[i] = w;
         }
-        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        #[cfg(feature = "guest-stamps")]
-        crate::stamps::stamp(crate::stamps::Point::DoorbellIn);
-        // SAFETY: the QP is live; `base[..ok]` is a linked list of valid requests whose
-        // pointers (scatter lists, AHs, MWs, MRs) are borrowed for this call; the buffers they
-        // name are the caller's responsibility.
-        let ret = unsafe { rdma_sys::ibv_post_send(qp.inner.qp, base, &mut bad) };
-        #[cfg(feature = "guest-stamps")]
-        crate::stamps::stamp(crate::stamps::Point::DoorbellOut);
-        if ret != 0 {
-            let index = bad_index(base, bad, ok);
-            undo_binds(&wrs[index..ok]);
-            return Err(Error::PostSend { qpn, index, source: ret_err(ret) });
-        }
+        // SAFETY: `base[..ok]` is a list of valid requests, linked in order, built from
+        // `wrs[..ok]`.
+        unsafe { ring(qp, base, wrs, ok) }?;
     }
     if ok < room {
         let code = check_send(qp, &wrs[ok]).unwrap_or(libc::EINVAL);

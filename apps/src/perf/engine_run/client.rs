@@ -508,16 +508,13 @@ impl<P: Provider> ClientPart<P> {
 
 impl<P: Provider> Handler<P> for ClientPart<P> {
     /// Inlined into the engine's loop: most of a latency run's iterations have nothing here
-    /// to look at, and cost one test (the conditions or-ed without a branch each, as the
-    /// engine's `more_to_do`: in the guest each branch on the path is a block to find).
+    /// to look at, and cost one test (`one_test`: in the guest each branch on the path is a
+    /// block to find).
     #[inline]
     fn poll(&mut self, cx: &mut Cx<P>) {
         let bw = self.steady.is_some_and(|s| !s.lat);
-        let any = bw as u8
-            | self.expect.is_some() as u8
-            | !self.retry.is_empty() as u8
-            | !self.asked as u8;
-        if std::hint::black_box(any) != 0 {
+        let any = bw | self.expect.is_some() | !self.retry.is_empty() | !self.asked;
+        if corelink_engine::verbs::one_test(any) {
             self.poll_rest(cx);
         }
     }

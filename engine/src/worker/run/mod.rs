@@ -259,12 +259,12 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     }
 
     /// Whether any step of [`Worker::rest_of_iteration`] has work: each part's "has work"
-    /// or-ed without a branch each ([`crate::one_test`]). Every step's condition is here: a
+    /// or-ed without a branch each ([`corelink_verbs::one_test`]). Every step's condition is here: a
     /// step added there adds its condition here, or it never runs while the others idle.
     #[inline(always)]
     fn more_to_do(&self) -> bool {
         let cx = &self.cx;
-        crate::one_test(
+        corelink_verbs::one_test(
             !self.clients.is_empty()
                 | cx.repost_first
                 | cx.conns.any_dirty()
