@@ -2,16 +2,19 @@
 //! in the request slab with what it carries, and queued in its class or made ready
 //! (`ready.rs`). `Cx` and `On` submit through it.
 
-use corelink_verbs::{Provider, RemoteAddr, SendOp, Sge};
+use corelink_verbs::{Provider, RemoteAddr, SendOp, Sge, WcStatus};
 
 use super::cfg::WorkerCfg;
 use super::conn::Conn;
 use super::ids::ReqId;
-use super::ready::Entry;
+use super::outbox::Outbox;
+use super::ready::{Entry, Wire};
 use super::requests::{Carried, Req, Requests};
+use super::sched;
 use crate::error::EngineError;
 use crate::handoff::Origin;
-use crate::pool::{Buf, Pool};
+use crate::metrics::Metrics;
+use crate::pool::Buf;
 use crate::request::{ConnId, Op, OpKind};
 
 /// A request refused before it was queued: the operation and what it carried back, and why.
@@ -35,17 +38,24 @@ fn store<P: Provider, E: Carried, A>(
     })
 }
 
+/// What posting a request as it is submitted needs: `Cx`'s submissions have it (a lone request
+/// on an idle lane goes at once: `sched::goes_at_once`), `On`'s runs do not (their requests
+/// go in the flush's batches).
+pub(crate) struct Now<'a, P: Provider> {
+    pub(crate) metrics: &'a mut Metrics,
+    pub(crate) outbox: &'a mut Outbox<P>,
+}
+
 /// Makes `op` a request on connection `c` (id `conn`, open and taking requests), with an
 /// external client's vector `ext`, queued in queue `queue` (a class's, [`WorkerCfg::queue`])
-/// if one is given, or made ready
-/// (`worker/ready.rs`); returns its id and whether it is the first the connection has to post
-/// (the connection is then to be marked dirty), or everything back with why.
+/// if one is given, or made ready (`worker/ready.rs`), or with `now`, if it goes at once,
+/// posted; returns its id and whether the connection is to be marked dirty (it has requests to
+/// post now, or its post failed and it is to close), or everything back with why.
 #[allow(clippy::result_large_err, clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) fn admit<P: Provider, E: Carried>(
     c: &mut Conn<P>,
     reqs: &mut Requests<P>,
-    pool: &Pool<P>,
     cfg: &WorkerCfg,
     conn: ConnId,
     op: Op<Buf<P>>,
@@ -54,6 +64,7 @@ pub(crate) fn admit<P: Provider, E: Carried>(
     ext: E,
     queue: Option<usize>,
     quiet: bool,
+    now: Option<Now<'_, P>>,
 ) -> Result<(ReqId, bool), Refusal<P, E>> {
     if let (Op::Send { buf, .. }, Some(max)) = (&op, c.info.peer_recv_size) {
         if buf.len() > max as usize {
@@ -62,29 +73,32 @@ pub(crate) fn admit<P: Provider, E: Carried>(
         }
     }
     // Its class's queue, or (nothing waiting, room on the connection's one lane) made a
-    // work request at once, here where its kind is known (`worker/ready.rs`): `ready`.
-    let ready = match (queue, c.lanes.as_slice()) {
+    // work request at once, here where its kind is known (`worker/ready.rs`): `ready`; and
+    // with `now`, alone on an idle lane, posted at once (`sched::goes_at_once`, which implies
+    // the room that `Ready::admits` checks).
+    let (ready, at_once) = match (queue, c.lanes.as_slice()) {
         (Some(k), [lane]) => {
             let kind = op.kind();
             // (reads that may merge and writes that may coalesce are the plan's to make)
             let merges = kind == OpKind::Read && cfg.merge_reads;
             let coalesces = cfg.coalesce_writes && matches!(op, Op::Write { imm: None, .. });
-            !merges
-                && !coalesces
-                && c.ready.admits(k, kind.is_rd_atomic(), c.waiting.len, &lane.sq, cfg)
+            let plain = !merges && !coalesces;
+            let at_once = plain && now.is_some() && sched::goes_at_once(c, k);
+            let admits = || c.ready.admits(k, kind.is_rd_atomic(), c.waiting.len, &lane.sq, cfg);
+            (at_once || (plain && admits()), at_once)
         }
-        _ => false,
+        _ => (false, false),
     };
     let inline = |buf: &Buf<P>| buf.len() <= cfg.max_inline as usize;
-    // Each arm has its record built straight into its slot (never copied). Atomics get an
-    // 8-byte buffer for the old value (taken in their own arms, so that other requests
-    // carry no buffer to drop); a request moves its buffer's bytes.
-    let req = |kind, buf: Buf<P>, remote, imm, arg, swap| Req {
+    // Each arm has its record built straight into its slot (never copied). Atomics carry no
+    // buffer (their old value lands in their slot's word: `Requests::words`); a request moves its
+    // buffer's bytes.
+    let req = |kind, buf: Option<Buf<P>>, len, remote, imm, arg, swap| Req {
         conn,
         lane: 0,
         kind,
-        len: buf.len() as u32,
-        buf: Some(buf),
+        len,
+        buf,
         remote,
         imm,
         arg,
@@ -103,7 +117,10 @@ pub(crate) fn admit<P: Provider, E: Carried>(
                 reqs,
                 ext,
                 (buf, remote, imm),
-                |(buf, remote, imm)| req(OpKind::Write, buf, remote, imm, 0, 0),
+                |(buf, remote, imm)| {
+                    let len = buf.len() as u32;
+                    req(OpKind::Write, Some(buf), len, remote, imm, 0, 0)
+                },
                 |(buf, remote, imm)| Op::Write { buf, remote, imm },
             );
             (stored, wire)
@@ -115,7 +132,10 @@ pub(crate) fn admit<P: Provider, E: Carried>(
                 reqs,
                 ext,
                 (buf, imm),
-                |(buf, imm)| req(OpKind::Send, buf, RemoteAddr::default(), imm, 0, 0),
+                |(buf, imm)| {
+                    let len = buf.len() as u32;
+                    req(OpKind::Send, Some(buf), len, RemoteAddr::default(), imm, 0, 0)
+                },
                 |(buf, imm)| Op::Send { buf, imm },
             );
             (stored, wire)
@@ -126,46 +146,56 @@ pub(crate) fn admit<P: Provider, E: Carried>(
                 reqs,
                 ext,
                 (buf, remote),
-                |(buf, remote)| req(OpKind::Read, buf, remote, None, 0, 0),
+                |(buf, remote)| {
+                    let len = buf.len() as u32;
+                    req(OpKind::Read, Some(buf), len, remote, None, 0, 0)
+                },
                 |(buf, remote)| Op::Read { buf, remote },
             );
             (stored, wire)
         }
-        Op::FetchAdd { remote, add } => match pool.get(8) {
-            Ok(b) => {
-                let op = SendOp::FetchAdd { remote, add };
-                let wire = ready.then(|| (op, Sge { length: 8, ..b.sge(true) }, false));
-                let stored = store(
-                    reqs,
-                    ext,
-                    b,
-                    |b| req(OpKind::FetchAdd, b, remote, None, add, 0),
-                    |_| Op::FetchAdd { remote, add },
-                );
-                (stored, wire)
-            }
-            Err(e) => return Err((Op::FetchAdd { remote, add }, ext, e)),
-        },
-        Op::CompareSwap { remote, compare, swap } => match pool.get(8) {
-            Ok(b) => {
-                let op = SendOp::CompareSwap { remote, compare, swap };
-                let wire = ready.then(|| (op, Sge { length: 8, ..b.sge(true) }, false));
-                let stored = store(
-                    reqs,
-                    ext,
-                    b,
-                    |b| req(OpKind::CompareSwap, b, remote, None, compare, swap),
-                    |_| Op::CompareSwap { remote, compare, swap },
-                );
-                (stored, wire)
-            }
-            Err(e) => return Err((Op::CompareSwap { remote, compare, swap }, ext, e)),
-        },
+        // (an atomic's local target is its slot's word, `Requests::words`: set once it is
+        // stored)
+        Op::FetchAdd { remote, add } => {
+            let wire = ready.then(|| (SendOp::FetchAdd { remote, add }, Sge::default(), false));
+            let stored = store(
+                reqs,
+                ext,
+                (),
+                |()| req(OpKind::FetchAdd, None, 8, remote, None, add, 0),
+                |()| Op::FetchAdd { remote, add },
+            );
+            (stored, wire)
+        }
+        Op::CompareSwap { remote, compare, swap } => {
+            let op = SendOp::CompareSwap { remote, compare, swap };
+            let wire = ready.then(|| (op, Sge::default(), false));
+            let stored = store(
+                reqs,
+                ext,
+                (),
+                |()| req(OpKind::CompareSwap, None, 8, remote, None, compare, swap),
+                |()| Op::CompareSwap { remote, compare, swap },
+            );
+            (stored, wire)
+        }
     };
     let id = stored?;
     let Some(k) = queue else { return Ok((id, false)) };
-    if let Some((op, sge, inline)) = wire {
-        c.ready.push(k, Entry::new(id, op, sge, inline, quiet));
+    if let Some((op, mut sge, inline)) = wire {
+        if matches!(op, SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. }) {
+            sge = reqs.words().sge(id);
+        }
+        if let (true, Some(now), [lane]) = (at_once, now, c.lanes.as_mut_slice()) {
+            let (w, m, o) = (&mut c.waiting, now.metrics, now.outbox);
+            let wire = Wire { id, op, sge, inline, quiet };
+            let posted = sched::post_lone(&wire, lane, w, reqs, m, o, cfg);
+            if !posted {
+                c.note_error(WcStatus::GeneralErr);
+            }
+            return Ok((id, !posted));
+        }
+        c.ready.push(k, Entry::new(Wire { id, op, sge, inline, quiet }));
         Ok((id, c.ready.len() == 1))
     } else {
         c.waiting.queues[k].push(reqs.slab_mut(), id);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use arrayvec::ArrayVec;
 use corelink_verbs::{AccessFlags, Provider, RemoteAddr, WcStatus};
 
-use super::admit::{admit, Refusal};
+use super::admit::{admit, Now, Refusal};
 use super::cfg::WorkerCfg;
 use super::conn::{Conn, Phase};
 use super::conns::Conns;
@@ -245,9 +245,8 @@ impl<P: Provider> Cx<P> {
         token: u64,
         quiet: bool,
     ) -> Result<(), (Op<Buf<P>>, EngineError)> {
-        let class = self.cfg.classes[op.kind().index()];
-        debug_assert!(usize::from(class) < CLASSES);
-        self.handler_request(conn, op, token, class, quiet)
+        let queue = self.cfg.queues[op.kind().index()];
+        self.handler_request(conn, op, token, queue, quiet)
     }
 
     /// Queues a request in request class `class` (0 goes first; at most
@@ -264,21 +263,22 @@ impl<P: Provider> Cx<P> {
         if usize::from(class) >= CLASSES {
             return Err((op, EngineError::NoSuchClass { class, classes: CLASSES }));
         }
-        self.handler_request(conn, op, token, class, false)
+        let queue = self.cfg.queue(class);
+        self.handler_request(conn, op, token, queue, false)
     }
 
-    /// A request of the handler on `conn` in class `class` (checked), quiet if `quiet`
-    /// ([`Cx::send_quiet`]): accepted, or everything back with why.
+    /// A request of the handler on `conn` in queue `queue` ([`WorkerCfg::queue`]), quiet if
+    /// `quiet` ([`Cx::send_quiet`]): accepted, or everything back with why.
     #[inline(always)]
     fn handler_request(
         &mut self,
         conn: ConnId,
         op: Op<Buf<P>>,
         token: u64,
-        class: u8,
+        queue: usize,
         quiet: bool,
     ) -> Result<(), (Op<Buf<P>>, EngineError)> {
-        self.accept_with(conn, op, token, Origin::Handler, (), Some(class), quiet)
+        self.accept_with(conn, op, token, Origin::Handler, (), Some(queue), quiet)
             .map(|_| ())
             .map_err(|(op, (), e)| (op, e))
     }
@@ -308,12 +308,13 @@ impl<P: Provider> Cx<P> {
         let Some(l) = lane else { return Err((op, EngineError::QueueFull(conn))) };
         let id = self.accept(conn, op, token, Origin::Handler)?;
         let Cx { conns, reqs, metrics, cfg, outbox, .. } = self;
+        let words = reqs.words();
         let (Ok(c), Some(r)) = (conns.get_mut(conn), reqs.get_mut(id)) else {
             return Ok(());
         };
         c.next_lane = (l + 1) % c.lanes.len();
         r.lane = l as u8;
-        let one = sched::single(id, r, cfg);
+        let one = sched::single(id, r, words, cfg);
         if !sched::post_one(one, &mut c.lanes[l], reqs, metrics, outbox) {
             c.note_error(WcStatus::GeneralErr);
             conns.mark(conn.slot);
@@ -385,9 +386,9 @@ impl<P: Provider> Cx<P> {
     ///
     /// [`Handler::on_completions`]: super::Handler::on_completions
     pub fn on(&mut self, conn: ConnId) -> Result<On<'_, P>> {
-        let Cx { conns, reqs, pool, cfg, stopping, .. } = self;
+        let Cx { conns, reqs, cfg, stopping, .. } = self;
         let c = conns.taking_marked(conn, *stopping)?;
-        Ok(On::new(conn, c, reqs, pool, cfg))
+        Ok(On::new(conn, c, reqs, cfg))
     }
 
     /// Checks `conn` and makes `op` a request of the handler; returns its id.
@@ -403,7 +404,8 @@ impl<P: Provider> Cx<P> {
     }
 
     /// Checks `conn` and makes `op` a request (with an external client's vector `ext`, given
-    /// back in its completion), queued in `class` if one is given (with the one lookup of the
+    /// back in its completion), queued in `queue` if one is given (a class's:
+    /// [`WorkerCfg::queue`]; with the one lookup of the
     /// connection); returns its id, or everything back with why (unboxed: a refusal allocates
     /// nothing). A `quiet` one tells only a failure ([`Cx::send_quiet`]).
     #[allow(clippy::result_large_err, clippy::too_many_arguments)]
@@ -415,23 +417,20 @@ impl<P: Provider> Cx<P> {
         token: u64,
         origin: Origin,
         ext: E,
-        class: Option<u8>,
+        queue: Option<usize>,
         quiet: bool,
     ) -> Result<ReqId, Refusal<P, E>> {
-        let Cx { conns, reqs, pool, cfg, stopping, metrics, outbox, .. } = self;
+        let Cx { conns, reqs, cfg, stopping, metrics, outbox, .. } = self;
         let c = match conns.taking(conn, *stopping) {
             Ok(c) => c,
             Err(e) => return Err((op, ext, e)),
         };
-        let queue = class.map(|class| cfg.queue(class));
-        let (id, first) = admit(c, reqs, pool, cfg, conn, op, token, origin, ext, queue, quiet)?;
-        // A lone request of the first queue on an idle lane goes at once: nothing submitted
-        // later in this pass could go before it (`sched::goes_at_once`). Anything else goes at
-        // the loop's flush, which visits the connection (as one whose post failed: it closes).
-        let at_once = first
-            && queue.is_some_and(|k| sched::goes_at_once(c, k, cfg))
-            && sched::post_lone_ready(c, reqs, metrics, outbox, cfg);
-        if first && !at_once {
+        // A lone request of the first queue on an idle lane goes at once (`admit`); anything
+        // else goes at the loop's flush, which visits the connection (as one whose post
+        // failed: it closes).
+        let now = Some(Now { metrics, outbox });
+        let (id, visit) = admit(c, reqs, cfg, conn, op, token, origin, ext, queue, quiet, now)?;
+        if visit {
             conns.mark(conn.slot);
         }
         Ok(id)
@@ -442,7 +441,8 @@ impl<P: Provider> Cx<P> {
     pub(crate) fn probe(&mut self, conn: ConnId) {
         let queued = self.pool.get(0).ok().is_some_and(|buf| {
             let op = Op::Write { buf, remote: RemoteAddr::default(), imm: None };
-            self.accept_with(conn, op, 0, Origin::Keepalive, (), Some(0), false).is_ok()
+            self.accept_with(conn, op, 0, Origin::Keepalive, (), Some(self.cfg.queue(0)), false)
+                .is_ok()
         });
         match self.conns.get_mut(conn) {
             Ok(c) if !queued => c.live.probing = false,

@@ -82,7 +82,8 @@ impl<P: Provider> Cx<P> {
             Ok(op) => op,
             Err((op, error)) => return Some(Event::Refused { conn, token, op, error }),
         };
-        match self.accept_with(conn, op, token, origin, vector, Some(class), false) {
+        let queue = Some(self.cfg.queue(class));
+        match self.accept_with(conn, op, token, origin, vector, queue, false) {
             Ok(_) => None,
             Err((op, vector, error)) => {
                 // The registered buffer goes back to the pool; the client's vector to it.

@@ -34,6 +34,7 @@ mod run;
 mod sched;
 mod timers;
 mod untrusted;
+mod words;
 
 #[cfg(test)]
 mod testing;

@@ -10,7 +10,7 @@ use super::conn::Conn;
 use super::requests::Requests;
 use crate::error::EngineError;
 use crate::handoff::Origin;
-use crate::pool::{Buf, Pool};
+use crate::pool::Buf;
 use crate::request::{ConnId, Op};
 use crate::tunables::CLASSES;
 
@@ -32,7 +32,6 @@ pub struct On<'a, P: Provider> {
     conn: ConnId,
     c: &'a mut Conn<P>,
     reqs: &'a mut Requests<P>,
-    pool: &'a Pool<P>,
     cfg: &'a WorkerCfg,
 }
 
@@ -44,10 +43,9 @@ impl<'a, P: Provider> On<'a, P> {
         conn: ConnId,
         c: &'a mut Conn<P>,
         reqs: &'a mut Requests<P>,
-        pool: &'a Pool<P>,
         cfg: &'a WorkerCfg,
     ) -> Self {
-        On { conn, c, reqs, pool, cfg }
+        On { conn, c, reqs, cfg }
     }
 
     /// The connection.
@@ -77,9 +75,9 @@ impl<'a, P: Provider> On<'a, P> {
         queue: usize,
         quiet: bool,
     ) -> Result<(), Refused<P>> {
-        let On { conn, c, reqs, pool, cfg } = self;
+        let On { conn, c, reqs, cfg } = self;
         let origin = Origin::Handler;
-        admit(c, reqs, pool, cfg, *conn, op, token, origin, (), Some(queue), quiet)
+        admit(c, reqs, cfg, *conn, op, token, origin, (), Some(queue), quiet, None)
             .map(|_| ())
             .map_err(|(op, (), e)| (op, e))
     }

@@ -15,6 +15,13 @@ use super::requests::Requests;
 
 /// One request's work request, made when it was submitted.
 pub(crate) struct Entry<P: Provider> {
+    pub(crate) wire: Wire<P>,
+    /// A read or an atomic: decided once, from `op`, where the kind is known (`Entry::new`).
+    rd_atomic: bool,
+}
+
+/// A request's work request as the scheduler posts it: its parts.
+pub(crate) struct Wire<P: Provider> {
     pub(crate) id: ReqId,
     pub(crate) op: SendOp<'static, P>,
     pub(crate) sge: Sge,
@@ -22,23 +29,17 @@ pub(crate) struct Entry<P: Provider> {
     pub(crate) inline: bool,
     /// A quiet request ([`super::Cx::send_quiet`], [`super::Cx::write_quiet`]).
     pub(crate) quiet: bool,
-    /// A read or an atomic: decided once, from `op`, where the kind is known (`Entry::new`).
-    rd_atomic: bool,
 }
 
 impl<P: Provider> Entry<P> {
-    /// Request `id`'s work request: `op` on `sge`, inline if `inline`, quiet if `quiet`.
+    /// Request `wire.id`'s work request.
     #[inline(always)]
-    pub(crate) fn new(
-        id: ReqId,
-        op: SendOp<'static, P>,
-        sge: Sge,
-        inline: bool,
-        quiet: bool,
-    ) -> Self {
-        let rd_atomic =
-            matches!(op, SendOp::Read(_) | SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. });
-        Entry { id, op, sge, inline, quiet, rd_atomic }
+    pub(crate) fn new(wire: Wire<P>) -> Self {
+        let rd_atomic = matches!(
+            wire.op,
+            SendOp::Read(_) | SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. }
+        );
+        Entry { wire, rd_atomic }
     }
 
     /// Whether it is a read or an atomic (counted against `max_rd_atomic`).
@@ -47,6 +48,14 @@ impl<P: Provider> Entry<P> {
         self.rd_atomic
     }
 }
+
+impl<P: Provider> Clone for Wire<P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<P: Provider> Copy for Wire<P> {}
 
 impl<P: Provider> Clone for Entry<P> {
     fn clone(&self) -> Self {
@@ -148,7 +157,7 @@ impl<P: Provider> Ready<P> {
     pub(crate) fn demote(&mut self, w: &mut Waiting, reqs: &mut Requests<P>) {
         let k = self.queue;
         for e in self.entries[self.next..].iter().rev() {
-            w.queues[k].push_front(reqs.slab_mut(), e.id);
+            w.queues[k].push_front(reqs.slab_mut(), e.wire.id);
             w.len += 1;
         }
         self.entries.clear();

@@ -12,6 +12,7 @@ use crate::pool::Buf;
 use crate::request::{ConnId, Done, OpKind};
 
 use super::ids::ReqId;
+use super::words::{Words, WordsAt};
 use crate::handoff::Origin;
 use crate::slab::Slab;
 
@@ -200,6 +201,8 @@ impl Vectors {
 /// The requests of one worker.
 pub(crate) struct Requests<P: Provider> {
     slab: Slab<Req<P>>,
+    /// Where each slot's atomic writes its old value (as many words as slots).
+    words: Words<P>,
     /// External clients' vectors, by request slot (none for the handler's requests).
     ext: Vectors,
     /// Reads in flight that identical reads may ride on, by key.
@@ -209,14 +212,30 @@ pub(crate) struct Requests<P: Provider> {
 }
 
 impl<P: Provider> Requests<P> {
-    /// Room for `capacity` requests and `merges` reads in the merge table, reserved now.
-    pub(crate) fn new(capacity: usize, merges: usize) -> Self {
-        Requests {
+    /// Room for `capacity` requests and `merges` reads in the merge table, reserved now, and
+    /// a word registered on `pd` for each request's atomic.
+    pub(crate) fn new(pd: &P::Pd, capacity: usize, merges: usize) -> crate::Result<Self> {
+        Ok(Requests {
+            words: Words::new(pd, capacity)?,
             slab: Slab::new(capacity),
             ext: Vectors::new(capacity),
             merges: HashMap::with_capacity(merges),
             merge_cap: merges,
-        }
+        })
+    }
+
+    /// Where the atomics' words are (what their work requests name).
+    #[inline(always)]
+    pub(crate) fn words(&self) -> WordsAt {
+        self.words.at()
+    }
+
+    /// The old value that atomic `id` (of kind `kind`, just ended with `status`) read: none
+    /// for another kind or a failure.
+    #[inline(always)]
+    pub(crate) fn old_value(&self, id: ReqId, kind: OpKind, status: WcStatus) -> Option<u64> {
+        let atomic = matches!(kind, OpKind::FetchAdd | OpKind::CompareSwap);
+        (atomic & status.is_success()).then(|| self.words.read(id))
     }
 
     /// Stores the request `make` builds from `arg` (in its slot), with what it carries; gives
@@ -397,13 +416,13 @@ mod tests {
     use corelink_verbs::soft::Soft;
     use corelink_verbs::Context;
 
-    fn req(kind: OpKind, buf: Buf<Soft>, origin: Origin) -> Req<Soft> {
+    fn req(kind: OpKind, buf: Option<Buf<Soft>>, origin: Origin) -> Req<Soft> {
         Req {
             conn: ConnId { worker: 0, slot: 1, generation: 2 },
             lane: 0,
             kind,
-            len: buf.len() as u32,
-            buf: Some(buf),
+            len: buf.as_ref().map_or(8, |b| b.len() as u32),
+            buf,
             remote: RemoteAddr::default(),
             imm: None,
             arg: 1,
@@ -421,25 +440,51 @@ mod tests {
         let ctx = Soft::open("soft0").unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let pool = Pool::new(&pd, &[(64, 8)]).unwrap();
-        let mut reqs = Requests::<Soft>::new(8, 4);
+        let mut reqs = Requests::<Soft>::new(&pd, 8, 4).unwrap();
         let mut put = |r: Req<Soft>| reqs.insert_from((), r, |r| r).ok().unwrap();
-        // The handler's requests of every kind, atomics too (their old value is in the
-        // buffer), are plain; a client's and one with a request riding on it are not.
-        let atomic = put(req(OpKind::FetchAdd, pool.get(8).unwrap(), Origin::Handler));
-        let read = put(req(OpKind::Read, pool.get(8).unwrap(), Origin::Handler));
-        let client = put(req(OpKind::Read, pool.get(8).unwrap(), Origin::Client(0)));
-        let mut chained = req(OpKind::Read, pool.get(8).unwrap(), Origin::Handler);
+        // The handler's requests of every kind, atomics too (with no buffer: their old value
+        // is in their slot's word), are plain; a client's and one with a request riding on it
+        // are not.
+        let atomic = put(req(OpKind::FetchAdd, None, Origin::Handler));
+        let read = put(req(OpKind::Read, pool.get(8).ok(), Origin::Handler));
+        let client = put(req(OpKind::Read, pool.get(8).ok(), Origin::Client(0)));
+        let mut chained = req(OpKind::Read, pool.get(8).ok(), Origin::Handler);
         chained.next = Some(read);
         let chained = put(chained);
         let (conn, token, kind, buf, _, quiet) = reqs.take_plain(atomic).unwrap();
         assert_eq!((conn.slot, token, kind, quiet), (1, 7, OpKind::FetchAdd, false));
-        assert!(buf.is_some(), "its buffer (the old value) comes with it");
+        assert!(buf.is_none(), "an atomic holds no buffer");
         assert!(reqs.get(atomic).is_none(), "taken");
-        assert!(reqs.take_plain(read).is_some());
+        assert_eq!(reqs.take_plain(read).map(|p| p.3.is_some()), Some(true), "with its buffer");
         for id in [client, chained] {
             assert!(reqs.take_plain(id).is_none());
             assert!(reqs.get(id).is_some(), "not plain: it stays for the general way");
         }
+    }
+
+    #[test]
+    fn an_atomics_old_value_is_read_from_its_slots_word_on_success_only() {
+        let ctx = Soft::open("soft0").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut reqs = Requests::<Soft>::new(&pd, 8, 4).unwrap();
+        let a = reqs.insert_from((), req(OpKind::FetchAdd, None, Origin::Handler), |r| r);
+        let a = a.ok().unwrap();
+        let b = reqs.insert_from((), req(OpKind::CompareSwap, None, Origin::Handler), |r| r);
+        let b = b.ok().unwrap();
+        let (wa, wb) = (reqs.words().sge(a), reqs.words().sge(b));
+        assert_ne!(wa.addr, wb.addr, "each request its own word");
+        assert_eq!((wa.length, wb.length), (8, 8));
+        // (as the device writes them)
+        // SAFETY: both words lie in the registered region, aligned.
+        unsafe {
+            (wa.addr as *mut u64).write_volatile(5);
+            (wb.addr as *mut u64).write_volatile(9);
+        }
+        let ok = WcStatus::Success;
+        assert_eq!(reqs.old_value(a, OpKind::FetchAdd, ok), Some(5));
+        assert_eq!(reqs.old_value(b, OpKind::CompareSwap, ok), Some(9));
+        assert_eq!(reqs.old_value(a, OpKind::FetchAdd, WcStatus::RemAccessErr), None, "failed");
+        assert_eq!(reqs.old_value(a, OpKind::Read, ok), None, "not an atomic");
     }
 
     #[test]

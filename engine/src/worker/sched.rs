@@ -22,8 +22,9 @@ use super::ids::{ReqId, WrId};
 use super::notice::Notice;
 use super::outbox::Outbox;
 use super::queues::{SendQueue, Waiting};
-use super::ready::Entry;
+use super::ready::{Entry, Wire};
 use super::requests::{Req, Requests};
+use super::words::WordsAt;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::request::OpKind;
@@ -134,7 +135,7 @@ fn fence<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) {
         };
         let Ok(id) = x.reqs.insert_from((), r, |r| r) else { return };
         let Some(r) = x.reqs.get(id) else { return };
-        let one = single(id, r, x.cfg);
+        let one = single(id, r, x.reqs.words(), x.cfg);
         if post_one(one, lane, x.reqs, x.metrics, x.outbox) {
             x.metrics.fences += 1;
         }
@@ -197,27 +198,23 @@ fn sole_ready<P: Provider>(c: &Conn<P>, cfg: &WorkerCfg) -> bool {
         && matches!(c.lanes.as_slice(), [lane] if c.ready.fits(&lane.sq, cfg))
 }
 
-/// Whether connection `c`'s one ready request, of queue `queue`, goes to the device as it is
-/// submitted rather than at the loop's flush: it is of the first queue (which nothing
-/// submitted after it can pass: the first class with priorities, any without), nothing waits
-/// beside it, and its one lane has nothing on the device, so no completion is due that would
-/// bring requests to batch with it (the latency path: a read posted once the last one
-/// completed). A handler that submits several at once on an idle connection has the first go
-/// alone and the rest in the flush's batches.
+/// Whether a request of queue `queue` that connection `c` would make ready (`Ready::admits`
+/// said it may join) goes to the device as it is submitted rather than at the loop's flush: it
+/// is of the first queue (which nothing submitted after it can pass: the first class with
+/// priorities, any without), nothing is ready or waits before it, and the connection's one
+/// lane has nothing on the device, so no completion is due that would bring requests to batch
+/// with it (the latency path: a read posted once the last one completed). A handler that
+/// submits several at once on an idle connection has the first go alone and the rest in the
+/// flush's batches.
 #[inline(always)]
-pub(crate) fn goes_at_once<P: Provider>(c: &Conn<P>, queue: usize, cfg: &WorkerCfg) -> bool {
-    // (a lane with nothing on the device has room for one: `sole_ready` holds, unchecked)
-    let at_once = match c.lanes.as_slice() {
+pub(crate) fn goes_at_once<P: Provider>(c: &Conn<P>, queue: usize) -> bool {
+    // (a lane with nothing on the device has room for one)
+    match c.lanes.as_slice() {
         [lane] => corelink_verbs::one_test(
-            (queue == 0)
-                & (c.waiting.len == 0)
-                & (c.ready.len() == 1)
-                & (lane.sq.outstanding() == 0),
+            (queue == 0) & (c.waiting.len == 0) & c.ready.is_empty() & (lane.sq.outstanding() == 0),
         ),
         _ => false,
-    };
-    debug_assert!(!at_once || sole_ready(c, cfg));
-    at_once
+    }
 }
 
 /// The flush of connection `c` when its only work is one ready request (`sole_ready`): posted
@@ -258,20 +255,42 @@ pub(crate) fn post_lone_ready<P: Provider>(
         metrics.invariant_misses += 1; // (never: the callers checked it)
         return true;
     };
-    let (flags, release) = lone_flags(e.inline, e.quiet);
-    let flags = quiet_unless_due(flags, release, &lane.sq, cfg);
-    let sgl = std::slice::from_ref(&e.sge);
-    let wr = SendWr { wr_id: WrId::Req(e.id).encode(), op: e.op, sgl, flags, ud: None };
-    let (id, rd_atomic, read) = (e.id, e.rd_atomic(), matches!(e.op, SendOp::Read(_)));
-    let posted = post_wr(&wr, id, rd_atomic, release, lane, reqs, metrics, outbox);
+    let posted = post_lone(&e.wire, lane, waiting, reqs, metrics, outbox, cfg);
     ready.clear();
-    if !read {
-        waiting.write_epoch = waiting.write_epoch.wrapping_add(1);
-    }
     if !posted {
         c.note_error(WcStatus::GeneralErr);
     }
     posted
+}
+
+/// Posts `e`, the only work of the connection whose one lane is `lane` and whose queues are
+/// `waiting` (ready, or made ready as it was submitted: `admit`), on that lane, which has room
+/// for it, with its own doorbell; returns false when the device refused it (it failed, and
+/// the connection is to close: the caller's `Conn::note_error`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn post_lone<P: Provider>(
+    e: &Wire<P>,
+    lane: &mut Lane<P>,
+    waiting: &mut Waiting,
+    reqs: &mut Requests<P>,
+    metrics: &mut Metrics,
+    outbox: &mut Outbox<P>,
+    cfg: &WorkerCfg,
+) -> bool {
+    let (flags, release) = lone_flags(e.inline, e.quiet);
+    let flags = quiet_unless_due(flags, release, &lane.sq, cfg);
+    let sgl = std::slice::from_ref(&e.sge);
+    let wr = SendWr { wr_id: WrId::Req(e.id).encode(), op: e.op, sgl, flags, ud: None };
+    let (read, rd_atomic) = match e.op {
+        SendOp::Read(_) => (true, true),
+        SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. } => (false, true),
+        _ => (false, false),
+    };
+    if !read {
+        waiting.write_epoch = waiting.write_epoch.wrapping_add(1);
+    }
+    post_wr(&wr, e.id, rd_atomic, release, lane, reqs, metrics, outbox)
 }
 
 /// Posts the connection's ready requests (`worker/ready.rs`) on its one lane, in the plan's
@@ -335,6 +354,7 @@ pub(crate) fn plan_ready<'s, P: Provider>(
     for e in entries {
         let rd_atomic = e.rd_atomic();
         rd += u32::from(rd_atomic);
+        let e = &e.wire;
         if !matches!(e.op, SendOp::Read(_)) {
             w.write_epoch = w.write_epoch.wrapping_add(1);
         }
@@ -355,6 +375,7 @@ fn flush_one<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> Option<bool> {
     let lane = c.lanes.first_mut()?;
     let k = w.queues.iter().position(|q| !q.is_empty())?;
     let id = w.queues[k].front(x.reqs.slab())?;
+    let words = x.reqs.words();
     let r = x.reqs.get_mut(id)?;
     let rd_atomic = r.is_rd_atomic();
     let full = lane.sq.outstanding() >= x.cfg.max_outstanding
@@ -366,7 +387,7 @@ fn flush_one<P: Provider>(c: &mut Conn<P>, x: &mut Ctx<'_, P>) -> Option<bool> {
     if r.kind != OpKind::Read {
         w.write_epoch = w.write_epoch.wrapping_add(1);
     }
-    let mut wr = single(id, r, x.cfg);
+    let mut wr = single(id, r, words, x.cfg);
     wr.flags = quiet_unless_due(wr.flags, wr.release, &lane.sq, x.cfg);
     w.queues[k].pop(x.reqs.slab());
     w.len = 0;
@@ -568,6 +589,7 @@ fn stage<'s, P: Provider>(
     rd: &mut u32,
 ) -> bool {
     // (one visit of its slot: out of the queue, and its record)
+    let words = reqs.words();
     let Some((id, r)) = w.queues[k].pop_mut(reqs.slab_mut()) else { return false };
     w.len -= 1;
     let key = (r.kind == OpKind::Read && cfg.merge_reads).then(|| r.merge_key(w.write_epoch));
@@ -597,7 +619,7 @@ fn stage<'s, P: Provider>(
     let coalesce = cfg.coalesce_writes && r.kind == OpKind::Write && r.imm.is_none();
     // (the space holds a full batch's lists: a request planned has room for its entries)
     let free = std::mem::take(&mut b.free);
-    free[0] = sge_of(r);
+    free[0] = sge_of(id, r, words);
     let mut bytes = free[0].length;
     let mut n = 1;
     if coalesce {
@@ -627,14 +649,15 @@ pub(crate) fn send_op<P: Provider>(r: &Req<P>) -> SendOp<'static, P> {
     }
 }
 
-/// The scatter/gather entry of a request's buffer.
-pub(crate) fn sge_of<P: Provider>(r: &Req<P>) -> Sge {
+/// The scatter/gather entry of request `id` (record `r`): its buffer's, or an atomic's word
+/// (`words`).
+pub(crate) fn sge_of<P: Provider>(id: ReqId, r: &Req<P>, words: WordsAt) -> Sge {
+    if matches!(r.kind, OpKind::FetchAdd | OpKind::CompareSwap) {
+        return words.sge(id);
+    }
     // (a request waiting to be posted holds its buffer)
     let Some(buf) = &r.buf else { return Sge { addr: 0, length: 0, lkey: 0 } };
-    match r.kind {
-        OpKind::FetchAdd | OpKind::CompareSwap => Sge { length: 8, ..buf.sge(true) },
-        _ => buf.sge(false),
-    }
+    buf.sge(false)
 }
 
 /// Takes the writes queued right behind write `id` in class `k` that continue its remote range
@@ -665,7 +688,7 @@ fn coalesce_after<P: Provider>(
         if !fits {
             break;
         }
-        sges[n] = sge_of(r);
+        sges[n] = sge_of(next, r, reqs.words());
         end += r.len as u64;
         total += r.len;
         w.queues[k].pop(reqs.slab());
@@ -709,8 +732,13 @@ fn quiet_unless_due(flags: SendFlags, release: bool, sq: &SendQueue, cfg: &Worke
 
 /// The work request of request `id` (record `r`) posted alone.
 #[inline(always)]
-pub(crate) fn single<P: Provider>(id: ReqId, r: &Req<P>, cfg: &WorkerCfg) -> Single<P> {
-    let sge = sge_of(r);
+pub(crate) fn single<P: Provider>(
+    id: ReqId,
+    r: &Req<P>,
+    words: WordsAt,
+    cfg: &WorkerCfg,
+) -> Single<P> {
+    let sge = sge_of(id, r, words);
     let inline = matches!(r.kind, OpKind::Send | OpKind::Write) && sge.length <= cfg.max_inline;
     let (flags, release) = lone_flags(inline, r.quiet);
     Single { id, op: send_op(r), sge, flags, rd_atomic: r.is_rd_atomic(), release }
@@ -882,7 +910,7 @@ mod tests {
             let pd = ctx.alloc_pd().unwrap();
             Bed {
                 pool: Pool::new(&pd, &[(64, 256)]).unwrap(),
-                reqs: Requests::new(1024, 64),
+                reqs: Requests::new(&pd, 1024, 64).unwrap(),
                 w: Waiting::default(),
                 sq: SendQueue::new(WorkerCfg::from_map(&res, 32).max_outstanding),
                 cfg: WorkerCfg::from_map(&res, 32),
@@ -1097,7 +1125,9 @@ mod tests {
             b.w.queues[2].pop(b.reqs.slab());
             b.w.len -= 1;
             let r = b.reqs.get(id).unwrap();
-            let e = Entry::new(id, send_op(r), sge_of(r), true, false);
+            let sge = sge_of(id, r, b.reqs.words());
+            let wire = Wire { id, op: send_op(r), sge, inline: true, quiet: false };
+            let e = Entry::new(wire);
             ready.push(2, e);
         }
         ready

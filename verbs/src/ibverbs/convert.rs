@@ -85,6 +85,7 @@ pub(crate) fn access_to_ibv(a: AccessFlags) -> c_uint {
 }
 
 /// Our send flags as `ibv_send_flags` bits.
+#[inline(always)]
 pub(crate) fn send_flags_to_ibv(f: SendFlags) -> c_uint {
     let mut v = 0;
     if f.contains(SendFlags::SIGNALED) {

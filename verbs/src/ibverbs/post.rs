@@ -29,6 +29,7 @@ use crate::wr::{RecvWr, SendOp, SendWr};
 const SRQ_CHUNK: usize = 32;
 
 /// The caller's scatter/gather list as the C API's pointer.
+#[inline(always)]
 fn sg_ptr(sgl: &[Sge]) -> *mut ibv_sge {
     // The C API takes a mutable pointer but never writes through it.
     sgl.as_ptr().cast_mut().cast()
@@ -55,7 +56,9 @@ fn send_fits(qp: &IbvQp, wr: &SendWr<'_, Ibverbs>) -> bool {
 }
 
 /// The `ibv_send_wr` of `wr` (not linked). A memory-window bind takes the window's next rkey
-/// and stores it in the window now (see [`undo_binds`]).
+/// and stores it in the window now (see [`undo_binds`]). Inlined: where the caller knows the
+/// request's kind its match folds away.
+#[inline(always)]
 fn build_send(wr: &SendWr<'_, Ibverbs>, ud: bool) -> ibv_send_wr {
     let mut opcode = ibv_wr_opcode::IBV_WR_SEND;
     let mut imm = 0u32;
@@ -153,6 +156,7 @@ fn undo_binds(wrs: &[SendWr<'_, Ibverbs>]) {
 
 /// Whether a QP in `state` takes send requests: RTS, and the states past it (SQD, SQE and ERR,
 /// where they flush). Before RTS (RESET, INIT, RTR) every provider refuses them.
+#[inline(always)]
 fn sends_allowed(state: QpState) -> bool {
     matches!(state, QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err)
 }
@@ -188,13 +192,16 @@ unsafe fn ring(
 
 /// [`crate::Qp::post_send`].
 ///
+/// One request that the QP takes as it is (the latency path) is built on the stack and rung
+/// here, inlined into the caller, its checks one test: in the emulated guest each call's
+/// return costs a look-up of the translated code (tens of nanoseconds), and each branch a
+/// block. Anything else goes the general way, out of line.
+///
 /// # Safety
 /// The buffers named by the requests' scatter/gather lists must stay valid as the trait says.
+#[inline(always)]
 pub(crate) unsafe fn post_send(qp: &mut IbvQp, wrs: &[SendWr<'_, Ibverbs>]) -> Result<()> {
     if let [wr] = wrs {
-        // One request that the QP takes as it is (the latency path): built on the stack and
-        // rung, its checks one test (in the emulated guest each branch on a round trip's path
-        // is a block of translated code to find). Anything else goes the general way.
         let fits = sends_allowed(qp.state) & send_fits(qp, wr) & !qp.send_wrs.is_empty();
         if crate::one_test(fits) {
             let mut w = build_send(wr, qp.qp_type == QpType::Ud);
@@ -202,6 +209,16 @@ pub(crate) unsafe fn post_send(qp: &mut IbvQp, wrs: &[SendWr<'_, Ibverbs>]) -> R
             return unsafe { ring(qp, &mut w, wrs, 1) };
         }
     }
+    // SAFETY: as this function's.
+    unsafe { post_send_general(qp, wrs) }
+}
+
+/// [`post_send`] of anything but one request that the QP takes as it is.
+///
+/// # Safety
+/// As [`post_send`]'s.
+#[inline(never)]
+unsafe fn post_send_general(qp: &mut IbvQp, wrs: &[SendWr<'_, Ibverbs>]) -> Result<()> {
     if wrs.is_empty() {
         return Ok(());
     }

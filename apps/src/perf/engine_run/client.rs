@@ -436,6 +436,27 @@ impl<P: Provider> ClientPart<P> {
         }
     }
 
+    /// A read's or an atomic's latency round trip posts the next (`reissue`'s work without its
+    /// match over every kind of steady test: in the emulated guest a jump table's jump costs a
+    /// look-up of the translated code).
+    #[inline(always)]
+    fn reissue_lat(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
+        let Some(s) = &self.steady else { return };
+        let (conn, remote, token) = (s.conn, s.remote, s.token);
+        let r = match (s.how == How::Atomic, s.how == How::Read, buf) {
+            (true, _, _) => cx.fetch_add(conn, remote, 1, token),
+            (_, true, Some(buf)) => cx.read(conn, buf, remote, token),
+            (_, _, buf) => return self.reissue(cx, buf),
+        };
+        match r {
+            Ok(()) => self.posted += 1,
+            Err((op, EngineError::QueueFull(_))) => self.retry.push(op_buf(op)),
+            Err((_, e)) => {
+                self.fail(cx, format!("{} of {} B: {e}", self.opts.test.name(), self.size))
+            }
+        }
+    }
+
     /// Writes again, through one `Cx::on` for the batch, each completion of `steady` at the
     /// front of `done`; the first that is not one goes to `on_completion`, and the rest stay
     /// in `done`.
@@ -610,7 +631,7 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
                 corelink_engine::bench_support::tail_mark();
                 if self.sample() {
                     self.t0 = self.sample_start();
-                    self.reissue(cx, done.buf);
+                    self.reissue_lat(cx, done.buf);
                 } else {
                     self.finish_size(cx, cx.now());
                 }

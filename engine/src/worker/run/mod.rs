@@ -116,7 +116,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             pool,
             recv_pool,
             conns: Conns::new(index as u16, res.max_conns as usize),
-            reqs: Requests::new(MAX_REQUESTS_PER_WORKER, MERGE_TABLE),
+            reqs: Requests::new(&*pd, MAX_REQUESTS_PER_WORKER, MERGE_TABLE)?,
             outbox: Outbox::new(to_control, 4096, CONTROL_RING).waking(wake),
             reposts: ArrayVec::new(),
             repost_first: false,

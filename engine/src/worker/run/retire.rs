@@ -71,7 +71,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
             let mut old_value = None;
             if kind.is_rd_atomic() {
                 lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
-                old_value = atomic_old_value(kind, status, &buf);
+                // (its slot's word: no request is stored before it is read)
+                old_value = cx.reqs.old_value(id, kind, status);
             }
             cx.metrics.success(kind, len); // (a plain request's status is success)
             if quiet {
@@ -243,7 +244,8 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
 
     #[inline(always)]
     fn complete_as(&mut self, r: Retired<P>, status: WcStatus, closed_by: Option<CloseReason>) {
-        let old_value = atomic_old_value(r.kind, status, &r.buf);
+        // (its slot's word: no request is stored before it is read)
+        let old_value = self.cx.reqs.old_value(r.id, r.kind, status);
         match r.origin {
             Origin::Handler if r.quiet && status.is_success() => {
                 self.cx.metrics.completion(wc_opcode(r.kind), status, r.len);
@@ -283,22 +285,6 @@ enum Retiring<P: Provider> {
     Other { id: ReqId, status: WcStatus },
     /// A lookup that cannot fail did.
     Missed,
-}
-
-/// The old value an atomic that ended with `status` read into `buf` (its first 8 bytes).
-#[inline(always)]
-fn atomic_old_value<P: Provider>(
-    kind: OpKind,
-    status: WcStatus,
-    buf: &Option<Buf<P>>,
-) -> Option<u64> {
-    match kind {
-        OpKind::FetchAdd | OpKind::CompareSwap if status.is_success() => {
-            let b = buf.as_ref().map_or(&[][..], |b| b.as_slice());
-            b.get(..8).and_then(|w| w.try_into().ok()).map(u64::from_ne_bytes)
-        }
-        _ => None,
-    }
 }
 
 /// The completion opcode of a kind of request (for the metrics).
