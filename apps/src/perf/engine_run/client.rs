@@ -436,6 +436,13 @@ impl<P: Provider> ClientPart<P> {
         }
     }
 
+    /// [`Handler::on_completion`], out of line: what a bandwidth test's batch does not post
+    /// again (its loop stays small; the latency tests' path has it inlined).
+    #[inline(never)]
+    fn completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
+        self.on_completion(cx, done);
+    }
+
     /// A read's or an atomic's latency round trip posts the next (`reissue`'s work without its
     /// match over every kind of steady test: in the emulated guest a jump table's jump costs a
     /// look-up of the translated code).
@@ -474,7 +481,7 @@ impl<P: Provider> ClientPart<P> {
                 && self.posted < steady.until
                 && d.buf.is_some();
             if !again {
-                self.on_completion(cx, d);
+                self.completion(cx, d);
                 return Ok(());
             }
             let Some(buf) = d.buf else { continue }; // (never: `again` saw it)
@@ -609,10 +616,12 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
         }
         // (what the steady loop left: the size ended, another request, or a failure)
         for d in done {
-            self.on_completion(cx, d);
+            self.completion(cx, d);
         }
     }
-    #[inline]
+    /// Inlined into the engine's completion path (a latency test's round trip goes through it;
+    /// a bandwidth test's batch calls it out of line, `completion`).
+    #[inline(always)]
     fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
         if self.error.is_some() {
             return;

@@ -480,6 +480,10 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
     }
 
+    /// A completion to its stage: inlined into the loop, a send-queue completion's retirement
+    /// with it, a receive's out of line (in the emulated guest each call's return costs a
+    /// look-up of the translated code).
+    #[inline(always)]
     fn dispatch(&mut self, wc: &Wc) {
         match WrId::decode(wc.wr_id) {
             WrId::Recv(r) => self.dispatch_recv(wc, r),
@@ -487,6 +491,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
         }
     }
 
+    #[inline(never)]
     fn dispatch_recv(&mut self, wc: &Wc, id: RecvId) {
         crate::bench_support::tail_mark();
         let found = self.cx.conns.at_mut(id.slot).filter(|c| id.is_of(c.id)).and_then(|c| {

@@ -19,6 +19,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
     /// lookup below cannot fail; one that does is counted). The plain successes it retires
     /// are gathered with the lane held and told together ([`Handler::on_completions`]); any
     /// other request ends on its own, after those before it were told (post order holds).
+    #[inline(always)]
     pub(super) fn dispatch_send(&mut self, wc: &Wc, done: ReqId) {
         let Some(r) = self.cx.reqs.get(done) else { return self.gone() };
         let (slot, l) = (r.conn.slot, r.lane as usize);
