@@ -35,10 +35,7 @@ impl<P: Provider> Entry<P> {
     /// Request `wire.id`'s work request.
     #[inline(always)]
     pub(crate) fn new(wire: Wire<P>) -> Self {
-        let rd_atomic = matches!(
-            wire.op,
-            SendOp::Read(_) | SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. }
-        );
+        let (_, rd_atomic) = wire.reads();
         Entry { wire, rd_atomic }
     }
 
@@ -46,6 +43,19 @@ impl<P: Provider> Entry<P> {
     #[inline(always)]
     pub(crate) fn rd_atomic(&self) -> bool {
         self.rd_atomic
+    }
+}
+
+impl<P: Provider> Wire<P> {
+    /// Whether it is a read, and whether it is a read or an atomic (counted against
+    /// `max_rd_atomic`).
+    #[inline(always)]
+    pub(crate) fn reads(&self) -> (bool, bool) {
+        match self.op {
+            SendOp::Read(_) => (true, true),
+            SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. } => (false, true),
+            _ => (false, false),
+        }
     }
 }
 

@@ -282,11 +282,7 @@ pub(crate) fn post_lone<P: Provider>(
     let flags = quiet_unless_due(flags, release, &lane.sq, cfg);
     let sgl = std::slice::from_ref(&e.sge);
     let wr = SendWr { wr_id: WrId::Req(e.id).encode(), op: e.op, sgl, flags, ud: None };
-    let (read, rd_atomic) = match e.op {
-        SendOp::Read(_) => (true, true),
-        SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. } => (false, true),
-        _ => (false, false),
-    };
+    let (read, rd_atomic) = e.reads();
     if !read {
         waiting.write_epoch = waiting.write_epoch.wrapping_add(1);
     }
