@@ -38,6 +38,19 @@ fn store<P: Provider, E: Carried, A>(
     })
 }
 
+/// An atomic's work request (`op`, just stored as `stored`) if it is made `ready`: on its
+/// slot's word.
+#[inline(always)]
+fn word_wire<P: Provider, E>(
+    reqs: &Requests<P>,
+    stored: &Result<ReqId, E>,
+    ready: bool,
+    op: SendOp<'static, P>,
+) -> Option<(SendOp<'static, P>, Sge, bool)> {
+    let id = *stored.as_ref().ok().filter(|_| ready)?;
+    Some((op, reqs.words().sge(id), false))
+}
+
 /// What posting a request as it is submitted needs: `Cx`'s submissions have it (a lone request
 /// on an idle lane goes at once: `sched::goes_at_once`), `On`'s runs do not (their requests
 /// go in the flush's batches).
@@ -154,10 +167,9 @@ pub(crate) fn admit<P: Provider, E: Carried>(
             );
             (stored, wire)
         }
-        // (an atomic's local target is its slot's word, `Requests::words`: set once it is
+        // (an atomic's local target is its slot's word, `Requests::words`: known once it is
         // stored)
         Op::FetchAdd { remote, add } => {
-            let wire = ready.then(|| (SendOp::FetchAdd { remote, add }, Sge::default(), false));
             let stored = store(
                 reqs,
                 ext,
@@ -165,11 +177,11 @@ pub(crate) fn admit<P: Provider, E: Carried>(
                 |()| req(OpKind::FetchAdd, None, 8, remote, None, add, 0),
                 |()| Op::FetchAdd { remote, add },
             );
+            let op = SendOp::FetchAdd { remote, add };
+            let wire = word_wire(reqs, &stored, ready, op);
             (stored, wire)
         }
         Op::CompareSwap { remote, compare, swap } => {
-            let op = SendOp::CompareSwap { remote, compare, swap };
-            let wire = ready.then(|| (op, Sge::default(), false));
             let stored = store(
                 reqs,
                 ext,
@@ -177,15 +189,14 @@ pub(crate) fn admit<P: Provider, E: Carried>(
                 |()| req(OpKind::CompareSwap, None, 8, remote, None, compare, swap),
                 |()| Op::CompareSwap { remote, compare, swap },
             );
+            let op = SendOp::CompareSwap { remote, compare, swap };
+            let wire = word_wire(reqs, &stored, ready, op);
             (stored, wire)
         }
     };
     let id = stored?;
     let Some(k) = queue else { return Ok((id, false)) };
-    if let Some((op, mut sge, inline)) = wire {
-        if matches!(op, SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. }) {
-            sge = reqs.words().sge(id);
-        }
+    if let Some((op, sge, inline)) = wire {
         if let (true, Some(now), [lane]) = (at_once, now, c.lanes.as_mut_slice()) {
             let (w, m, o) = (&mut c.waiting, now.metrics, now.outbox);
             let wire = Wire { id, op, sge, inline, quiet };

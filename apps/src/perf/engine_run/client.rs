@@ -427,12 +427,26 @@ impl<P: Provider> ClientPart<P> {
             }
             (_, None) => return self.fail(cx, "no buffer for the request".into()),
         };
+        self.counted(cx, r);
+    }
+
+    /// A steady test's request submitted with result `r`: counted, or (out of line) kept to
+    /// post again when the QPs were full, or the test's failure.
+    #[inline(always)]
+    fn counted(&mut self, cx: &mut Cx<P>, r: Result<(), (Op<Buf<P>>, EngineError)>) {
         match r {
             Ok(()) => self.posted += 1,
-            Err((op, EngineError::QueueFull(_))) => self.retry.push(op_buf(op)),
-            Err((_, e)) => {
-                self.fail(cx, format!("{} of {} B: {e}", self.opts.test.name(), self.size))
-            }
+            Err((op, e)) => self.refused(cx, op, e),
+        }
+    }
+
+    /// [`ClientPart::counted`]'s refusal.
+    #[cold]
+    #[inline(never)]
+    fn refused(&mut self, cx: &mut Cx<P>, op: Op<Buf<P>>, e: EngineError) {
+        match e {
+            EngineError::QueueFull(_) => self.retry.push(op_buf(op)),
+            e => self.fail(cx, format!("{} of {} B: {e}", self.opts.test.name(), self.size)),
         }
     }
 
@@ -455,13 +469,7 @@ impl<P: Provider> ClientPart<P> {
             (_, true, Some(buf)) => cx.read(conn, buf, remote, token),
             (_, _, buf) => return self.reissue(cx, buf),
         };
-        match r {
-            Ok(()) => self.posted += 1,
-            Err((op, EngineError::QueueFull(_))) => self.retry.push(op_buf(op)),
-            Err((_, e)) => {
-                self.fail(cx, format!("{} of {} B: {e}", self.opts.test.name(), self.size))
-            }
-        }
+        self.counted(cx, r);
     }
 
     /// Writes again, through one `Cx::on` for the batch, each completion of `steady` at the

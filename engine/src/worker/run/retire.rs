@@ -68,7 +68,7 @@ impl<P: Provider, H: Handler<P>> Worker<P, H> {
                 return Retiring::Other { id, status };
             };
             // (one test passes sends and writes: a read's or an atomic's slot in the QP's
-            // outstanding ones comes back, and an atomic's old value is in its buffer)
+            // outstanding ones comes back, and an atomic's old value is in its slot's word)
             let mut old_value = None;
             if kind.is_rd_atomic() {
                 lane.sq.rd_outstanding = lane.sq.rd_outstanding.saturating_sub(1);
