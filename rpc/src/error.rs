@@ -13,7 +13,9 @@ pub enum RpcError {
     /// The call's deadline passed before its response came.
     #[error("the call's deadline passed before its response came")]
     Timeout,
-    /// The session closed (or never connected) before the call's response came.
+    /// The session closed (or never connected) before the call's response came, or the call
+    /// was made on a session that has since ended (its peer went away while no call of it
+    /// was in flight, say): connecting again is the way on.
     #[error("the session closed before the call's response came")]
     SessionClosed,
     /// The call was in flight when its resumable session's connection was lost

@@ -267,7 +267,7 @@ impl<P: Provider> Endpoint<P> {
         len: usize,
         fill: impl FnOnce(&mut [u8]),
     ) -> std::result::Result<(Buf<P>, Option<ArenaSlot>, bool), NotMade<P>> {
-        let s = self.session(session).ok_or(RpcError::NoSuchSession(session))?;
+        let Some(s) = self.session(session) else { return Err(self.gone(session).into()) };
         if !s.served.is_empty() {
             return Err(RpcError::NoSuchSession(session).into());
         }

@@ -261,7 +261,7 @@ impl<P: Provider> Rpc<'_, P> {
             return Err((op, RpcError::SendOnSession(session)));
         }
         let Some(conn) = self.conn(session) else {
-            return Err((op, RpcError::NoSuchSession(session)));
+            return Err((op, self.ep.gone(session)));
         };
         // (after the session's messages of this pass waiting in a pack: the order they came)
         self.ep.send_pack_of(self.cx, conn);
@@ -790,6 +790,16 @@ impl<P: Provider> Endpoint<P> {
         let e = &mut self.sessions[usize::from(index)];
         e.session = Some(s);
         Ok(SessionId::new(index, e.generation))
+    }
+
+    /// Why `id` names no session: [`RpcError::SessionClosed`] when it named one of this
+    /// endpoint's that has since ended (its entry's generation moved on: a peer that went
+    /// away, say, while no call was in flight), else [`RpcError::NoSuchSession`].
+    fn gone(&self, id: SessionId) -> RpcError {
+        match self.sessions.get(id.index()) {
+            Some(e) if e.generation != id.generation() => RpcError::SessionClosed,
+            _ => RpcError::NoSuchSession(id),
+        }
     }
 
     /// Takes session `id` out of the table (its entry's next session gets a new generation).
