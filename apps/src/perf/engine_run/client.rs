@@ -457,6 +457,20 @@ impl<P: Provider> ClientPart<P> {
         self.on_completion(cx, done);
     }
 
+    /// A read's or an atomic's round trip ended: its sample, and the next at once. Out of
+    /// line and small, so that its code is together (in the guest a jump onto another page of
+    /// code costs a look-up of the translated code, as a return does).
+    #[inline(never)]
+    fn lat_round_trip(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
+        corelink_engine::bench_support::tail_mark();
+        if self.sample() {
+            self.t0 = self.sample_start();
+            self.reissue_lat(cx, buf);
+        } else {
+            self.finish_size(cx, cx.now());
+        }
+    }
+
     /// A read's or an atomic's latency round trip posts the next (`reissue`'s work without its
     /// match over every kind of steady test: in the emulated guest a jump table's jump costs a
     /// look-up of the translated code).
@@ -467,9 +481,17 @@ impl<P: Provider> ClientPart<P> {
         let r = match (s.how == How::Atomic, s.how == How::Read, buf) {
             (true, _, _) => cx.fetch_add(conn, remote, 1, token),
             (_, true, Some(buf)) => cx.read(conn, buf, remote, token),
-            (_, _, buf) => return self.reissue(cx, buf),
+            (_, _, buf) => return self.reissue_cold(cx, buf),
         };
         self.counted(cx, r);
+    }
+
+    /// [`ClientPart::reissue`] out of line, for a latency test's request that is neither a
+    /// read nor an atomic (none today).
+    #[cold]
+    #[inline(never)]
+    fn reissue_cold(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
+        self.reissue(cx, buf);
     }
 
     /// Writes again, through one `Cx::on` for the batch, each completion of `steady` at the
@@ -644,15 +666,7 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
                 return;
             }
             if s.lat && ok {
-                // A read's or an atomic's round trip: its sample, and the next at once.
-                corelink_engine::bench_support::tail_mark();
-                if self.sample() {
-                    self.t0 = self.sample_start();
-                    self.reissue_lat(cx, done.buf);
-                } else {
-                    self.finish_size(cx, cx.now());
-                }
-                return;
+                return self.lat_round_trip(cx, done.buf);
             }
             if ok {
                 // The clock is looked at once per loop iteration, in `poll` (peak rate and a
