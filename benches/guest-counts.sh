@@ -94,8 +94,9 @@ rm -f "$out/counts.txt"
 opts=${BLOCKS:+,blocks=$out/blocks.txt}
 [ "${BLOCKS:-}" = kernel ] && opts="$opts,kernel=1"
 # (PAGES=1: the plugin also counts the distinct data pages each stretch touches, per mode: each
-# an entry of the emulator's TLB; it slows the guest several times)
-[ -n "${PAGES:-}" ] && opts="$opts,pages=1"
+# an entry of the emulator's TLB; models that TLB, its misses and page-table walks (a third
+# table), and lists the pages that walk in walks.txt; it slows the guest several times)
+[ -n "${PAGES:-}" ] && opts="$opts,pages=1,walks=$out/walks.txt"
 CORELINK_GUEST_QEMU_OPTS="-plugin $out/plugin.so,out=$out/counts.txt$opts" \
   "$repo/tests/rxe-guest/run" --timeout "${TIMEOUT:-1800}" --env TESTS --env KINDS --env N1 \
   --env N2 --env BLOCKS --env LAT_SERVER_PARK_US --env CORELINK_PERF --env CORELINK_ARGS \
@@ -112,7 +113,7 @@ marks = collections.defaultdict(dict)  # mark -> vcpu -> counters
 # blocks that need a look-up (after a return or an indirect branch; onto another page), user
 # and kernel, and those onto another page in tails.
 SECTIONS = [('user', 5), ('kernel', 5), ('tails', 4), ('pages', 2), ('ops', 4), ('flushes', 1),
-            ('jumps', 5)]
+            ('jumps', 5), ('tlb', 12)]
 N = sum(n for _, n in SECTIONS)
 for l in open(counts):
     f = l.split()
@@ -162,4 +163,15 @@ for (kind, test, n, v) in sorted(per_vcpu):
           f'{d[16]:6.1f} {d[18]:6.1f} {d[21]:6.0f} {d[22]:6.0f} | {d[5]:8.0f} {d[6]:7.0f} '
           f'{d[7] / 1000:7.2f} {d[15]:5.0f} {d[17]:6.1f} {d[19]:6.1f} {d[23]:6.0f} {d[24]:6.0f} '
           f'{d[20]:6.2f}')
+# (PAGES=1) The emulator's data TLB as the plugin models it: misses and page-table walks of the
+# data accesses, user and kernel, with a table of 2^8 and of 2^10 entries; walks.txt lists, at
+# each mark, the pages that walked (2^10) per vCPU and mode.
+if any(sum(d[26:38]) for d in got.values()):
+    print(f'\nper iteration, both vCPUs: data TLB misses / walks, user and kernel, 2^8 and 2^10 '
+          f'entries (PAGES=1)')
+    for (kind, test, n) in got:
+        d = per_iteration(got, (kind, test, n1), (kind, test, n)) if n == n2 else None
+        if d is not None:
+            print(f'{test:10} {kind:9} user {d[28]:7.1f} / {d[29]:5.1f} {d[30]:7.1f} / '
+                  f'{d[31]:5.1f}  kernel {d[34]:7.1f} / {d[35]:5.1f} {d[36]:7.1f} / {d[37]:5.1f}')
 PY

@@ -11,7 +11,9 @@
  * `kernel=1` too, the kernel's blocks as well (to symbolize against the guest's /proc/kallsyms:
  * functions.py sums them by function). With `pages=1` it also counts, per mode, the distinct data
  * pages the accesses of each stretch touch (each an entry of the emulator's TLB that the stretch
- * needs). It always counts, per mode, the atomic (locked) instructions run, and the fences,
+ * needs), models that TLB (QEMU 7.2's: direct-mapped, with an 8-entry victim table) at three
+ * sizes to count its misses and page-table walks, and with `walks=PATH` lists the pages that
+ * walk. It always counts, per mode, the atomic (locked) instructions run, and the fences,
  * rdtsc, pause and cpuid, the kernel's TLB flushes, and the moves between blocks that make the
  * emulator look the next block up (after a return or an indirect call or jump, or a direct jump
  * onto another page: QEMU chains the generated code of two blocks only within a page).
@@ -85,6 +87,16 @@ struct counters {
     uint64_t indirect[2], cross_page[2];
     uint64_t tail_cross_page; /* (the moves onto another page in tails) */
     const struct block *prev;
+    /* With `pages=1`, the emulator's data TLB per mode as QEMU 7.2 keeps it (a direct-mapped
+     * table indexed by the page's low bits, the entry it replaces moved to an 8-entry victim
+     * table, which a miss looks in before it walks the page tables), at 2^6, 2^8 and 2^10
+     * entries (its size moves with use between flushes, unseen from here): the accesses that
+     * miss the table, and those that miss the victims too (a page-table walk). Emptied at a
+     * flush (a write to CR3, invlpg, invpcid). */
+    uint64_t tlb_miss[2][3], tlb_walk[2][3];
+    uint64_t *tlb[2][3];
+    uint64_t victim[2][3][8];
+    unsigned victim_next[2][3];
 } __attribute__((aligned(64)));
 
 #define PAGE_SLOTS 65536
@@ -139,6 +151,13 @@ static void tb_ran(unsigned int vcpu, void *udata)
     c->locked[mode] += b->locked;
     c->special[mode] += b->special;
     c->flushes[mode] += b->flushes;
+    if (b->flushes)
+        for (int m = 0; m < 2; m++)
+            for (int k = 0; k < 3; k++) {
+                if (c->tlb[m][k])
+                    memset(c->tlb[m][k], 0, sizeof(uint64_t) << (6 + 2 * k));
+                memset(c->victim[m][k], 0, sizeof c->victim[m][k]);
+            }
     c->tbs[mode]++;
     b->runs[s]++;
     if (c->prev && mode == c->mode) {
@@ -182,6 +201,29 @@ static void tb_ran(unsigned int vcpu, void *udata)
 
 static int count_pages;
 
+/* With `walks=PATH` (and `pages=1`): the pages whose accesses walked the page tables in the
+ * 2^10-entry table, per vCPU and mode, listed at each mark (those with 100 walks or more so
+ * far): which memory the misses are in. */
+#define WALK_SLOTS 16384
+static FILE *walks_out;
+struct walked { uint64_t page; uint64_t n; };
+static struct walked *walked[MAX_VCPUS][2];
+
+static void note_walk(unsigned int vcpu, int mode, uint64_t page)
+{
+    struct walked **t = &walked[vcpu % MAX_VCPUS][mode];
+    if (!*t && !(*t = calloc(WALK_SLOTS, sizeof **t)))
+        abort();
+    for (uint64_t i = 0, h = (page * 0x9e3779b97f4a7c15ull) >> 50; i < WALK_SLOTS; i++) {
+        struct walked *w = *t + (h + i) % WALK_SLOTS;
+        if (w->page == page + 1 || !w->page) {
+            w->page = page + 1;
+            w->n++;
+            return;
+        }
+    }
+}
+
 /* A data access (`pages=1`): its page counts once a stretch, per mode (the block's: `udata`). */
 static void accessed(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr, void *udata)
 {
@@ -195,6 +237,34 @@ static void accessed(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vad
             abort();
     }
     uint64_t page = vaddr >> 12, slot = (page ^ (page >> 16)) % PAGE_SLOTS;
+    int m = b->mode;
+    for (int k = 0; k < 3; k++) {
+        uint64_t **t = &c->tlb[m][k], tag = page + 1, size = 1ull << (6 + 2 * k);
+        if (!*t && !(*t = calloc(size, sizeof **t)))
+            abort();
+        uint64_t *entry = *t + (page & (size - 1));
+        if (*entry == tag)
+            continue;
+        c->tlb_miss[m][k]++;
+        uint64_t *v = c->victim[m][k];
+        int hit = -1;
+        for (int i = 0; i < 8; i++)
+            if (v[i] == tag)
+                hit = i;
+        if (hit >= 0) { /* swapped with the table's entry */
+            v[hit] = *entry;
+            *entry = tag;
+            continue;
+        }
+        c->tlb_walk[m][k]++;
+        if (walks_out && k == 2)
+            note_walk(vcpu, m, page);
+        if (*entry) {
+            v[c->victim_next[m][k]] = *entry;
+            c->victim_next[m][k] = (c->victim_next[m][k] + 1) % 8;
+        }
+        *entry = tag;
+    }
     uint64_t *e = *seen + 2 * slot;
     if (e[0] != page || e[1] != c->stretch + 1) {
         e[0] = page;
@@ -218,7 +288,7 @@ static void marked(unsigned int vcpu, void *udata)
             ns[c->mode] += t - c->since; /* (a racy look at another vCPU's: close enough) */
         fprintf(out, "mark %lu by %u vcpu %d user %lu %lu %lu %lu %lu kernel %lu %lu %lu %lu %lu "
                      "tails %lu %lu %lu %lu pages %lu %lu ops %lu %lu %lu %lu flushes %lu "
-                     "jumps %lu %lu %lu %lu %lu\n",
+                     "jumps %lu %lu %lu %lu %lu tlb %lu %lu %lu %lu %lu %lu %lu %lu %lu %lu %lu %lu\n",
                 (unsigned long)marks, vcpu, i, (unsigned long)c->insns[0],
                 (unsigned long)c->tbs[0], (unsigned long)ns[0], (unsigned long)c->entries[0],
                 (unsigned long)c->distinct[0], (unsigned long)c->insns[1],
@@ -231,9 +301,25 @@ static void marked(unsigned int vcpu, void *udata)
                 (unsigned long)c->special[1], (unsigned long)c->flushes[1],
                 (unsigned long)c->indirect[0], (unsigned long)c->cross_page[0],
                 (unsigned long)c->indirect[1], (unsigned long)c->cross_page[1],
-                (unsigned long)c->tail_cross_page);
+                (unsigned long)c->tail_cross_page,
+                (unsigned long)c->tlb_miss[0][0], (unsigned long)c->tlb_walk[0][0],
+                (unsigned long)c->tlb_miss[0][1], (unsigned long)c->tlb_walk[0][1],
+                (unsigned long)c->tlb_miss[0][2], (unsigned long)c->tlb_walk[0][2],
+                (unsigned long)c->tlb_miss[1][0], (unsigned long)c->tlb_walk[1][0],
+                (unsigned long)c->tlb_miss[1][1], (unsigned long)c->tlb_walk[1][1],
+                (unsigned long)c->tlb_miss[1][2], (unsigned long)c->tlb_walk[1][2]);
     }
     fflush(out);
+    for (int i = 0; walks_out && i < MAX_VCPUS; i++)
+        for (int m = 0; m < 2; m++)
+            for (int j = 0; walked[i][m] && j < WALK_SLOTS; j++)
+                if (walked[i][m][j].n >= 100)
+                    fprintf(walks_out, "mark %lu vcpu %d mode %d page %lx walks %lu\n",
+                            (unsigned long)marks, i, m,
+                            (unsigned long)(walked[i][m][j].page - 1),
+                            (unsigned long)walked[i][m][j].n);
+    if (walks_out)
+        fflush(walks_out);
     if (!blocks_out)
         return;
     /* The user blocks that ran since the last mark: pc, vCPU, runs, stretches run in. */
@@ -384,6 +470,12 @@ __attribute__((visibility("default"))) int qemu_plugin_install(qemu_plugin_id_t 
             path = argv[i] + 4;
         } else if (strcmp(argv[i], "pages=1") == 0) {
             count_pages = 1;
+        } else if (strncmp(argv[i], "walks=", 6) == 0) {
+            walks_out = fopen(argv[i] + 6, "w");
+            if (!walks_out) {
+                fprintf(stderr, "guest-counts plugin: cannot write %s\n", argv[i] + 6);
+                return -1;
+            }
         } else if (strcmp(argv[i], "kernel=1") == 0) {
             kernel_blocks = 1;
         } else if (strncmp(argv[i], "blocks=", 7) == 0) {

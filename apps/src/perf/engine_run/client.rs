@@ -341,13 +341,14 @@ impl<P: Provider> ClientPart<P> {
         let t0 = if lat { self.sample_start() } else { self.t0 };
         // With --quiet a ping goes quiet (`Cx::send_quiet`, `Cx::write_quiet`): the pong says
         // it arrived, so it asks for no completion of its own unless one is due.
+        let flat = self.opts.sched.flat;
         let r = match op {
-            op if self.opts.sched.flat => cx.post_now(conn, op, token),
-            Op::Send { buf, imm: None } if quiet => cx.send_quiet(conn, buf, token),
-            Op::Write { buf, remote, imm: None } if quiet => {
+            // (write_lat's ping, inlined: every other way out of line, so that its path's code
+            // stays together, as `lat_round_trip`'s)
+            Op::Write { buf, remote, imm: None } if quiet && !flat => {
                 cx.write_quiet(conn, buf, remote, None, token)
             }
-            op => cx.submit(conn, op, token),
+            op => post_other(cx, conn, op, token, quiet, flat),
         };
         match r {
             Ok(()) => {}
@@ -486,8 +487,30 @@ impl<P: Provider> ClientPart<P> {
         self.counted(cx, r);
     }
 
-    /// [`ClientPart::reissue`] out of line, for a latency test's request that is neither a
-    /// read nor an atomic (none today).
+    /// send_lat's pong came: its sample, and the next ping with the last one's buffer. Out of
+    /// line and small, as [`ClientPart::lat_round_trip`].
+    #[inline(never)]
+    fn pong(&mut self, cx: &mut Cx<P>) {
+        if !self.sample() {
+            return self.finish_size(cx, cx.now());
+        }
+        let b = match self.ping_buf(cx) {
+            Ok(b) => b,
+            Err(e) => return self.fail(cx, format!("a {} B buffer: {e}", self.size)),
+        };
+        self.t0 = self.sample_start();
+        let Some(s) = &self.steady else { return };
+        let (conn, token) = (s.conn, s.token);
+        let r = match s.how {
+            How::Ping { quiet: false } => cx.send(conn, b, None, token),
+            How::Ping { quiet: true } => cx.send_quiet(conn, b, token),
+            _ => return self.reissue_cold(cx, Some(b)),
+        };
+        self.counted(cx, r);
+    }
+
+    /// [`ClientPart::reissue`] out of line, for a latency test's request that the paths above
+    /// do not make (none today).
     #[cold]
     #[inline(never)]
     fn reissue_cold(&mut self, cx: &mut Cx<P>, buf: Option<Buf<P>>) {
@@ -571,7 +594,9 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
     #[inline]
     fn poll(&mut self, cx: &mut Cx<P>) {
         let bw = self.steady.is_some_and(|s| !s.lat);
-        let any = bw | self.expect.is_some() | !self.retry.is_empty() | !self.asked;
+        // (write_lat's watched byte is looked at here: while it waits, no call each iteration)
+        let pong = self.expect.is_some_and(|m| region_byte(&self.mem, 2 * POLL_SLOT - 1) == m);
+        let any = bw | pong | !self.retry.is_empty() | !self.asked;
         if corelink_engine::verbs::one_test(any) {
             self.poll_rest(cx);
         }
@@ -605,17 +630,7 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             // send_lat's steady state: a pong (a plain send, as the ping) ends a sample, and
             // the next ping goes with the last one's buffer.
             if msg.imm.is_none() {
-                if !self.sample() {
-                    return self.finish_size(cx, cx.now());
-                }
-                match self.ping_buf(cx) {
-                    Ok(b) => {
-                        self.t0 = self.sample_start();
-                        self.reissue(cx, Some(b));
-                    }
-                    Err(e) => self.fail(cx, format!("a {} B buffer: {e}", self.size)),
-                }
-                return;
+                return self.pong(cx);
             }
         }
         if let Some(region) = granted(msg) {
@@ -746,6 +761,25 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
             )),
         };
         self.shared.tell(Event::ClientDone(r));
+    }
+}
+
+/// [`ClientPart::issue`]'s request posted on the flat path (`flat`), as a quiet send
+/// (`quiet`), or submitted.
+#[inline(never)]
+#[allow(clippy::result_large_err)]
+fn post_other<P: Provider>(
+    cx: &mut Cx<P>,
+    conn: ConnId,
+    op: Op<Buf<P>>,
+    token: u64,
+    quiet: bool,
+    flat: bool,
+) -> Result<(), (Op<Buf<P>>, EngineError)> {
+    match op {
+        op if flat => cx.post_now(conn, op, token),
+        Op::Send { buf, imm: None } if quiet => cx.send_quiet(conn, buf, token),
+        op => cx.submit(conn, op, token),
     }
 }
 
