@@ -595,8 +595,8 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
     fn poll(&mut self, cx: &mut Cx<P>) {
         let bw = self.steady.is_some_and(|s| !s.lat);
         // (write_lat's watched byte is looked at here: while it waits, no call each iteration)
-        let pong = self.expect.is_some_and(|m| region_byte(&self.mem, 2 * POLL_SLOT - 1) == m);
-        let any = bw | pong | !self.retry.is_empty() | !self.asked;
+        let arrived = self.expect.is_some_and(|m| region_byte(&self.mem, 2 * POLL_SLOT - 1) == m);
+        let any = bw | arrived | !self.retry.is_empty() | !self.asked;
         if corelink_engine::verbs::one_test(any) {
             self.poll_rest(cx);
         }
