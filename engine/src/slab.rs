@@ -82,9 +82,10 @@ const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 const GENERATION_MASK: u32 = u32::MAX >> 1;
 
 impl<T> Slab<T> {
-    /// A slab of `capacity` slots (at most 2^SLOT_BITS).
+    /// A slab of `capacity` slots (at least one, at most 2^SLOT_BITS: never empty, so that
+    /// a lookup reads a slot before it tests, [`Slab::at`]).
     pub fn new(capacity: usize) -> Self {
-        let capacity = capacity.min(1 << SLOT_BITS);
+        let capacity = capacity.clamp(1, 1 << SLOT_BITS);
         Slab {
             slots: (0..capacity)
                 .map(|_| Slot { generation: 0, link: 0, value: MaybeUninit::uninit() })
@@ -116,7 +117,10 @@ impl<T> Slab<T> {
     #[inline(always)]
     pub fn insert_from<A>(&mut self, arg: A, make: impl FnOnce(A) -> T) -> Result<Id, A> {
         let Some(&i) = self.free.last() else { return Err(arg) };
-        let Some(slot) = self.slots.get_mut(i as usize) else { return Err(arg) };
+        debug_assert!((i as usize) < self.slots.len());
+        // SAFETY: the free list holds slot indices only (`new`, and every push is of a slot
+        // being emptied).
+        let slot = unsafe { self.slots.get_unchecked_mut(i as usize) };
         debug_assert!(!slot.full());
         // SAFETY: the slot is free (on the free list): nothing in it to drop or read; `make`
         // writes a whole value through the pointer, which the generation then marks full.
@@ -126,23 +130,41 @@ impl<T> Slab<T> {
         Ok(Id::new(slot.generation, i))
     }
 
-    /// The slot of `id` if `id` is current (a current id's slot holds a value: its generation
-    /// is odd).
+    /// The index of `id`'s slot if `id` is current (a current id's slot holds a value: its
+    /// generation is odd), with one test: the slot is read first (an index past the end reads
+    /// the last slot, and does not count). In the emulated guest each branch on a
+    /// completion's path is a block of translated code to find.
+    #[inline(always)]
+    fn at(&self, id: Id) -> Option<usize> {
+        let i = id.slot();
+        let at = i.min(self.slots.len() - 1);
+        // SAFETY: `at < slots.len()`: the slab is never empty (`new`).
+        let generation = unsafe { self.slots.get_unchecked(at) }.generation;
+        ((u64::from(generation) == id.generation()) & (at == i)).then_some(at)
+    }
+
+    /// The slot of `id` if `id` is current.
     #[inline(always)]
     fn current(&self, id: Id) -> Option<&Slot<T>> {
-        let slot = self.slots.get(id.slot())?;
-        (u64::from(slot.generation) == id.generation()).then_some(slot)
+        // SAFETY: `at` returns an index in range.
+        self.at(id).map(|i| unsafe { self.slots.get_unchecked(i) })
+    }
+
+    /// The slot of `id`, mutably, if `id` is current.
+    #[inline(always)]
+    fn current_mut(&mut self, id: Id) -> Option<&mut Slot<T>> {
+        let i = self.at(id)?;
+        // SAFETY: `at` returns an index in range.
+        Some(unsafe { self.slots.get_unchecked_mut(i) })
     }
 
     /// Takes the value of `id` out, if `id` is current.
     #[inline(always)]
     pub fn remove(&mut self, id: Id) -> Option<T> {
-        let i = id.slot();
-        let slot = self.slots.get_mut(i)?;
-        if u64::from(slot.generation) != id.generation() {
-            return None;
-        }
+        let i = self.at(id)?;
         self.free.push(i as u32);
+        // SAFETY: `at` returns an index in range.
+        let slot = unsafe { self.slots.get_unchecked_mut(i) };
         Some(Self::empty(slot))
     }
 
@@ -167,11 +189,9 @@ impl<T> Slab<T> {
     /// when it returns `None`, it must have moved nothing out.
     #[inline(always)]
     pub unsafe fn take_read<R>(&mut self, id: Id, take: impl FnOnce(&T) -> Option<R>) -> Option<R> {
-        let i = id.slot();
-        let slot = self.slots.get_mut(i)?;
-        if u64::from(slot.generation) != id.generation() {
-            return None;
-        }
+        let i = self.at(id)?;
+        // SAFETY: `at` returns an index in range.
+        let slot = unsafe { self.slots.get_unchecked_mut(i) };
         // SAFETY: a current slot is full; the caller's contract covers what `take` moves out,
         // and the new even generation marks the slot empty, so the value is never read or
         // dropped again.
@@ -191,12 +211,8 @@ impl<T> Slab<T> {
     /// The value of `id`, mutably, if `id` is current.
     #[inline(always)]
     pub fn get_mut(&mut self, id: Id) -> Option<&mut T> {
-        let slot = self.slots.get_mut(id.slot())?;
-        if u64::from(slot.generation) != id.generation() {
-            return None;
-        }
         // SAFETY: a current slot is full.
-        Some(unsafe { slot.value.assume_init_mut() })
+        self.current_mut(id).map(|s| unsafe { s.value.assume_init_mut() })
     }
 
     /// Values stored.
@@ -469,6 +485,30 @@ mod tests {
         s.remove(id).unwrap();
         let id = s.insert(()).unwrap();
         assert_eq!((id.generation(), id.slot()), (1, 0), "wrapped, and odd: full");
+    }
+
+    #[test]
+    fn an_id_past_the_slots_or_of_another_generation_finds_nothing() {
+        let mut s = Slab::new(2);
+        let a = s.insert('a').unwrap();
+        let b = s.insert('b').unwrap();
+        // (the lookup reads the last slot for a slot past the end: its generation matches)
+        let past = Id::new(b.generation() as u32, 7);
+        assert_eq!(s.get(past), None);
+        assert!(s.get_mut(past).is_none());
+        assert_eq!(s.remove(past), None);
+        // SAFETY: `take` moves nothing out (a `char` needs no drop).
+        assert_eq!(unsafe { s.take_read(past, |c| Some(*c)) }, None);
+        let stale = Id::new(a.generation() as u32 + 2, a.slot() as u32);
+        assert_eq!(s.get(stale), None);
+        assert_eq!(s.remove(stale), None);
+        assert_eq!((s.get(a), s.get(b)), (Some(&'a'), Some(&'b')));
+        assert_eq!(s.len(), 2);
+        // A slab asked for no slots has one (never empty: a lookup reads a slot first).
+        let mut none = Slab::new(0);
+        let id = none.insert(1).unwrap();
+        assert_eq!(none.get(id), Some(&1));
+        assert_eq!(none.insert(2), Err(2));
     }
 
     #[test]

@@ -11,7 +11,8 @@ use crate::tunables::CLASSES;
 #[derive(Debug)]
 pub(crate) struct Posted {
     ids: Box<[ReqId]>,
-    /// `ids.len() - 1` (a power of two less one).
+    /// `ids.len() - 1` (a power of two less one; set once: indices masked with it need no
+    /// bounds check).
     mask: usize,
     head: usize,
     len: usize,
@@ -43,9 +44,8 @@ impl Posted {
         if self.len > self.mask {
             return false;
         }
-        if let Some(slot) = self.ids.get_mut((self.head + self.len) & self.mask) {
-            *slot = id;
-        }
+        // SAFETY: `mask` is `ids.len() - 1` (`new`), so the index is in range.
+        *unsafe { self.ids.get_unchecked_mut((self.head + self.len) & self.mask) } = id;
         self.len += 1;
         true
     }
@@ -56,10 +56,11 @@ impl Posted {
         if self.len == 0 {
             return None;
         }
-        let id = self.ids.get(self.head).copied();
+        // SAFETY: `head` is always masked with `mask`, `ids.len() - 1` (`new`): in range.
+        let id = *unsafe { self.ids.get_unchecked(self.head) };
         self.head = (self.head + 1) & self.mask;
         self.len -= 1;
-        id
+        Some(id)
     }
 }
 

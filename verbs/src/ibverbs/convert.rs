@@ -216,7 +216,9 @@ const WC_OPCODES: [WcOpcode; 256] = {
 /// A work completion in our form. The immediate is converted from network order, and reported
 /// for receives only (as [`Wc::imm`] is defined): rxe also flags the *sender's* completion of a
 /// send- or write-with-immediate, with an immediate of 0. `inv_flag` is the device's bit for a
-/// send-with-invalidate's receive (`context::wc_inv_flag`).
+/// send-with-invalidate's receive (`context::wc_inv_flag`). Inlined into the poll (in the
+/// emulated guest a call and its return cost a look-up each).
+#[inline(always)]
 pub(crate) fn wc_from_ibv(wc: &ibv_wc, inv_flag: u32) -> Wc {
     let opcode = wc_opcode_from_ibv(wc.opcode);
     let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 && opcode.is_recv();
