@@ -75,14 +75,6 @@ impl<P: Provider, S: Handler<P>, C: Handler<P>> Handler<P> for Pair<S, C> {
     }
 
     fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
-        // (a pair without a server part needs no look at the connection: on a latency test's
-        // round trip, where in the emulated guest each branch is a block to find)
-        if self.server.is_none() {
-            if let Some(c) = &mut self.client {
-                c.on_completion(cx, done);
-            }
-            return;
-        }
         if self.is_client(done.conn) {
             if let Some(c) = &mut self.client {
                 c.on_completion(cx, done);

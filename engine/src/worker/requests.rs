@@ -325,9 +325,9 @@ impl<P: Provider> Requests<P> {
                 merge_epoch,
                 quiet,
             } = r;
-            // (one test: in the emulated guest each branch is a block to find)
-            let plain = matches!(origin, Origin::Handler) & next.is_none() & merge_epoch.is_none();
-            if !corelink_verbs::one_test(plain) {
+            let plain =
+                matches!(origin, Origin::Handler) && next.is_none() && merge_epoch.is_none();
+            if !plain {
                 return None;
             }
             // SAFETY: the buffer is read out once, here, and the record forgotten after.

@@ -668,15 +668,6 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
     /// a bandwidth test's batch calls it out of line, `completion`).
     #[inline(always)]
     fn on_completion(&mut self, cx: &mut Cx<P>, done: Done<Buf<P>>) {
-        if let Some(s) = &self.steady {
-            // A read's or an atomic's round trip first, with one test (in the emulated guest
-            // each branch is a block to find).
-            let ok = (done.token == s.token) & done.status.is_success() & self.error.is_none();
-            let ping = matches!(s.how, How::Ping { .. });
-            if corelink_engine::verbs::one_test(ok & s.lat & !ping) {
-                return self.lat_round_trip(cx, done.buf);
-            }
-        }
         if self.error.is_some() {
             return;
         }
@@ -688,6 +679,9 @@ impl<P: Provider> Handler<P> for ClientPart<P> {
                     self.reuse = Some(b);
                 }
                 return;
+            }
+            if s.lat && ok {
+                return self.lat_round_trip(cx, done.buf);
             }
             if ok {
                 // The clock is looked at once per loop iteration, in `poll` (peak rate and a
