@@ -150,22 +150,21 @@ impl<T> Slab<T> {
         self.at(id).map(|i| unsafe { self.slots.get_unchecked(i) })
     }
 
-    /// The slot of `id`, mutably, if `id` is current.
+    /// The index and slot of `id`, mutably, if `id` is current.
     #[inline(always)]
-    fn current_mut(&mut self, id: Id) -> Option<&mut Slot<T>> {
+    fn current_mut(&mut self, id: Id) -> Option<(usize, &mut Slot<T>)> {
         let i = self.at(id)?;
         // SAFETY: `at` returns an index in range.
-        Some(unsafe { self.slots.get_unchecked_mut(i) })
+        Some((i, unsafe { self.slots.get_unchecked_mut(i) }))
     }
 
     /// Takes the value of `id` out, if `id` is current.
     #[inline(always)]
     pub fn remove(&mut self, id: Id) -> Option<T> {
-        let i = self.at(id)?;
+        let (i, slot) = self.current_mut(id)?;
+        let value = Self::empty(slot);
         self.free.push(i as u32);
-        // SAFETY: `at` returns an index in range.
-        let slot = unsafe { self.slots.get_unchecked_mut(i) };
-        Some(Self::empty(slot))
+        Some(value)
     }
 
     /// Moves the value out of a full slot, leaving it free.
@@ -189,9 +188,7 @@ impl<T> Slab<T> {
     /// when it returns `None`, it must have moved nothing out.
     #[inline(always)]
     pub unsafe fn take_read<R>(&mut self, id: Id, take: impl FnOnce(&T) -> Option<R>) -> Option<R> {
-        let i = self.at(id)?;
-        // SAFETY: `at` returns an index in range.
-        let slot = unsafe { self.slots.get_unchecked_mut(i) };
+        let (i, slot) = self.current_mut(id)?;
         // SAFETY: a current slot is full; the caller's contract covers what `take` moves out,
         // and the new even generation marks the slot empty, so the value is never read or
         // dropped again.
@@ -212,7 +209,7 @@ impl<T> Slab<T> {
     #[inline(always)]
     pub fn get_mut(&mut self, id: Id) -> Option<&mut T> {
         // SAFETY: a current slot is full.
-        self.current_mut(id).map(|s| unsafe { s.value.assume_init_mut() })
+        self.current_mut(id).map(|(_, s)| unsafe { s.value.assume_init_mut() })
     }
 
     /// Values stored.
