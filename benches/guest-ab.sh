@@ -11,7 +11,7 @@
 # (the last five may be empty; "raw" runs `baseline raw_TEST`, corelink's verbs loop without
 # the engine; MAP KEYS, e.g. "cq_depth=128,send_queue_depth=32", are [worker] keys both sides'
 # core maps get, as guest-core-map.sh's WORKER_KEYS; ENV, space-separated NAME=VALUE settings
-# for perftest-side-by-side.sh, e.g. "LAT_SERVER_PARK_US=100").
+# for perftest-side-by-side.sh, e.g. "TARGET_PARK_US=0" or "RAW_PLACED=1").
 # Default: the engine (its ping-pongs signalling one send in 100, as perftest's: see
 # perftest-side-by-side.sh), the engine signalling each send (LAT_SIGNAL_EACH=1), and the raw
 # loop, all from target/release/corelink-perf. ROUNDS (5), TESTS ("send_lat:8 write_lat:8")

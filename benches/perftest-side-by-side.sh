@@ -8,7 +8,8 @@
 # Each test runs as a server and a client process on the guest's IP. TESTS="send_lat:8 ..."
 # picks tests (default: all seven), ITERS the iterations (1000), CORELINK_ARGS extra client
 # options for corelink-perf, RAW=1 corelink's verbs loop instead of its engine (`corelink-perf
-# baseline raw_TEST`: what corelink's verbs layer costs beside perftest), SERVER_YIELD /
+# baseline raw_TEST`: what corelink's verbs layer costs beside perftest; RAW_PLACED=1 puts its
+# client on core 0 and its server on 1, as perftest's and the engine's), SERVER_YIELD /
 # CLIENT_YIELD each side's `worker.yield_after_empty_polls` (0: pure busy-polling; rxe's kernel
 # work shares the vCPUs), NICE both tools' nice value (below). perftest reports MB/sec in MiB
 # (2^20 bytes); corelink's MB/s (10^6 bytes) are converted to MiB for the ratio. Bandwidth ratio
@@ -23,9 +24,13 @@
 # give --quiet or -Q themselves; LAT_SIGNAL_EACH=1 signals each send). perftest's bandwidth
 # server waits in a blocking call while the client runs, leaving its core to rxe's kernel
 # work; corelink's bandwidth server does the same once idle (`worker.park_after_us`,
-# SERVER_PARK_US, default 100; 0 busy-polls, as its latency servers do by default: parked, a
-# read_lat server measured worse in sessions 27 and 28, 1.27 x perftest against 1.15
-# polling, medians of five alternating rounds in one boot; LAT_SERVER_PARK_US parks them).
+# SERVER_PARK_US, default 100; 0 busy-polls). So do both tools' read_lat and atomic_lat
+# servers, whose side of the test is only the target of the client's requests: perftest's
+# sleeps in a blocking call, corelink's parks (TARGET_PARK_US, default 100; 0 busy-polls: a
+# busy target on the other vCPU cost read_lat 1.164 x perftest typical against 1.078 parked,
+# t_min 1.105 against 1.066, 16 alternating rounds in one boot, session 43; atomic_lat the
+# same either way). The ping-pong servers (send_lat, write_lat) answer each message, as
+# perftest's do, and busy-poll (LAT_SERVER_PARK_US parks them too).
 set -u
 : "${CORELINK_IBV_DEVICE:?run this inside tests/rxe-guest/run}" "${CORELINK_IP:?}"
 dev=$CORELINK_IBV_DEVICE gid=${CORELINK_IBV_GID_INDEX:-1} ip=$CORELINK_IP
@@ -40,6 +45,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/guest-core-map.sh"
 core_map "$work/client.toml" 1 0 "${CLIENT_YIELD:-0}"
 core_map "$work/server.toml" 0 1 "${SERVER_YIELD:-0}" "${LAT_SERVER_PARK_US:-0}"
 core_map "$work/server-idle.toml" 0 1 "${SERVER_YIELD:-0}" "${SERVER_PARK_US:-100}"
+core_map "$work/server-target.toml" 0 1 "${SERVER_YIELD:-0}" "${TARGET_PARK_US:-100}"
 port=18800
 # What every process of both tools is started under: (NO_ASLR=1) no address-space
 # randomization, `setarch -R`, so that every run of a binary has the same layout, and the same
@@ -73,21 +79,26 @@ run_corelink() {
   [ -n "${PHASES:-}" ] && echo "phase corelink $test" >&2
   [[ $test == *_bw ]] && like=(-Q "${CQ_MOD:-100}")
   [[ $test == *_bw ]] && server=$work/server-idle.toml
+  [[ $test == read_lat || $test == atomic_lat ]] && server=$work/server-target.toml
   if [[ $test == send_lat || $test == write_lat ]] && [ -z "${RAW:-}${LAT_SIGNAL_EACH:-}" ]; then
     own_signalling "${CORELINK_ARGS:-}" || like=(--quiet -Q "${CQ_MOD:-100}")
     own_signalling "${SERVER_ARGS:-}" || slike=(--quiet -Q "${CQ_MOD:-100}")
   fi
   port=$((port + 1))
   # (RAW=1: corelink's verbs layer without the engine, `baseline raw_TEST`, which pins its
-  # own threads: the server's to core 0, the client's to 1)
+  # own threads: the server's to core 0, the client's to 1; RAW_PLACED=1 places them as
+  # perftest's and the engine's are instead, the server on core 1 and the client on 0, with
+  # taskset: a process allowed one core pins nothing itself)
   local run=("$test" --config "$server") runc=("$test" --config "$work/client.toml")
+  local on_srv=() on_cli=()
   [ -n "${RAW:-}" ] && run=(baseline "raw_$test" --provider ibverbs) && runc=("${run[@]}")
+  [ -n "${RAW:-}" ] && [ -n "${RAW_PLACED:-}" ] && on_srv=(taskset -c 1) && on_cli=(taskset -c 0)
   # shellcheck disable=SC2086
-  "${launch[@]}" timeout 120 "$perf" "${run[@]}" --bind "$ip" -p $port -s "$size" -n "$iters" "${slike[@]}" ${SERVER_ARGS:-} > "$work/csrv.log" 2>&1 &
+  "${launch[@]}" "${on_srv[@]}" timeout 120 "$perf" "${run[@]}" --bind "$ip" -p $port -s "$size" -n "$iters" "${slike[@]}" ${SERVER_ARGS:-} > "$work/csrv.log" 2>&1 &
   local srv=$!
   for _ in $(seq 100); do grep -q listening "$work/csrv.log" && break; sleep 0.1; done
   # shellcheck disable=SC2086
-  "${launch[@]}" timeout 120 "$perf" "${runc[@]}" -p $port -s "$size" -n "$iters" "${like[@]}" ${CORELINK_ARGS:-} --json "$ip" 2>/dev/null | head -1
+  "${launch[@]}" "${on_cli[@]}" timeout 120 "$perf" "${runc[@]}" -p $port -s "$size" -n "$iters" "${like[@]}" ${CORELINK_ARGS:-} --json "$ip" 2>/dev/null | head -1
   wait $srv
 }
 # A table row: NAME SIZE PERFTEST CORELINK UNIT, with corelink / perftest

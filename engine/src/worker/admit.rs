@@ -200,7 +200,7 @@ pub(crate) fn admit<P: Provider, E: Carried>(
         if let (true, Some(now), [lane]) = (at_once, now, c.lanes.as_mut_slice()) {
             let (w, m, o) = (&mut c.waiting, now.metrics, now.outbox);
             let wire = Wire { id, op, sge, inline, quiet };
-            let posted = sched::post_lone(&wire, lane, w, reqs, m, o, cfg);
+            let posted = sched::post_lone(wire, lane, w, reqs, m, o, cfg);
             if !posted {
                 c.note_error(WcStatus::GeneralErr);
             }

@@ -255,7 +255,7 @@ pub(crate) fn post_lone_ready<P: Provider>(
         metrics.invariant_misses += 1; // (never: the callers checked it)
         return true;
     };
-    let posted = post_lone(&e.wire, lane, waiting, reqs, metrics, outbox, cfg);
+    let posted = post_lone(e.wire, lane, waiting, reqs, metrics, outbox, cfg);
     ready.clear();
     if !posted {
         c.note_error(WcStatus::GeneralErr);
@@ -270,7 +270,7 @@ pub(crate) fn post_lone_ready<P: Provider>(
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) fn post_lone<P: Provider>(
-    e: &Wire<P>,
+    e: Wire<P>,
     lane: &mut Lane<P>,
     waiting: &mut Waiting,
     reqs: &mut Requests<P>,
