@@ -131,9 +131,9 @@ impl<T> Slab<T> {
     }
 
     /// The index of `id`'s slot if `id` is current (a current id's slot holds a value: its
-    /// generation is odd), with one test: the slot is read first (an index past the end reads
-    /// the last slot, and does not count). In the emulated guest each branch on a
-    /// completion's path is a block of translated code to find.
+    /// generation is odd), with one test: the slot is read first (for an index past the end,
+    /// the last slot, whose generation then never makes a match). In the emulated guest each
+    /// branch on a completion's path is a block of translated code to find.
     #[inline(always)]
     fn at(&self, id: Id) -> Option<usize> {
         let i = id.slot();
